@@ -1,0 +1,255 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Client talks to the jetlock service over a NATS connection. It is safe
+// for concurrent use.
+type Client struct {
+	nc   *nats.Conn
+	opts options
+}
+
+// New returns a client that sends its requests on nc. It uses the caller's
+// connection as it is and never replaces its handlers; closing nc is the
+// caller's business. Invalid options return an error wrapping
+// ErrInvalidOption.
+func New(nc *nats.Conn, opts ...Option) (*Client, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: nil connection", ErrInvalidOption)
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	return &Client{nc: nc, opts: o}, nil
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// TryAcquire makes one attempt to acquire resource and returns at once: a
+// held lease, or a *HeldError (matching ErrLocked) when another lease holds
+// it. An attempt whose outcome is unknown is retried with the same request
+// id; if it stays unknown, TryAcquire cancels the request (so that nothing
+// stays granted to nobody) and returns ErrUnavailable.
+func (c *Client) TryAcquire(ctx context.Context, resource string, opts ...AcquireOption) (*Lease, error) {
+	ao, err := c.acquireOptions(resource, opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.acquireOnce(ctx, resource, ao)
+}
+
+// Acquire acquires resource, waiting while others hold it, until it is
+// granted or ctx ends. Give ctx a deadline to bound the wait. When ctx ends
+// first, Acquire cancels the request so that it leaves nothing granted or
+// queued, and returns ctx.Err().
+func (c *Client) Acquire(ctx context.Context, resource string, opts ...AcquireOption) (*Lease, error) {
+	ao, err := c.acquireOptions(resource, opts)
+	if err != nil {
+		return nil, err
+	}
+	backoff := 20 * time.Millisecond
+	for {
+		l, err := c.acquireOnce(ctx, resource, ao)
+		if !errors.Is(err, ErrLocked) {
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			c.abandon(resource, ao.requestID)
+			return nil, ctx.Err()
+		case <-time.After(jitter(backoff)):
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+func (c *Client) acquireOptions(resource string, opts []AcquireOption) (acquireOptions, error) {
+	var ao acquireOptions
+	if err := streams.ValidateResource(resource); err != nil {
+		return ao, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+	}
+	for _, opt := range opts {
+		if err := opt(&ao); err != nil {
+			return ao, err
+		}
+	}
+	if ao.requestID == "" {
+		ao.requestID = newRequestID()
+	}
+	return ao, nil
+}
+
+// acquireOnce sends one logical acquire, retrying an unknown outcome with
+// the same request id.
+func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOptions) (*Lease, error) {
+	req := streams.AcquireRequest{
+		Resource:  resource,
+		RequestID: ao.requestID,
+		Owner:     ao.owner,
+		TTLms:     ao.ttl.Milliseconds(),
+	}
+	var resp streams.LeaseResponse
+	var sent time.Time
+	err := c.retry(ctx, func() error {
+		sent = time.Now()
+		return c.call(ctx, streams.OpAcquire, &req, &resp, 0)
+	})
+	if errors.Is(err, ErrUnavailable) || (err != nil && ctx.Err() != nil) {
+		c.abandon(resource, ao.requestID)
+	}
+	if err != nil {
+		if errors.Is(err, ErrLocked) {
+			var he *HeldError
+			if errors.As(err, &he) {
+				he.Resource = resource
+			}
+		}
+		return nil, err
+	}
+	return c.newLease(resource, ao.owner, &resp, sent), nil
+}
+
+// abandon cancels an acquire whose outcome is unknown or whose caller gave
+// up, so that a grant nobody will use is released at once. Best effort,
+// bounded by the request timeout.
+func (c *Client) abandon(resource, requestID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
+	defer cancel()
+	var resp streams.CancelResponse
+	_ = c.retry(ctx, func() error {
+		return c.call(ctx, streams.OpCancel, &streams.CancelRequest{Resource: resource, RequestID: requestID}, &resp, 0)
+	})
+}
+
+// Status is the service's view of a resource.
+type Status struct {
+	Resource string
+	Held     bool
+	Owner    string
+	Token    uint64
+	// ExpiresAt is the service's view of the lease's expiry; zero when
+	// not held.
+	ExpiresAt time.Time
+	Waiters   int
+}
+
+// Status returns the state of resource. A resource nobody holds answers
+// Held false, not an error.
+func (c *Client) Status(ctx context.Context, resource string) (*Status, error) {
+	var resp streams.StatusResponse
+	err := c.retry(ctx, func() error {
+		return c.call(ctx, streams.OpStatus, &streams.StatusRequest{Resource: resource}, &resp, 0)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Status{Resource: resp.Resource, Held: resp.Held, Owner: resp.Owner, Token: resp.Token,
+		ExpiresAt: parseTime(resp.ExpiresAt), Waiters: resp.Waiters}, nil
+}
+
+func parseTime(s string) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, s)
+	return t
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + mrand.N(d/2+1)
+}
+
+// retry runs fn until it returns something other than ErrUnavailable, at
+// most 1+retries times, with jittered backoff, within ctx.
+func (c *Client) retry(ctx context.Context, fn func() error) error {
+	backoff := 50 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := fn()
+		if !errors.Is(err, ErrUnavailable) || attempt >= c.opts.retries {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(jitter(backoff)):
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+// call sends one request and decodes its reply into resp. extra lengthens
+// the request timeout (for a waiting acquire). A reply with an error code
+// becomes the matching sentinel error; no reply becomes ErrUnavailable
+// (outcome unknown); a cancelled ctx returns ctx.Err().
+func (c *Client) call(ctx context.Context, op string, req, resp any, extra time.Duration) error {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.opts.requestTimeout+extra)
+	defer cancel()
+	msg, err := c.nc.RequestWithContext(rctx, streams.Subject(c.opts.prefix, op), data)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
+	}
+	if code := msg.Header.Get(streams.HeaderErrorCode); code != "" {
+		return decodeError(code, msg)
+	}
+	if err := json.Unmarshal(msg.Data, resp); err != nil {
+		return fmt.Errorf("%w: %s: bad reply: %v", ErrInternal, op, err)
+	}
+	return nil
+}
+
+func decodeError(code string, msg *nats.Msg) error {
+	var body streams.ErrorResponse
+	_ = json.Unmarshal(msg.Data, &body)
+	wire := body.Error.Code
+	if wire == "" {
+		n, _ := strconv.Atoi(code)
+		wire = streams.CodeForStatus(n)
+	}
+	text := body.Error.Message
+	if text == "" {
+		text = msg.Header.Get(streams.HeaderError)
+	}
+	switch wire {
+	case streams.CodeLocked:
+		he := &HeldError{}
+		if h := body.Error.Holder; h != nil {
+			he.Owner, he.Token, he.ExpiresAt = h.Owner, h.Token, parseTime(h.ExpiresAt)
+		}
+		return he
+	case streams.CodeLeaseLost:
+		return fmt.Errorf("%w: %s", ErrLeaseLost, text)
+	case streams.CodeInvalidRequest:
+		return fmt.Errorf("%w: %s", ErrInvalidRequest, text)
+	case streams.CodeTooManyWaiters:
+		return fmt.Errorf("%w: %s", ErrTooManyWaiters, text)
+	case streams.CodeUnavailable:
+		return fmt.Errorf("%w: %s", ErrUnavailable, text)
+	default:
+		return fmt.Errorf("%w: %s", ErrInternal, text)
+	}
+}

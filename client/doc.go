@@ -1,0 +1,46 @@
+// Package client is the Go client of jetlock, a lock service on NATS.
+//
+//	c, _ := client.New(nc)
+//	lease, err := c.Acquire(ctx, "orders/123", client.TTL(30*time.Second))
+//	if err != nil { ... }
+//	defer lease.Release(context.Background())
+//	// do the work; pass lease.Token() with every write to the resource,
+//	// and stop when <-lease.Lost() fires or lease.Context() is cancelled.
+//
+// # The safety model
+//
+// A lease is a lock with a time limit (its TTL). The client renews it in the
+// background every third of the TTL. The service grants a resource to one
+// lease at a time, and lets another caller take it over only after the
+// holder's lease has gone unrenewed for the TTL plus a grace period, timed
+// on the service's monotonic clock from when it saw the last renewal. Wall
+// clocks are never compared, so a skewed clock cannot end a lease early.
+//
+// The client keeps its own, shorter deadline: the time it SENT the last
+// successful acquire or renew, plus the TTL, minus a safety margin. Because
+// it counts from before the service acted, its deadline always falls before
+// the service's. When a renewal is refused, or renewals cannot be confirmed
+// before that deadline, Lost() closes and Context() is cancelled with cause
+// ErrLeaseLost: from then on the holder must assume someone else may hold
+// the resource.
+//
+// That is not enough on its own. A process can be paused (garbage
+// collection, a frozen VM, a slow disk) between checking Lost and writing to
+// the resource, and wake up after someone else acquired it. The fencing
+// token closes that gap: every grant carries a token strictly larger than
+// all earlier grants of the resource, across renewals, service restarts,
+// leader changes and cluster restarts. Send Token() with every write; the
+// resource keeps the highest token it accepted and rejects smaller ones
+// (package fence implements that side). Leases decide when someone else
+// may take over; fencing decides whether an old holder's work is still
+// accepted.
+//
+// # Retries and idempotency
+//
+// Every acquire carries a request id (random unless RequestID is given).
+// When the outcome of a request is unknown (no reply, or "unavailable") the
+// client retries with the same id: the service answers with the same lease
+// if it was granted, and never grants a second one. If the outcome stays
+// unknown, or ctx ends first, the client cancels the request so that no
+// lease is left granted to nobody. Releases are idempotent too.
+package client

@@ -1,0 +1,185 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Lease is a granted lock on a resource. It renews itself in the
+// background at a third of its TTL until Release or loss.
+//
+// The lost channel can close at any moment: it is NOT safe to assume that
+// the lease is still held because Lost has not closed yet. Pass Token to
+// the protected resource with every write and let it reject stale tokens
+// (package fence); that, not the lease, is what stops a holder that was
+// paused past its TTL.
+//
+// A Lease is safe for concurrent use.
+type Lease struct {
+	c        *Client
+	resource string
+	owner    string
+	id       string
+	token    uint64
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	lost   chan struct{}
+
+	mu       sync.Mutex
+	ttl      time.Duration
+	deadline time.Time
+	released bool
+	lostOnce sync.Once
+
+	stopCtx context.Context // cancelled to stop the renewer
+	stop    context.CancelFunc
+	done    chan struct{} // closed when the renewer has returned
+}
+
+func (c *Client) newLease(resource, owner string, resp *streams.LeaseResponse, sent time.Time) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	stopCtx, stop := context.WithCancel(context.Background())
+	l := &Lease{
+		c: c, resource: resource, owner: owner, id: resp.LeaseID, token: resp.Token,
+		ctx: ctx, cancel: cancel, lost: make(chan struct{}),
+		stopCtx: stopCtx, stop: stop, done: make(chan struct{}),
+	}
+	l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+	go l.renewLoop()
+	return l
+}
+
+// Resource returns the resource the lease is on.
+func (l *Lease) Resource() string { return l.resource }
+
+// ID returns the lease id, which alone can renew or release the lease.
+func (l *Lease) ID() string { return l.id }
+
+// Token returns the fencing token: strictly larger than the token of every
+// earlier grant of this resource. It does not change on renewal.
+func (l *Lease) Token() uint64 { return l.token }
+
+// Expires returns the client's own deadline: the send time of the last
+// successful acquire or renew, plus the TTL, minus the safety margin. At
+// that moment, without a newer renewal, Lost closes.
+func (l *Lease) Expires() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// Lost returns a channel closed exactly once, when the client can no
+// longer prove that it holds the lease: a renewal was refused, renewals
+// failed until the client's deadline, or the lease was released.
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Context returns a context cancelled when Lost closes. Its cause
+// (context.Cause) is an error wrapping ErrLeaseLost, or ErrReleased after
+// Release.
+func (l *Lease) Context() context.Context { return l.ctx }
+
+func (l *Lease) setDeadline(sent time.Time, ttl time.Duration) {
+	margin := min(l.c.opts.safetyMargin, ttl/4)
+	l.mu.Lock()
+	l.ttl = ttl
+	l.deadline = sent.Add(ttl - margin)
+	l.mu.Unlock()
+}
+
+func (l *Lease) markLost(cause error) {
+	l.lostOnce.Do(func() {
+		l.cancel(cause)
+		close(l.lost)
+	})
+}
+
+// renewLoop renews at a third of the TTL, with jitter. A renewal whose
+// outcome is unknown is retried quickly until the client's deadline; a
+// refused renewal, or the deadline passing, closes Lost.
+func (l *Lease) renewLoop() {
+	defer close(l.done)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		l.mu.Lock()
+		ttl, deadline := l.ttl, l.deadline
+		l.mu.Unlock()
+		timer.Reset(min(jitter(ttl/3*2)+ttl/6, time.Until(deadline)))
+		select {
+		case <-l.stopCtx.Done():
+			return
+		case <-timer.C:
+		}
+		if err := l.renewUntilDeadline(); err != nil {
+			l.markLost(err)
+			return
+		}
+	}
+}
+
+func (l *Lease) renewUntilDeadline() error {
+	backoff := 50 * time.Millisecond
+	for {
+		l.mu.Lock()
+		ttl, deadline := l.ttl, l.deadline
+		l.mu.Unlock()
+		sent := time.Now()
+		if !sent.Before(deadline) {
+			return fmt.Errorf("%w: no renewal confirmed before the client's deadline %s", ErrLeaseLost, deadline.Format(time.RFC3339Nano))
+		}
+		ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
+		var resp streams.LeaseResponse
+		err := l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: ttl.Milliseconds()}, &resp, 0)
+		cancel()
+		switch {
+		case err == nil:
+			l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+			return nil
+		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrInvalidRequest):
+			return fmt.Errorf("%w: renewal refused: %v", ErrLeaseLost, err)
+		}
+		// Outcome unknown: try again soon, until the deadline.
+		select {
+		case <-l.stopCtx.Done():
+			return nil
+		case <-time.After(min(jitter(backoff), time.Until(deadline))):
+		}
+		backoff = min(backoff*2, 500*time.Millisecond)
+	}
+}
+
+// Release stops renewing and releases the lease. It is idempotent: after
+// a successful Release, further calls return nil. Releasing a lease that
+// the service no longer holds (expired, taken over) also returns nil: it
+// is not held either way. It returns ErrUnavailable if the service could
+// not be reached (the lease then expires after its TTL; Release may be
+// called again), or ctx.Err().
+func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil
+	}
+	l.mu.Unlock()
+	l.stop()
+	<-l.done
+
+	var resp streams.ReleaseResponse
+	err := l.c.retry(ctx, func() error {
+		return l.c.call(ctx, streams.OpRelease, &streams.ReleaseRequest{Resource: l.resource, LeaseID: l.id}, &resp, 0)
+	})
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.released = true
+	l.mu.Unlock()
+	l.markLost(ErrReleased)
+	return nil
+}

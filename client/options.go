@@ -1,0 +1,124 @@
+package client
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Option configures a Client.
+type Option func(*options) error
+
+type options struct {
+	prefix         string
+	requestTimeout time.Duration
+	safetyMargin   time.Duration
+	retries        int
+}
+
+func defaultOptions() options {
+	return options{prefix: streams.DefaultPrefix, requestTimeout: 5 * time.Second, safetyMargin: time.Second, retries: 4}
+}
+
+// WithPrefix sets the subject prefix of the service. The default is
+// "jetlock".
+func WithPrefix(p string) Option {
+	return func(o *options) error {
+		if p == "" {
+			return fmt.Errorf("%w: empty prefix", ErrInvalidOption)
+		}
+		o.prefix = p
+		return nil
+	}
+}
+
+// WithRequestTimeout sets how long one request waits for its reply
+// (a waiting acquire waits this much longer than its wait). The default is
+// 5s.
+func WithRequestTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: request timeout %v", ErrInvalidOption, d)
+		}
+		o.requestTimeout = d
+		return nil
+	}
+}
+
+// WithSafetyMargin sets how long before the end of its TTL the client
+// stops trusting a lease: the client's deadline is the send time of the
+// last successful acquire or renew plus the TTL minus this margin. It
+// covers clock-rate drift and scheduling delay. The default is 1s, capped
+// at a quarter of the lease's TTL.
+func WithSafetyMargin(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return fmt.Errorf("%w: safety margin %v", ErrInvalidOption, d)
+		}
+		o.safetyMargin = d
+		return nil
+	}
+}
+
+// WithRetries sets how many times an acquire, release or cancel whose
+// outcome is unknown (no reply, or "unavailable") is retried with the same
+// ids before the call gives up. The default is 4. Retries are jittered and
+// always end with the call's ctx.
+func WithRetries(n int) Option {
+	return func(o *options) error {
+		if n < 0 {
+			return fmt.Errorf("%w: retries %d", ErrInvalidOption, n)
+		}
+		o.retries = n
+		return nil
+	}
+}
+
+// AcquireOption configures one Acquire or TryAcquire.
+type AcquireOption func(*acquireOptions) error
+
+type acquireOptions struct {
+	ttl       time.Duration
+	owner     string
+	requestID string
+	wait      time.Duration
+}
+
+// TTL sets the lease's time to live. The default is the service's default
+// (30s unless configured otherwise). The client renews at a third of it.
+func TTL(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) error {
+		if d < time.Millisecond {
+			return fmt.Errorf("%w: ttl %v", ErrInvalidOption, d)
+		}
+		o.ttl = d
+		return nil
+	}
+}
+
+// Owner sets free text naming the holder, shown in status and in
+// ErrLocked errors to others. The default is empty.
+func Owner(s string) AcquireOption {
+	return func(o *acquireOptions) error {
+		if err := streams.ValidateOwner(s); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidOption, err)
+		}
+		o.owner = s
+		return nil
+	}
+}
+
+// RequestID sets the id of this logical acquire. The default is a random
+// id. Set it to make an acquire idempotent across process restarts: an
+// acquire retried with the same id returns the same lease while it is
+// current, and ErrLeaseLost once it has ended.
+func RequestID(id string) AcquireOption {
+	return func(o *acquireOptions) error {
+		if err := streams.ValidateRequestID(id); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidOption, err)
+		}
+		o.requestID = id
+		return nil
+	}
+}

@@ -1,0 +1,111 @@
+// Package testenv starts what jetlock's tests run against: the real
+// three-node cluster (streams/devcluster) on loopback with fresh storage,
+// and service instances on it. Everything is stopped by t.Cleanup.
+package testenv
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/service"
+	"github.com/jetlock/jetlock/streams/devcluster"
+)
+
+// Env is a running cluster.
+type Env struct {
+	T       testing.TB
+	Cluster *devcluster.Cluster
+}
+
+// Start starts a three-node cluster.
+func Start(t testing.TB) *Env {
+	t.Helper()
+	c, err := devcluster.Start(devcluster.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Shutdown)
+	return &Env{T: t, Cluster: c}
+}
+
+// Connect opens a connection to the cluster that reconnects forever.
+func (e *Env) Connect() *nats.Conn {
+	e.T.Helper()
+	nc, err := nats.Connect(e.Cluster.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	e.T.Cleanup(nc.Close)
+	return nc
+}
+
+// Config returns a service config for tests: short sweep interval and
+// grace, quiet logs.
+func Config() service.Config {
+	cfg := service.DefaultConfig()
+	cfg.ExpiryGrace = 500 * time.Millisecond
+	cfg.SweepInterval = 50 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return cfg
+}
+
+// Instance is a running service instance.
+type Instance struct {
+	Svc  *service.Service
+	Conn *nats.Conn
+	stop context.CancelFunc
+	done chan error
+}
+
+// Stop drains the instance and waits for Run to return.
+func (i *Instance) Stop() error {
+	i.stop()
+	return <-i.done
+}
+
+// Serve starts a service instance with cfg on its own connection and waits
+// until it serves. It is stopped at cleanup.
+func (e *Env) Serve(cfg service.Config) *Instance {
+	e.T.Helper()
+	nc := e.Connect()
+	svc, err := service.New(nc, cfg)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	inst := &Instance{Svc: svc, Conn: nc, stop: cancel, done: make(chan error, 1)}
+	go func() { inst.done <- svc.Run(ctx) }()
+	select {
+	case <-svc.Ready():
+	case err := <-inst.done:
+		e.T.Fatalf("service did not start: %v", err)
+	case <-time.After(60 * time.Second):
+		e.T.Fatal("service not ready in 60s")
+	}
+	stopped := false
+	e.T.Cleanup(func() {
+		if !stopped {
+			cancel()
+			<-inst.done
+		}
+	})
+	inst.stop = func() { stopped = true; cancel() }
+	return inst
+}
+
+// Eventually polls cond every 20ms until it holds or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met in %v: "+format, append([]any{timeout}, args...)...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

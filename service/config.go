@@ -1,0 +1,136 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// ErrInvalidConfig is wrapped by Config.Validate errors.
+var ErrInvalidConfig = errors.New("invalid service config")
+
+// Clock supplies wall-clock time. jetlock uses it only for the times it
+// reports (expires_at); every expiry decision runs on the monotonic clock
+// reading that time.Now carries, so a skewed wall clock cannot expire a
+// lease early. Tests inject a skewed clock.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Config configures a Service. Start from DefaultConfig.
+type Config struct {
+	// Prefix is the subject prefix. The default is "jetlock".
+	Prefix string
+	// Bucket configures the lock-state bucket (default "jetlock", R3,
+	// retry window 2m). The retry window is how long an acquire retried
+	// with the same request_id is recognised.
+	Bucket streams.BucketConfig
+	// DefaultTTL is the lease TTL when a request names none. The default
+	// is 30s.
+	DefaultTTL time.Duration
+	// MinTTL and MaxTTL bound ttl_ms. The defaults are 1s and 10m.
+	MinTTL, MaxTTL time.Duration
+	// MaxWait bounds wait_ms. The default is 5m.
+	MaxWait time.Duration
+	// ExpiryGrace is added to a lease's TTL before the service expires it:
+	// a lease expires once the service has seen its last write unchanged
+	// for TTL + ExpiryGrace on its monotonic clock. The default is 2s.
+	ExpiryGrace time.Duration
+	// SweepInterval is how often expired leases are swept. The default is
+	// 200ms.
+	SweepInterval time.Duration
+	// OpTimeout bounds the store work of one request. The default is 3s,
+	// below the client's default request timeout of 5s.
+	OpTimeout time.Duration
+	// MaxInFlight bounds the requests processed at once; further requests
+	// wait in the subscription's pending buffer. The default is 4096.
+	MaxInFlight int
+	// Clock supplies wall time for reported times. The default is the
+	// system clock.
+	Clock Clock
+	// Logger receives the service's logs. The default is slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the service's Prometheus metrics. The default is
+	// none (metrics are kept but not registered).
+	Registerer prometheus.Registerer
+	// Version is reported in `nats micro info`. The default is "0.1.0".
+	Version string
+}
+
+// DefaultConfig returns a Config with every default filled in.
+func DefaultConfig() Config {
+	return Config{
+		Prefix:        streams.DefaultPrefix,
+		Bucket:        streams.BucketConfig{Bucket: streams.DefaultBucket, Replicas: 3, RetryWindow: streams.DefaultRetryWindow},
+		DefaultTTL:    30 * time.Second,
+		MinTTL:        time.Second,
+		MaxTTL:        10 * time.Minute,
+		MaxWait:       5 * time.Minute,
+		ExpiryGrace:   2 * time.Second,
+		SweepInterval: 200 * time.Millisecond,
+		OpTimeout:     3 * time.Second,
+		MaxInFlight:   4096,
+		Clock:         systemClock{},
+		Version:       "0.1.0",
+	}
+}
+
+// Validate reports the first unusable setting, wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	if c.Prefix == "" || !validPrefix(c.Prefix) {
+		return bad("prefix %q must be dot-separated tokens of letters, digits, - and _", c.Prefix)
+	}
+	if err := c.Bucket.Validate(); err != nil {
+		return bad("%v", err)
+	}
+	if c.MinTTL < time.Second || c.MaxTTL < c.MinTTL {
+		return bad("TTL bounds [%v, %v]: need 1s <= min <= max", c.MinTTL, c.MaxTTL)
+	}
+	if c.DefaultTTL < c.MinTTL || c.DefaultTTL > c.MaxTTL {
+		return bad("default TTL %v outside [%v, %v]", c.DefaultTTL, c.MinTTL, c.MaxTTL)
+	}
+	if c.MaxWait < 0 {
+		return bad("max wait %v is negative", c.MaxWait)
+	}
+	if c.ExpiryGrace < 0 || c.SweepInterval <= 0 || c.OpTimeout <= 0 {
+		return bad("expiry grace, sweep interval and op timeout must be positive")
+	}
+	if c.MaxInFlight < 1 {
+		return bad("max in flight %d < 1", c.MaxInFlight)
+	}
+	if c.Clock == nil {
+		return bad("clock is nil")
+	}
+	return nil
+}
+
+func validPrefix(p string) bool {
+	tok := 0
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '.':
+			if tok == 0 {
+				return false
+			}
+			tok = 0
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
+			tok++
+		default:
+			return false
+		}
+	}
+	return tok > 0
+}

@@ -1,0 +1,121 @@
+package service_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// caller sends raw contract requests, as a client in any language would.
+type caller struct {
+	t  testing.TB
+	nc *nats.Conn
+}
+
+// reply is a decoded answer: exactly one of ok or errCode is set.
+type reply struct {
+	status  int    // header code, 0 on success
+	errCode string // error code of the body
+	err     streams.ErrorDetail
+	raw     []byte
+}
+
+func (c caller) send(op string, body any) reply {
+	c.t.Helper()
+	var data []byte
+	switch b := body.(type) {
+	case string:
+		data = []byte(b)
+	default:
+		var err error
+		if data, err = json.Marshal(b); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	msg, err := c.nc.Request(streams.Subject(streams.DefaultPrefix, op), data, 10*time.Second)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", op, data, err)
+	}
+	r := reply{raw: msg.Data}
+	if h := msg.Header.Get(streams.HeaderErrorCode); h != "" {
+		r.status, _ = strconv.Atoi(h)
+		var er streams.ErrorResponse
+		if err := json.Unmarshal(msg.Data, &er); err != nil {
+			c.t.Fatalf("error body %q: %v", msg.Data, err)
+		}
+		r.err = er.Error
+		r.errCode = er.Error.Code
+		if streams.StatusCode(r.errCode) != r.status {
+			c.t.Fatalf("header code %d does not match body code %q", r.status, r.errCode)
+		}
+	}
+	return r
+}
+
+func (r reply) decode(t testing.TB, v any) {
+	t.Helper()
+	if r.errCode != "" {
+		t.Fatalf("unexpected error %s: %s", r.errCode, r.err.Message)
+	}
+	if err := json.Unmarshal(r.raw, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c caller) acquire(req streams.AcquireRequest) (streams.LeaseResponse, reply) {
+	r := c.send(streams.OpAcquire, req)
+	var l streams.LeaseResponse
+	if r.errCode == "" {
+		r.decode(c.t, &l)
+	}
+	return l, r
+}
+
+func (c caller) mustAcquire(resource, requestID string, ttlMs int64) streams.LeaseResponse {
+	c.t.Helper()
+	l, r := c.acquire(streams.AcquireRequest{Resource: resource, RequestID: requestID, TTLms: ttlMs})
+	if r.errCode != "" {
+		c.t.Fatalf("acquire %s/%s: %s %s", resource, requestID, r.errCode, r.err.Message)
+	}
+	return l
+}
+
+func (c caller) renew(resource, leaseID string, ttlMs int64) (streams.LeaseResponse, reply) {
+	r := c.send(streams.OpRenew, streams.RenewRequest{Resource: resource, LeaseID: leaseID, TTLms: ttlMs})
+	var l streams.LeaseResponse
+	if r.errCode == "" {
+		r.decode(c.t, &l)
+	}
+	return l, r
+}
+
+func (c caller) release(resource, leaseID string) (bool, reply) {
+	r := c.send(streams.OpRelease, streams.ReleaseRequest{Resource: resource, LeaseID: leaseID})
+	var rr streams.ReleaseResponse
+	if r.errCode == "" {
+		r.decode(c.t, &rr)
+	}
+	return rr.Released, r
+}
+
+func (c caller) status(resource string) streams.StatusResponse {
+	c.t.Helper()
+	var st streams.StatusResponse
+	c.send(streams.OpStatus, streams.StatusRequest{Resource: resource}).decode(c.t, &st)
+	return st
+}
+
+func (c caller) cancel(resource, requestID string) bool {
+	c.t.Helper()
+	var cr streams.CancelResponse
+	c.send(streams.OpCancel, streams.CancelRequest{Resource: resource, RequestID: requestID}).decode(c.t, &cr)
+	return cr.Cancelled
+}
+
+func rid(i int) string { return fmt.Sprintf("req-%d", i) }

@@ -1,0 +1,331 @@
+package service
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// maxAttempts bounds the re-read-and-decide loop of one request; each lost
+// compare-and-set means another writer made progress.
+const maxAttempts = 8
+
+func newLeaseID() string {
+	var b [16]byte // 128 random bits
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand failed: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// requestHash names one logical acquire: the message id of its granting
+// write and the key of its cancel tombstone derive from it.
+func requestHash(resource, requestID string) string {
+	h := sha256.Sum256([]byte(resource + "\x00" + requestID))
+	return hex.EncodeToString(h[:20])
+}
+
+func grantMsgID(hash string) string { return "acq-" + hash }
+
+func sameLease(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+func (s *Service) ttl(ms int64) (time.Duration, error) {
+	if ms == 0 {
+		return s.cfg.DefaultTTL, nil
+	}
+	d := time.Duration(ms) * time.Millisecond
+	if ms < 0 || d < s.cfg.MinTTL || d > s.cfg.MaxTTL {
+		return 0, fmt.Errorf("%w: ttl_ms %d outside [%d, %d]", streams.ErrInvalid, ms, s.cfg.MinTTL.Milliseconds(), s.cfg.MaxTTL.Milliseconds())
+	}
+	return d, nil
+}
+
+// current returns what is known of key. With fresh it reads from the
+// stream leader; otherwise it may answer from the tracker, whose view can
+// be stale. Callers commit only by compare-and-set on the revision they
+// got, and confirm with a fresh read before any negative answer.
+func (s *Service) current(ctx context.Context, key string, fresh bool) (observation, error) {
+	if !fresh {
+		if o, ok := s.tracker.get(key); ok {
+			return o, nil
+		}
+	}
+	e, err := s.store.read(ctx, key)
+	if err != nil {
+		return observation{}, err
+	}
+	return s.tracker.observe(key, e), nil
+}
+
+func leaseResponse(resource string, token uint64, rec *streams.Record) *streams.LeaseResponse {
+	return &streams.LeaseResponse{Resource: resource, LeaseID: rec.LeaseID, Token: token, TTLms: rec.TTLms, ExpiresAt: rec.ExpiresAt}
+}
+
+func lockedError(o observation) *opError {
+	return &opError{code: streams.CodeLocked, msg: "resource is held by another lease", holder: &streams.Holder{
+		Owner: o.rec.Owner, Token: o.rec.TokenAt(o.rev), ExpiresAt: o.rec.ExpiresAt,
+	}}
+}
+
+// extend writes a renewal of the lease observed in o with a new TTL, by
+// compare-and-set on o's revision. The token stays the grant revision.
+func (s *Service) extend(ctx context.Context, resource, key string, o observation, ttl time.Duration) (*streams.LeaseResponse, error) {
+	now := s.cfg.Clock.Now()
+	rec := *o.rec
+	rec.Token = o.rec.TokenAt(o.rev)
+	rec.TTLms = ttl.Milliseconds()
+	rec.RenewedAt = streams.FormatTime(now)
+	rec.ExpiresAt = streams.FormatTime(now.Add(ttl))
+	seq, _, err := s.store.put(ctx, key, &rec, o.rev, "")
+	if err != nil {
+		if !errors.Is(err, errConflict) {
+			s.tracker.forget(key)
+		}
+		return nil, err
+	}
+	s.tracker.observe(key, entry{rev: seq, rec: &rec})
+	return leaseResponse(resource, rec.Token, &rec), nil
+}
+
+func (s *Service) acquire(ctx context.Context, req *streams.AcquireRequest) (*streams.LeaseResponse, error) {
+	if err := streams.ValidateResource(req.Resource); err != nil {
+		return nil, err
+	}
+	if err := streams.ValidateRequestID(req.RequestID); err != nil {
+		return nil, err
+	}
+	if err := streams.ValidateOwner(req.Owner); err != nil {
+		return nil, err
+	}
+	ttl, err := s.ttl(req.TTLms)
+	if err != nil {
+		return nil, err
+	}
+	if req.WaitMs < 0 || time.Duration(req.WaitMs)*time.Millisecond > s.cfg.MaxWait {
+		return nil, fmt.Errorf("%w: wait_ms %d outside [0, %d]", streams.ErrInvalid, req.WaitMs, s.cfg.MaxWait.Milliseconds())
+	}
+	if req.WaitMs > 0 {
+		return nil, fmt.Errorf("%w: waiting (wait_ms > 0) is not supported yet", streams.ErrInvalid)
+	}
+	key := streams.LeaseKey(req.Resource)
+	hash := requestHash(req.Resource, req.RequestID)
+	defer s.lockKey(key)()
+	return s.tryGrant(ctx, req, key, hash, ttl)
+}
+
+// tryGrant makes one decision on an acquire: grant, return the request's
+// existing lease, or refuse. The caller holds the key's stripe lock.
+func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key, hash string, ttl time.Duration) (*streams.LeaseResponse, error) {
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := s.current(ctx, key, fresh)
+		if err != nil {
+			return nil, err
+		}
+		if o.held() {
+			if o.rec.RequestID == req.RequestID {
+				// A retry of the acquire that holds the lease: the same
+				// lease, renewed, because the caller counts its deadline
+				// from this request.
+				resp, err := s.extend(ctx, req.Resource, key, o, ttl)
+				if errors.Is(err, errConflict) {
+					fresh = true
+					continue
+				}
+				return resp, err
+			}
+			if !s.tracker.expired(o, time.Now()) {
+				if !fresh {
+					fresh = true // confirm with the leader before refusing
+					continue
+				}
+				return nil, lockedError(o)
+			}
+			// Expired by observation: take it over by compare-and-set on
+			// the revision that expired.
+		}
+		now := s.cfg.Clock.Now()
+		rec := &streams.Record{
+			LeaseID:   newLeaseID(),
+			Owner:     req.Owner,
+			RequestID: req.RequestID,
+			TTLms:     ttl.Milliseconds(),
+			GrantedAt: streams.FormatTime(now),
+			RenewedAt: streams.FormatTime(now),
+			ExpiresAt: streams.FormatTime(now.Add(ttl)),
+		}
+		seq, dup, err := s.store.put(ctx, key, rec, o.rev, grantMsgID(hash))
+		if errors.Is(err, errConflict) {
+			s.metrics.conflicts.Inc()
+			fresh = true
+			continue
+		}
+		if err != nil {
+			s.tracker.forget(key)
+			return nil, err
+		}
+		if dup {
+			return s.earlierGrant(ctx, req, key, seq, ttl)
+		}
+		s.tracker.observe(key, entry{rev: seq, rec: rec})
+		return leaseResponse(req.Resource, seq, rec), nil
+	}
+	return nil, fmt.Errorf("%w: %d attempts lost to concurrent writers", errConflict, maxAttempts)
+}
+
+// earlierGrant answers an acquire whose granting write JetStream reported
+// as a duplicate of an earlier write at seq (an earlier attempt of the same
+// request_id, or its cancel tombstone): the same lease if it is still
+// current, otherwise lease_lost, never a second lease.
+func (s *Service) earlierGrant(ctx context.Context, req *streams.AcquireRequest, key string, seq uint64, ttl time.Duration) (*streams.LeaseResponse, error) {
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := s.current(ctx, key, true)
+		if err != nil {
+			return nil, err
+		}
+		if !o.held() || o.rec.RequestID != req.RequestID || o.rec.TokenAt(o.rev) != seq {
+			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before (revision %d) or cancelled, and that lease is no longer current", req.RequestID, seq)
+		}
+		resp, err := s.extend(ctx, req.Resource, key, o, ttl)
+		if errors.Is(err, errConflict) {
+			continue
+		}
+		return resp, err
+	}
+	return nil, fmt.Errorf("%w: %d attempts lost to concurrent writers", errConflict, maxAttempts)
+}
+
+func (s *Service) renew(ctx context.Context, req *streams.RenewRequest) (*streams.LeaseResponse, error) {
+	if err := streams.ValidateResource(req.Resource); err != nil {
+		return nil, err
+	}
+	if err := streams.ValidateLeaseID(req.LeaseID); err != nil {
+		return nil, err
+	}
+	ttl, err := s.ttl(req.TTLms)
+	if err != nil {
+		return nil, err
+	}
+	key := streams.LeaseKey(req.Resource)
+	defer s.lockKey(key)()
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := s.current(ctx, key, fresh)
+		if err != nil {
+			return nil, err
+		}
+		if !o.held() || !sameLease(o.rec.LeaseID, req.LeaseID) {
+			if !fresh {
+				fresh = true
+				continue
+			}
+			return nil, newOpError(streams.CodeLeaseLost, "lease is no longer current")
+		}
+		resp, err := s.extend(ctx, req.Resource, key, o, ttl)
+		if errors.Is(err, errConflict) {
+			s.metrics.conflicts.Inc()
+			fresh = true
+			continue
+		}
+		return resp, err
+	}
+	return nil, fmt.Errorf("%w: %d attempts lost to concurrent writers", errConflict, maxAttempts)
+}
+
+func (s *Service) release(ctx context.Context, req *streams.ReleaseRequest) (*streams.ReleaseResponse, error) {
+	if err := streams.ValidateResource(req.Resource); err != nil {
+		return nil, err
+	}
+	if err := streams.ValidateLeaseID(req.LeaseID); err != nil {
+		return nil, err
+	}
+	key := streams.LeaseKey(req.Resource)
+	defer s.lockKey(key)()
+	released, err := s.deleteIf(ctx, key, func(rec *streams.Record) bool { return sameLease(rec.LeaseID, req.LeaseID) })
+	if err != nil {
+		return nil, err
+	}
+	return &streams.ReleaseResponse{Resource: req.Resource, Released: released}, nil
+}
+
+// deleteIf deletes the lease at key by compare-and-set if match accepts its
+// record, and reports whether it did. A negative answer is always
+// confirmed by a read from the stream leader. The caller holds the key's
+// stripe lock.
+func (s *Service) deleteIf(ctx context.Context, key string, match func(*streams.Record) bool) (bool, error) {
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := s.current(ctx, key, fresh)
+		if err != nil {
+			return false, err
+		}
+		if !o.held() || !match(o.rec) {
+			if !fresh {
+				fresh = true
+				continue
+			}
+			return false, nil
+		}
+		seq, err := s.store.del(ctx, key, o.rev)
+		if errors.Is(err, errConflict) {
+			s.metrics.conflicts.Inc()
+			fresh = true
+			continue
+		}
+		if err != nil {
+			s.tracker.forget(key)
+			return false, err
+		}
+		s.tracker.observe(key, entry{rev: seq})
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: %d attempts lost to concurrent writers", errConflict, maxAttempts)
+}
+
+func (s *Service) cancel(ctx context.Context, req *streams.CancelRequest) (*streams.CancelResponse, error) {
+	if err := streams.ValidateResource(req.Resource); err != nil {
+		return nil, err
+	}
+	if err := streams.ValidateRequestID(req.RequestID); err != nil {
+		return nil, err
+	}
+	key := streams.LeaseKey(req.Resource)
+	hash := requestHash(req.Resource, req.RequestID)
+	defer s.lockKey(key)()
+	// The tombstone carries the grant's message id: an acquire of this
+	// request arriving later (delayed, or retried) within the retry window
+	// is then a duplicate and is never granted.
+	if _, _, err := s.store.tombstone(ctx, "cancel."+hash, grantMsgID(hash)); err != nil {
+		return nil, err
+	}
+	released, err := s.deleteIf(ctx, key, func(rec *streams.Record) bool { return rec.RequestID == req.RequestID })
+	if err != nil {
+		return nil, err
+	}
+	return &streams.CancelResponse{Resource: req.Resource, Cancelled: released}, nil
+}
+
+func (s *Service) status(ctx context.Context, req *streams.StatusRequest) (*streams.StatusResponse, error) {
+	if err := streams.ValidateResource(req.Resource); err != nil {
+		return nil, err
+	}
+	o, err := s.current(ctx, streams.LeaseKey(req.Resource), true)
+	if err != nil {
+		return nil, err
+	}
+	resp := &streams.StatusResponse{Resource: req.Resource}
+	if o.held() {
+		resp.Held = true
+		resp.Owner = o.rec.Owner
+		resp.Token = o.rec.TokenAt(o.rev)
+		resp.ExpiresAt = o.rec.ExpiresAt
+	}
+	return resp, nil
+}

@@ -1,0 +1,337 @@
+// Package service is the jetlock lock service: a NATS micro service named
+// "jetlock" that grants exclusive leases on named resources, with state in
+// a replicated JetStream key-value bucket. See ../streams for the wire
+// contract and DESIGN.md for the invariants it keeps.
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+const lockStripes = 8192
+
+// Service is one jetlock service instance. Any number of instances may
+// serve the same bucket at once: every decision commits by compare-and-set,
+// so they never double-grant or lose a renewal.
+type Service struct {
+	cfg     Config
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	log     *slog.Logger
+	metrics *metrics
+
+	bucket  *streams.Bucket
+	store   *store
+	tracker *tracker
+
+	seed    maphash.Seed
+	stripes [lockStripes]sync.Mutex
+
+	sem        chan struct{}
+	inflight   sync.WaitGroup
+	dispatched atomic.Int64
+	ready    chan struct{}
+}
+
+// New returns a service that will serve on nc. It checks cfg (returning an
+// error wrapping ErrInvalidConfig) but touches nothing until Run.
+func New(nc *nats.Conn, cfg Config) (*Service, error) {
+	if nc == nil {
+		return nil, fmt.Errorf("%w: nil connection", ErrInvalidConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{
+		cfg:     cfg,
+		nc:      nc,
+		js:      js,
+		log:     log,
+		metrics: m,
+		tracker: newTracker(cfg.ExpiryGrace),
+		seed:    maphash.MakeSeed(),
+		sem:     make(chan struct{}, cfg.MaxInFlight),
+		ready:   make(chan struct{}),
+	}, nil
+}
+
+// Ready is closed once Run has ensured the bucket and started serving.
+func (s *Service) Ready() <-chan struct{} { return s.ready }
+
+// Run ensures the bucket, starts the lease watcher and the sweeper,
+// registers the micro service and serves until ctx is cancelled. It then
+// stops taking requests, waits for those in flight to be answered, and
+// returns nil; any earlier failure is returned.
+func (s *Service) Run(ctx context.Context) error {
+	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	b, err := streams.Ensure(ectx, s.js, s.cfg.Bucket)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("ensure bucket: %w", err)
+	}
+	s.bucket = b
+	s.store = newStore(s.nc, s.js, b.Config().Bucket, b.Config().RetryWindow)
+
+	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
+	var bgWG sync.WaitGroup
+	defer func() {
+		stopBg()
+		bgWG.Wait()
+	}()
+	watchReady := make(chan struct{})
+	watchErr := make(chan error, 1)
+	bgWG.Add(3)
+	go func() { defer bgWG.Done(); watchErr <- s.watch(bg, watchReady) }()
+	go func() { defer bgWG.Done(); s.sweep(bg) }()
+	go func() { defer bgWG.Done(); s.recordHighWater(bg) }()
+	select {
+	case <-watchReady:
+	case err := <-watchErr:
+		return fmt.Errorf("watch leases: %w", err)
+	case <-ctx.Done():
+		return nil
+	}
+
+	svc, err := micro.AddService(s.nc, micro.Config{
+		Name:        streams.ServiceName,
+		Version:     s.cfg.Version,
+		Description: "jetlock: exclusive leases with fencing tokens on named resources",
+		QueueGroup:  streams.QueueGroup,
+		Metadata:    map[string]string{"prefix": s.cfg.Prefix, "bucket": b.Config().Bucket},
+		StatsHandler: func(ep *micro.Endpoint) any {
+			return s.metrics.endpointStats(ep.Name)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("register micro service: %w", err)
+	}
+	grp := svc.AddGroup(s.cfg.Prefix + "." + streams.APIVersion)
+	for _, op := range streams.Operations {
+		op := op
+		if err := grp.AddEndpoint(op, micro.HandlerFunc(func(r micro.Request) { s.dispatch(op, r) })); err != nil {
+			svc.Stop()
+			return fmt.Errorf("add endpoint %s: %w", op, err)
+		}
+	}
+	close(s.ready)
+	s.log.Info("jetlock serving", "prefix", s.cfg.Prefix, "bucket", b.Config().Bucket, "instance", svc.Info().ID)
+
+	select {
+	case <-ctx.Done():
+	case err := <-watchErr:
+		s.log.Error("lease watcher stopped", "err", err)
+	}
+	// Stop taking requests (drains the endpoint subscriptions), then wait
+	// for every request in flight to be answered.
+	if err := svc.Stop(); err != nil {
+		s.log.Warn("stop micro service", "err", err)
+	}
+	s.awaitDrained()
+	s.log.Info("jetlock stopped")
+	return nil
+}
+
+// awaitDrained waits until the endpoint subscriptions have handed over
+// every request they had buffered and every request in flight is answered.
+// micro drains subscriptions asynchronously, so this waits for the server
+// to confirm the unsubscribes (a flush) and then for dispatching to go
+// quiet, at most 10s.
+func (s *Service) awaitDrained() {
+	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = s.nc.FlushWithContext(fctx)
+	cancel()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		before := s.dispatched.Load()
+		time.Sleep(50 * time.Millisecond)
+		if s.dispatched.Load() == before {
+			break
+		}
+	}
+	s.inflight.Wait()
+}
+
+// dispatch runs a request in its own goroutine, so that one slow store
+// round trip never holds up the subscription; MaxInFlight bounds them.
+// When the bound is reached the subscription callback blocks here and
+// further requests queue in its pending buffer.
+func (s *Service) dispatch(op string, r micro.Request) {
+	s.dispatched.Add(1)
+	s.sem <- struct{}{}
+	s.inflight.Add(1)
+	go func() {
+		defer func() {
+			<-s.sem
+			s.inflight.Done()
+		}()
+		start := time.Now()
+		resp, err := s.handle(op, r.Data())
+		code := ""
+		if err != nil {
+			oe := toOpError(err)
+			code = oe.code
+			if oe.code == streams.CodeInternal {
+				s.log.Error("internal error", "op", op, "err", err)
+			}
+			s.replyError(r, oe)
+		} else {
+			s.replyJSON(r, resp)
+		}
+		s.metrics.observe(op, code, time.Since(start))
+	}()
+}
+
+func (s *Service) handle(op string, data []byte) (any, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	defer cancel()
+	switch op {
+	case streams.OpAcquire:
+		var req streams.AcquireRequest
+		if err := streams.Decode(data, &req); err != nil {
+			return nil, err
+		}
+		return s.acquire(ctx, &req)
+	case streams.OpRenew:
+		var req streams.RenewRequest
+		if err := streams.Decode(data, &req); err != nil {
+			return nil, err
+		}
+		return s.renew(ctx, &req)
+	case streams.OpRelease:
+		var req streams.ReleaseRequest
+		if err := streams.Decode(data, &req); err != nil {
+			return nil, err
+		}
+		return s.release(ctx, &req)
+	case streams.OpCancel:
+		var req streams.CancelRequest
+		if err := streams.Decode(data, &req); err != nil {
+			return nil, err
+		}
+		return s.cancel(ctx, &req)
+	case streams.OpStatus:
+		var req streams.StatusRequest
+		if err := streams.Decode(data, &req); err != nil {
+			return nil, err
+		}
+		return s.status(ctx, &req)
+	}
+	return nil, fmt.Errorf("unknown operation %q", op)
+}
+
+func (s *Service) replyJSON(r micro.Request, v any) {
+	if err := r.RespondJSON(v); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		s.log.Warn("reply failed", "err", err)
+	}
+}
+
+func (s *Service) replyError(r micro.Request, oe *opError) {
+	body, _ := json.Marshal(streams.ErrorResponse{Error: streams.ErrorDetail{Code: oe.code, Message: oe.msg, Holder: oe.holder}})
+	if err := r.Error(strconv.Itoa(streams.StatusCode(oe.code)), oe.msg, body); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		s.log.Warn("error reply failed", "err", err)
+	}
+}
+
+// lockKey serialises this instance's work on one key, so that its own
+// requests do not race each other's compare-and-set. Instances still race
+// each other; compare-and-set decides those races.
+func (s *Service) lockKey(key string) func() {
+	m := &s.stripes[maphash.String(s.seed, key)%lockStripes]
+	m.Lock()
+	return m.Unlock
+}
+
+// watch follows every lease write in the bucket and feeds the tracker, so
+// that any instance expires leases granted by instances that died.
+func (s *Service) watch(ctx context.Context, ready chan<- struct{}) error {
+	w, err := s.bucket.KV.Watch(ctx, streams.LeaseKeyPrefix+">")
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	initial := true
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case kve, ok := <-w.Updates():
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return errors.New("watcher closed")
+			}
+			if kve == nil {
+				if initial {
+					initial = false
+					close(ready)
+				}
+				continue
+			}
+			e := entry{rev: kve.Revision()}
+			if kve.Operation() == jetstream.KeyValuePut {
+				rec, err := streams.DecodeRecord(kve.Value())
+				if err != nil {
+					s.log.Error("corrupt lease record", "key", kve.Key(), "rev", kve.Revision(), "err", err)
+					continue
+				}
+				e.rec = rec
+			}
+			s.tracker.observe(kve.Key(), e)
+		}
+	}
+}
+
+// recordHighWater raises the recorded token high-water mark every second,
+// so that a bucket recreated after loss never hands out smaller tokens.
+func (s *Service) recordHighWater(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var recorded uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		hw := s.tracker.maxRev()
+		if hw <= recorded {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := s.bucket.RecordHighWater(rctx, hw)
+		cancel()
+		if err != nil {
+			s.log.Warn("record high-water mark", "err", err)
+			continue
+		}
+		recorded = hw
+	}
+}

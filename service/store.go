@@ -1,0 +1,174 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Store errors. Every write is a compare-and-set; errConflict means the
+// revision it was based on is no longer the key's last one (or a write to
+// the key is in flight): re-read and decide again.
+var (
+	errConflict    = errors.New("revision conflict")
+	errUnavailable = errors.New("state store unavailable")
+)
+
+// entry is one observation of a lease key: the revision of its last write
+// and, unless that write deleted it, the record.
+type entry struct {
+	rev uint64
+	rec *streams.Record // nil when the key is absent or deleted
+}
+
+func (e entry) held() bool { return e.rec != nil }
+
+// store performs jetlock's reads and compare-and-set writes on the bucket.
+// Reads go to the stream leader (never a possibly lagging direct-get
+// follower), writes carry the revision they are based on.
+type store struct {
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	bucket    string
+	subjPfx   string // "$KV.<bucket>."
+	getSubj   string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
+	ttlHeader string // Nats-TTL of cancel tombstones
+}
+
+func newStore(nc *nats.Conn, js jetstream.JetStream, bucket string, retryWindow time.Duration) *store {
+	return &store{
+		nc:        nc,
+		js:        js,
+		bucket:    bucket,
+		subjPfx:   streams.SubjectPrefix(bucket),
+		getSubj:   "$JS.API.STREAM.MSG.GET." + streams.StreamName(bucket),
+		ttlHeader: strconv.FormatInt(int64((retryWindow+time.Second-1)/time.Second), 10) + "s",
+	}
+}
+
+type msgGetResponse struct {
+	Type    string `json:"type"`
+	Message *struct {
+		Subject string `json:"subject"`
+		Seq     uint64 `json:"seq"`
+		Hdrs    []byte `json:"hdrs"`
+		Data    []byte `json:"data"`
+	} `json:"message"`
+	Error *jetstream.APIError `json:"error"`
+}
+
+// read returns the key's last entry as the stream leader has it. A key
+// never written is entry{rev: 0}.
+func (s *store) read(ctx context.Context, key string) (entry, error) {
+	req, _ := json.Marshal(map[string]string{"last_by_subj": s.subjPfx + key})
+	msg, err := s.nc.RequestWithContext(ctx, s.getSubj, req)
+	if err != nil {
+		return entry{}, classify(err)
+	}
+	var resp msgGetResponse
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return entry{}, fmt.Errorf("%w: bad stream msg get reply: %v", errUnavailable, err)
+	}
+	if resp.Error != nil {
+		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return entry{}, nil
+		}
+		return entry{}, classify(resp.Error)
+	}
+	if resp.Message == nil {
+		return entry{}, fmt.Errorf("%w: empty stream msg get reply", errUnavailable)
+	}
+	e := entry{rev: resp.Message.Seq}
+	if isDeleteOp(resp.Message.Hdrs) {
+		return e, nil
+	}
+	if e.rec, err = streams.DecodeRecord(resp.Message.Data); err != nil {
+		return entry{}, fmt.Errorf("corrupt record at %s revision %d: %w", key, e.rev, err)
+	}
+	return e, nil
+}
+
+// isDeleteOp reports whether raw message headers mark a KV delete or purge.
+func isDeleteOp(hdrs []byte) bool {
+	for _, line := range strings.Split(string(hdrs), "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && strings.EqualFold(strings.TrimSpace(k), "KV-Operation") {
+			v = strings.TrimSpace(v)
+			return v == "DEL" || v == "PURGE"
+		}
+	}
+	return false
+}
+
+// put writes rec to key if the key's last revision is still expect (0 for
+// a key never written). A non-empty msgID makes the write idempotent within
+// the stream's duplicate window: a repeat answers dup=true and the sequence
+// of the original write, without writing.
+func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string) (seq uint64, dup bool, err error) {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return 0, false, err
+	}
+	m := nats.NewMsg(s.subjPfx + key)
+	m.Data = data
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	if msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	return s.publish(ctx, m)
+}
+
+// del writes a delete marker on key if its last revision is still expect.
+func (s *store) del(ctx context.Context, key string, expect uint64) (uint64, error) {
+	m := nats.NewMsg(s.subjPfx + key)
+	m.Header.Set("KV-Operation", "DEL")
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	seq, _, err := s.publish(ctx, m)
+	return seq, err
+}
+
+// tombstone writes a short-lived marker carrying msgID, so that a grant
+// with the same message id arriving later within the duplicate window is
+// answered as a duplicate and never written. When a write with msgID
+// already exists, it answers dup=true and that write's sequence.
+func (s *store) tombstone(ctx context.Context, key, msgID string) (seq uint64, dup bool, err error) {
+	m := nats.NewMsg(s.subjPfx + key)
+	m.Data = []byte(`{"cancelled":true}`)
+	m.Header.Set(jetstream.MsgIDHeader, msgID)
+	m.Header.Set("Nats-TTL", s.ttlHeader)
+	return s.publish(ctx, m)
+}
+
+func (s *store) publish(ctx context.Context, m *nats.Msg) (uint64, bool, error) {
+	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithRetryAttempts(0))
+	if err != nil {
+		return 0, false, classify(err)
+	}
+	return ack.Sequence, ack.Duplicate, nil
+}
+
+// classify maps a NATS or JetStream error to errConflict, errUnavailable
+// (outcome unknown or no quorum) or a plain error.
+func classify(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant, 10158:
+			return fmt.Errorf("%w: %v", errConflict, apiErr)
+		}
+		if apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 500 {
+			return fmt.Errorf("%w: %v", errUnavailable, apiErr)
+		}
+		return fmt.Errorf("jetstream: %w", apiErr)
+	}
+	return fmt.Errorf("%w: %v", errUnavailable, err)
+}

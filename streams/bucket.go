@@ -1,0 +1,297 @@
+package streams
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultBucket is the default name of the lock-state bucket.
+const DefaultBucket = "jetlock"
+
+// DefaultRetryWindow is the default duplicate window of the bucket's stream:
+// how long an acquire retried with the same request_id is recognised by
+// JetStream's message-id deduplication.
+const DefaultRetryWindow = 2 * time.Minute
+
+// RecreateGap is added to the recorded high-water mark when the bucket's
+// stream has to be created again, so that tokens handed out after the last
+// recording still lie below every new token.
+const RecreateGap = 1_000_000_000
+
+// highWaterKey is the key of the high-water mark in the meta bucket.
+const highWaterKey = "high_water"
+
+// ErrBucketConfig is wrapped by Ensure when an existing bucket's
+// configuration would break jetlock's invariants.
+var ErrBucketConfig = errors.New("lock bucket configuration unsafe")
+
+// BucketConfig describes the lock-state bucket.
+type BucketConfig struct {
+	// Bucket is the KV bucket name. The default is "jetlock".
+	Bucket string
+	// Replicas is the replica count. The default is 3. Fewer than 3 is
+	// refused unless AllowSingleReplica is set.
+	Replicas int
+	// AllowSingleReplica permits Replicas 1, for throwaway experiments
+	// only: one server's loss then loses acknowledged state.
+	AllowSingleReplica bool
+	// RetryWindow is the stream's duplicate window. The default is 2m.
+	RetryWindow time.Duration
+	// PlacementTags restricts placement to servers with all these tags. The
+	// default is none: spread over availability zones comes from the
+	// servers' unique_tag "az:" setting.
+	PlacementTags []string
+	// MinFirstSeq is a floor for the first sequence of a newly created
+	// stream, for an operator restoring a cluster whose meta bucket was
+	// lost too. The default is 0 (no floor).
+	MinFirstSeq uint64
+}
+
+func (c BucketConfig) withDefaults() BucketConfig {
+	if c.Bucket == "" {
+		c.Bucket = DefaultBucket
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 3
+	}
+	if c.RetryWindow == 0 {
+		c.RetryWindow = DefaultRetryWindow
+	}
+	return c
+}
+
+// Validate reports a configuration that cannot be used.
+func (c BucketConfig) Validate() error {
+	c = c.withDefaults()
+	if !validBucketName(c.Bucket) {
+		return fmt.Errorf("%w: bucket name %q must be letters, digits, - and _", ErrInvalid, c.Bucket)
+	}
+	if c.Replicas < 1 || c.Replicas > 5 {
+		return fmt.Errorf("%w: replicas %d out of 1..5", ErrInvalid, c.Replicas)
+	}
+	if c.Replicas < 3 && !c.AllowSingleReplica {
+		return fmt.Errorf("%w: %d replicas cannot survive the loss of a zone; 3 are required", ErrBucketConfig, c.Replicas)
+	}
+	if c.RetryWindow < time.Second {
+		return fmt.Errorf("%w: retry window %v below 1s", ErrInvalid, c.RetryWindow)
+	}
+	return nil
+}
+
+func validBucketName(b string) bool {
+	if b == "" {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// StreamName returns the name of the stream behind bucket.
+func StreamName(bucket string) string { return "KV_" + bucket }
+
+// SubjectPrefix returns the subject prefix of the keys of bucket.
+func SubjectPrefix(bucket string) string { return "$KV." + bucket + "." }
+
+func metaBucket(bucket string) string { return bucket + "_meta" }
+
+// StreamConfig returns the stream configuration of the lock bucket, a
+// standard KV stream (readable with `nats kv`) with history 1, file
+// storage, message TTLs allowed (used only for cancel tombstones, never for
+// lease expiry) and the given first sequence.
+func (c BucketConfig) StreamConfig(firstSeq uint64) jetstream.StreamConfig {
+	c = c.withDefaults()
+	sc := jetstream.StreamConfig{
+		Name:              StreamName(c.Bucket),
+		Description:       "jetlock lock state",
+		Subjects:          []string{SubjectPrefix(c.Bucket) + ">"},
+		MaxMsgsPerSubject: 1,
+		MaxBytes:          -1,
+		MaxMsgSize:        -1,
+		MaxMsgs:           -1,
+		MaxConsumers:      -1,
+		Storage:           jetstream.FileStorage,
+		Replicas:          c.Replicas,
+		AllowRollup:       true,
+		DenyDelete:        true,
+		Duplicates:        c.RetryWindow,
+		AllowDirect:       true,
+		Discard:           jetstream.DiscardNew,
+		AllowMsgTTL:       true,
+		FirstSeq:          firstSeq,
+	}
+	if len(c.PlacementTags) > 0 {
+		sc.Placement = &jetstream.Placement{Tags: c.PlacementTags}
+	}
+	return sc
+}
+
+// check reports why an existing stream cannot serve as the lock bucket.
+func (c BucketConfig) check(info *jetstream.StreamInfo, highWater uint64) error {
+	c = c.withDefaults()
+	sc := info.Config
+	var problems []string
+	if sc.MaxMsgsPerSubject != 1 {
+		problems = append(problems, fmt.Sprintf("history %d, want 1", sc.MaxMsgsPerSubject))
+	}
+	if sc.Replicas < 3 && !c.AllowSingleReplica {
+		problems = append(problems, fmt.Sprintf("%d replicas, want 3", sc.Replicas))
+	}
+	if sc.Storage != jetstream.FileStorage {
+		problems = append(problems, "memory storage, want file")
+	}
+	if sc.MaxAge != 0 {
+		problems = append(problems, fmt.Sprintf("max age %v would expire leases without compare-and-set", sc.MaxAge))
+	}
+	if sc.Duplicates < c.RetryWindow {
+		problems = append(problems, fmt.Sprintf("duplicate window %v below the retry window %v", sc.Duplicates, c.RetryWindow))
+	}
+	if !sc.AllowMsgTTL {
+		problems = append(problems, "message TTLs not allowed (needed for cancel tombstones)")
+	}
+	if sc.Discard != jetstream.DiscardNew {
+		problems = append(problems, "discard old policy could drop lease records")
+	}
+	if info.State.LastSeq < highWater {
+		problems = append(problems, fmt.Sprintf("last sequence %d below the high-water mark %d: tokens would go backwards", info.State.LastSeq, highWater))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: stream %s: %v", ErrBucketConfig, sc.Name, problems)
+	}
+	return nil
+}
+
+// Bucket is an ensured lock bucket.
+type Bucket struct {
+	KV     jetstream.KeyValue
+	Stream jetstream.Stream
+	meta   jetstream.KeyValue
+	cfg    BucketConfig
+}
+
+// Ensure creates the lock bucket, or checks an existing one, and returns
+// it. It is idempotent and safe to call from many service instances at
+// once. It refuses (with ErrBucketConfig) a bucket whose configuration would
+// break the invariants: wrong history, fewer than 3 replicas without
+// AllowSingleReplica, a max age, or a sequence below the recorded
+// high-water mark. A stream created anew starts at the recorded high-water
+// mark plus RecreateGap (or MinFirstSeq), never at 1 again.
+func Ensure(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Bucket, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	meta, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      metaBucket(cfg.Bucket),
+		Description: "jetlock metadata: the token high-water mark",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ensure meta bucket: %w", err)
+	}
+	highWater, _, err := readHighWater(ctx, meta)
+	if err != nil {
+		return nil, err
+	}
+	name := StreamName(cfg.Bucket)
+	stream, err := js.Stream(ctx, name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		first := uint64(1)
+		if highWater > 0 {
+			first = highWater + RecreateGap
+		}
+		if cfg.MinFirstSeq > first {
+			first = cfg.MinFirstSeq
+		}
+		stream, err = js.CreateStream(ctx, cfg.StreamConfig(first))
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Another instance created it first; check theirs.
+			stream, err = js.Stream(ctx, name)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("create stream %s: %w", name, err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("look up stream %s: %w", name, err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s info: %w", name, err)
+	}
+	if err := cfg.check(info, highWater); err != nil {
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("bind bucket %s: %w", cfg.Bucket, err)
+	}
+	b := &Bucket{KV: kv, Stream: stream, meta: meta, cfg: cfg}
+	if err := b.RecordHighWater(ctx, info.State.LastSeq); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Config returns the bucket's configuration with defaults filled in.
+func (b *Bucket) Config() BucketConfig { return b.cfg }
+
+func readHighWater(ctx context.Context, meta jetstream.KeyValue) (uint64, uint64, error) {
+	e, err := meta.Get(ctx, highWaterKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("read high-water mark: %w", err)
+	}
+	var hw uint64
+	if err := json.Unmarshal(e.Value(), &hw); err != nil {
+		return 0, 0, fmt.Errorf("parse high-water mark %q: %w", e.Value(), err)
+	}
+	return hw, e.Revision(), nil
+}
+
+// HighWater returns the recorded high-water mark.
+func (b *Bucket) HighWater(ctx context.Context) (uint64, error) {
+	hw, _, err := readHighWater(ctx, b.meta)
+	return hw, err
+}
+
+// RecordHighWater raises the recorded high-water mark to seq if it is
+// higher, by compare-and-set; it never lowers it.
+func (b *Bucket) RecordHighWater(ctx context.Context, seq uint64) error {
+	for attempt := 0; attempt < 10; attempt++ {
+		hw, rev, err := readHighWater(ctx, b.meta)
+		if err != nil {
+			return err
+		}
+		if seq <= hw {
+			return nil
+		}
+		val := []byte(strconv.FormatUint(seq, 10))
+		if rev == 0 {
+			_, err = b.meta.Create(ctx, highWaterKey, val)
+		} else {
+			_, err = b.meta.Update(ctx, highWaterKey, val, rev)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return fmt.Errorf("record high-water mark: %w", err)
+		}
+	}
+	return errors.New("record high-water mark: too many conflicts")
+}

@@ -1,0 +1,326 @@
+// Package devcluster runs a three-node NATS cluster with JetStream inside
+// the current process: the dev mode of lockd, the tests and the benchmark
+// use it. Every node listens on loopback only, fsyncs every write
+// (sync_interval: always), carries the tag az:a, az:b or az:c and places
+// replicas with unique_tag "az:", so an R3 stream has one replica per
+// zone. Routes between nodes pass through cuttable TCP proxies, so tests
+// can partition the cluster.
+package devcluster
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Size is the number of nodes.
+const Size = 3
+
+// ClusterName is the NATS cluster name of the dev cluster.
+const ClusterName = "jetlock-dev"
+
+// Zones are the availability-zone tags of nodes 0, 1 and 2.
+var Zones = [Size]string{"az:a", "az:b", "az:c"}
+
+// Options configures a dev cluster.
+type Options struct {
+	// Dir holds each node's JetStream data in Dir/n1, Dir/n2, Dir/n3. It is
+	// required; reuse it to keep state (and rising tokens) across runs.
+	Dir string
+	// ClientPorts are the client ports of the three nodes. The default is
+	// three random free ports.
+	ClientPorts []int
+	// Logger, when set, receives the servers' logs. The default is none.
+	Logger server.Logger
+	// Debug turns on the servers' debug logging (with Logger).
+	Debug bool
+	// ReadyTimeout bounds the wait for the cluster (and a restarted node) to
+	// be ready. The default is 30s.
+	ReadyTimeout time.Duration
+}
+
+// Cluster is a running dev cluster. Its methods are safe for concurrent
+// use.
+type Cluster struct {
+	opts        Options
+	clientPorts [Size]int
+	routePorts  [Size]int
+	// proxies[i][j] carries the route connections that node i opens to
+	// node j.
+	proxies [Size][Size]*proxy
+
+	mu      sync.Mutex
+	servers [Size]*server.Server
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Start starts the three nodes and waits until JetStream has a meta leader.
+func Start(opts Options) (*Cluster, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("devcluster: Options.Dir is required")
+	}
+	if len(opts.ClientPorts) != 0 && len(opts.ClientPorts) != Size {
+		return nil, fmt.Errorf("devcluster: %d client ports given, want %d", len(opts.ClientPorts), Size)
+	}
+	if opts.ReadyTimeout == 0 {
+		opts.ReadyTimeout = 30 * time.Second
+	}
+	c := &Cluster{opts: opts}
+	var err error
+	for i := 0; i < Size; i++ {
+		if len(opts.ClientPorts) == Size && opts.ClientPorts[i] != 0 {
+			c.clientPorts[i] = opts.ClientPorts[i]
+		} else if c.clientPorts[i], err = freePort(); err != nil {
+			return nil, err
+		}
+		if c.routePorts[i], err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	for i := 0; i < Size; i++ {
+		for j := 0; j < Size; j++ {
+			if i == j {
+				continue
+			}
+			p, err := newProxy("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", c.routePorts[j]))
+			if err != nil {
+				c.Shutdown()
+				return nil, err
+			}
+			c.proxies[i][j] = p
+		}
+	}
+	for i := 0; i < Size; i++ {
+		if err := c.startNode(i); err != nil {
+			c.Shutdown()
+			return nil, err
+		}
+	}
+	if err := c.WaitReady(); err != nil {
+		c.Shutdown()
+		return nil, err
+	}
+	return c, nil
+}
+
+// NodeOptions returns the server options of node i.
+func (c *Cluster) NodeOptions(i int) *server.Options {
+	var routes []string
+	for j := 0; j < Size; j++ {
+		if j != i {
+			routes = append(routes, "nats://"+c.proxies[i][j].addr())
+		}
+	}
+	name := fmt.Sprintf("n%d", i+1)
+	o := &server.Options{
+		ServerName:         name,
+		Host:               "127.0.0.1",
+		Port:               c.clientPorts[i],
+		JetStream:          true,
+		StoreDir:           filepath.Join(c.opts.Dir, name),
+		SyncAlways:         true,
+		JetStreamUniqueTag: "az:",
+		Tags:               []string{Zones[i]},
+		JetStreamMaxMemory: 256 << 20,
+		JetStreamMaxStore:  8 << 30,
+		Cluster: server.ClusterOpts{
+			Name:        ClusterName,
+			Host:        "127.0.0.1",
+			Port:        c.routePorts[i],
+			NoAdvertise: true,
+		},
+		Routes:   server.RoutesFromStr(strings.Join(routes, ",")),
+		NoSigs:   true,
+		NoLog:    c.opts.Logger == nil,
+		Debug:    c.opts.Debug,
+		HTTPHost: "127.0.0.1",
+	}
+	return o
+}
+
+func (c *Cluster) startNode(i int) error {
+	o := c.NodeOptions(i)
+	if err := os.MkdirAll(o.StoreDir, 0o755); err != nil {
+		return err
+	}
+	s, err := server.NewServer(o)
+	if err != nil {
+		return fmt.Errorf("devcluster: node %s: %w", o.ServerName, err)
+	}
+	if c.opts.Logger != nil {
+		s.SetLoggerV2(c.opts.Logger, c.opts.Debug, false, false)
+	}
+	s.Start()
+	if !s.ReadyForConnections(c.opts.ReadyTimeout) {
+		s.Shutdown()
+		return fmt.Errorf("devcluster: node %s not ready for connections", o.ServerName)
+	}
+	c.mu.Lock()
+	c.servers[i] = s
+	c.mu.Unlock()
+	return nil
+}
+
+// WaitReady waits until every running node sees a JetStream meta leader
+// and is current with it.
+func (c *Cluster) WaitReady() error {
+	deadline := time.Now().Add(c.opts.ReadyTimeout)
+	for time.Now().Before(deadline) {
+		ok, leader := true, false
+		for _, s := range c.running() {
+			if !s.JetStreamIsCurrent() {
+				ok = false
+			}
+			leader = leader || s.JetStreamIsLeader()
+		}
+		if ok && leader {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("devcluster: JetStream not ready in time")
+}
+
+func (c *Cluster) running() []*server.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*server.Server
+	for _, s := range c.servers {
+		if s != nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Server returns node i's server, or nil while it is stopped.
+func (c *Cluster) Server(i int) *server.Server {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.servers[i]
+}
+
+// ClientURL returns node i's client URL.
+func (c *Cluster) ClientURL(i int) string {
+	return fmt.Sprintf("nats://127.0.0.1:%d", c.clientPorts[i])
+}
+
+// URLs returns the client URLs of all nodes, comma separated, for
+// nats.Connect.
+func (c *Cluster) URLs() string {
+	urls := make([]string, Size)
+	for i := range urls {
+		urls[i] = c.ClientURL(i)
+	}
+	return strings.Join(urls, ",")
+}
+
+// Stop shuts node i down, keeping its data. Stopping a stopped node does
+// nothing.
+func (c *Cluster) Stop(i int) {
+	c.mu.Lock()
+	s := c.servers[i]
+	c.servers[i] = nil
+	c.mu.Unlock()
+	if s != nil {
+		s.Shutdown()
+		s.WaitForShutdown()
+	}
+}
+
+// Restart starts a stopped node again on the same ports and data, and
+// waits until it is current.
+func (c *Cluster) Restart(i int) error {
+	if c.Server(i) != nil {
+		return fmt.Errorf("devcluster: node %d is running", i)
+	}
+	if err := c.startNode(i); err != nil {
+		return err
+	}
+	return c.WaitReady()
+}
+
+// StreamLeader returns the index of the node leading stream (in the
+// global account), or -1 when no running node leads it.
+func (c *Cluster) StreamLeader(stream string) int {
+	for i := 0; i < Size; i++ {
+		if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
+			return i
+		}
+	}
+	return -1
+}
+
+// StepDown asks the leader of stream to step down, so that another node
+// takes over, and waits until a different node leads it.
+func (c *Cluster) StepDown(stream string) error {
+	old := c.StreamLeader(stream)
+	if old < 0 {
+		return fmt.Errorf("devcluster: stream %s has no leader", stream)
+	}
+	if err := c.Server(old).JetStreamStepdownStream(server.DEFAULT_GLOBAL_ACCOUNT, stream); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(c.opts.ReadyTimeout)
+	for time.Now().Before(deadline) {
+		if l := c.StreamLeader(stream); l >= 0 && l != old {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("devcluster: stream %s got no new leader", stream)
+}
+
+// Cut cuts the route connections that node from opens to node to (one
+// direction of connection set-up).
+func (c *Cluster) Cut(from, to int) { c.proxies[from][to].setCut(true) }
+
+// Isolate cuts every route connection of node i, both directions.
+func (c *Cluster) Isolate(i int) {
+	for j := 0; j < Size; j++ {
+		if j != i {
+			c.proxies[i][j].setCut(true)
+			c.proxies[j][i].setCut(true)
+		}
+	}
+}
+
+// Heal restores every route.
+func (c *Cluster) Heal() {
+	for i := 0; i < Size; i++ {
+		for j := 0; j < Size; j++ {
+			if i != j {
+				c.proxies[i][j].setCut(false)
+			}
+		}
+	}
+}
+
+// Shutdown stops every node and every proxy.
+func (c *Cluster) Shutdown() {
+	for i := 0; i < Size; i++ {
+		c.Stop(i)
+	}
+	for i := 0; i < Size; i++ {
+		for j := 0; j < Size; j++ {
+			if p := c.proxies[i][j]; p != nil {
+				p.close()
+			}
+		}
+	}
+}

@@ -1,0 +1,129 @@
+package streams
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// TimeFormat is the layout of every time on the wire: RFC 3339 with
+// milliseconds, in UTC.
+const TimeFormat = "2006-01-02T15:04:05.000Z07:00"
+
+// FormatTime renders t for the wire.
+func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
+
+// AcquireRequest is the body of an acquire request.
+type AcquireRequest struct {
+	Resource  string `json:"resource"`
+	RequestID string `json:"request_id"`
+	Owner     string `json:"owner,omitempty"`
+	TTLms     int64  `json:"ttl_ms,omitempty"`
+	WaitMs    int64  `json:"wait_ms,omitempty"`
+}
+
+// RenewRequest is the body of a renew request.
+type RenewRequest struct {
+	Resource string `json:"resource"`
+	LeaseID  string `json:"lease_id"`
+	TTLms    int64  `json:"ttl_ms,omitempty"`
+}
+
+// ReleaseRequest is the body of a release request.
+type ReleaseRequest struct {
+	Resource string `json:"resource"`
+	LeaseID  string `json:"lease_id"`
+}
+
+// CancelRequest is the body of a cancel request.
+type CancelRequest struct {
+	Resource  string `json:"resource"`
+	RequestID string `json:"request_id"`
+}
+
+// StatusRequest is the body of a status request.
+type StatusRequest struct {
+	Resource string `json:"resource"`
+}
+
+// LeaseResponse answers a successful acquire or renew.
+type LeaseResponse struct {
+	Resource  string `json:"resource"`
+	LeaseID   string `json:"lease_id"`
+	Token     uint64 `json:"token"`
+	TTLms     int64  `json:"ttl_ms"`
+	ExpiresAt string `json:"expires_at"`
+}
+
+// ReleaseResponse answers a release. Released is false when the lease was
+// already gone.
+type ReleaseResponse struct {
+	Resource string `json:"resource"`
+	Released bool   `json:"released"`
+}
+
+// CancelResponse answers a cancel. Cancelled is true when the cancel removed
+// a waiter or released a lease.
+type CancelResponse struct {
+	Resource  string `json:"resource"`
+	Cancelled bool   `json:"cancelled"`
+}
+
+// StatusResponse answers a status request. It never carries the lease id.
+type StatusResponse struct {
+	Resource  string `json:"resource"`
+	Held      bool   `json:"held"`
+	Owner     string `json:"owner"`
+	Token     uint64 `json:"token"`
+	ExpiresAt string `json:"expires_at"`
+	Waiters   int    `json:"waiters"`
+}
+
+// Holder describes the current holder in a "locked" error.
+type Holder struct {
+	Owner     string `json:"owner"`
+	Token     uint64 `json:"token"`
+	ExpiresAt string `json:"expires_at"`
+}
+
+// ErrorDetail is the error object of an error reply.
+type ErrorDetail struct {
+	Code    string  `json:"code"`
+	Message string  `json:"message"`
+	Holder  *Holder `json:"holder,omitempty"`
+}
+
+// ErrorResponse is the body of every error reply: {"error":{...}}.
+type ErrorResponse struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// Record is the value stored in the bucket for a held lease. Token zero in
+// the granting write means "the revision of this write"; every renewal
+// copies the grant revision into Token explicitly.
+type Record struct {
+	LeaseID   string `json:"lease_id"`
+	Owner     string `json:"owner,omitempty"`
+	RequestID string `json:"request_id"`
+	TTLms     int64  `json:"ttl_ms"`
+	Token     uint64 `json:"token"`
+	GrantedAt string `json:"granted_at"`
+	RenewedAt string `json:"renewed_at"`
+	ExpiresAt string `json:"expires_at"`
+}
+
+// DecodeRecord parses a stored lease record.
+func DecodeRecord(b []byte) (*Record, error) {
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// TokenAt returns the fencing token of r stored at revision rev.
+func (r *Record) TokenAt(rev uint64) uint64 {
+	if r.Token == 0 {
+		return rev
+	}
+	return r.Token
+}

@@ -1,0 +1,166 @@
+package streams
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"unicode/utf8"
+)
+
+// Field limits of the wire contract.
+const (
+	MaxResourceLen  = 200
+	MaxRequestIDLen = 128
+	MaxOwnerLen     = 128
+	MaxLeaseIDLen   = 64
+)
+
+// ErrInvalid is wrapped by every validation and decoding error; the service
+// answers it with CodeInvalidRequest.
+var ErrInvalid = errors.New("invalid request")
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}
+
+// Decode parses a request body into v strictly: unknown fields, trailing
+// data and anything but a JSON object are errors wrapping ErrInvalid. An
+// unknown field is refused because a misspelt option ("ttl" for "ttl_ms")
+// would otherwise be ignored silently.
+func Decode(data []byte, v any) error {
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 || data[0] != '{' {
+		return invalidf("body must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return invalidf("malformed JSON: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return invalidf("trailing data after the JSON object")
+	}
+	return nil
+}
+
+func resourceByteOK(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("-_./=:@", c) >= 0
+}
+
+// ValidateResource checks a resource name: 1 to 200 bytes of letters,
+// digits and "- _ . / = : @", not starting or ending with '.' or '/'.
+func ValidateResource(r string) error {
+	if r == "" {
+		return invalidf("resource is required")
+	}
+	if len(r) > MaxResourceLen {
+		return invalidf("resource is %d bytes, at most %d allowed", len(r), MaxResourceLen)
+	}
+	for i := 0; i < len(r); i++ {
+		if !resourceByteOK(r[i]) {
+			return invalidf("resource has a character outside letters, digits and - _ . / = : @ at byte %d", i)
+		}
+	}
+	if r[0] == '.' || r[0] == '/' || r[len(r)-1] == '.' || r[len(r)-1] == '/' {
+		return invalidf("resource must not start or end with '.' or '/'")
+	}
+	return nil
+}
+
+func validateText(field string, s string, maxLen int, required bool) error {
+	if s == "" {
+		if required {
+			return invalidf("%s is required", field)
+		}
+		return nil
+	}
+	if len(s) > maxLen {
+		return invalidf("%s is %d bytes, at most %d allowed", field, len(s), maxLen)
+	}
+	if !utf8.ValidString(s) {
+		return invalidf("%s is not valid UTF-8", field)
+	}
+	for _, c := range s {
+		if c < 0x20 || c == 0x7f {
+			return invalidf("%s contains a control character", field)
+		}
+	}
+	return nil
+}
+
+// ValidateRequestID checks a request id: 1 to 128 bytes of UTF-8 text
+// without control characters.
+func ValidateRequestID(id string) error { return validateText("request_id", id, MaxRequestIDLen, true) }
+
+// ValidateOwner checks an owner: at most 128 bytes of UTF-8 text without
+// control characters; empty is allowed.
+func ValidateOwner(o string) error { return validateText("owner", o, MaxOwnerLen, false) }
+
+// ValidateLeaseID checks the shape of a lease id (1 to 64 bytes of text).
+// It says nothing about whether the lease exists.
+func ValidateLeaseID(id string) error { return validateText("lease_id", id, MaxLeaseIDLen, true) }
+
+const hexDigits = "0123456789ABCDEF"
+
+func keepInKey(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return c == '-' || c == '_' || c == '/'
+}
+
+// EncodeResource maps a valid resource name to the part of a KV key that
+// follows the key prefix: letters, digits, '-', '_' and '/' stay, every
+// other byte becomes '=' and two upper-case hex digits. The mapping is
+// one-to-one and DecodeResource inverts it.
+func EncodeResource(r string) string {
+	var b strings.Builder
+	b.Grow(len(r) + 8)
+	for i := 0; i < len(r); i++ {
+		c := r[i]
+		if keepInKey(c) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('=')
+		b.WriteByte(hexDigits[c>>4])
+		b.WriteByte(hexDigits[c&0xf])
+	}
+	return b.String()
+}
+
+// DecodeResource inverts EncodeResource.
+func DecodeResource(k string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c != '=' {
+			b.WriteByte(c)
+			continue
+		}
+		if i+2 >= len(k) {
+			return "", invalidf("truncated escape in key %q", k)
+		}
+		hi, lo := strings.IndexByte(hexDigits, k[i+1]), strings.IndexByte(hexDigits, k[i+2])
+		if hi < 0 || lo < 0 {
+			return "", invalidf("bad escape in key %q", k)
+		}
+		b.WriteByte(byte(hi<<4 | lo))
+		i += 2
+	}
+	return b.String(), nil
+}
+
+// LeaseKeyPrefix is the KV key prefix of lease records.
+const LeaseKeyPrefix = "lease."
+
+// LeaseKey returns the KV key of the lease record of resource r.
+func LeaseKey(r string) string { return LeaseKeyPrefix + EncodeResource(r) }
