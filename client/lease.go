@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -110,7 +111,10 @@ func (l *Lease) renewLoop() {
 		l.mu.Lock()
 		ttl, deadline := l.ttl, l.deadline
 		l.mu.Unlock()
-		timer.Reset(min(jitter(ttl/3*2)+ttl/6, time.Until(deadline)))
+		// A third of the TTL, ±10%, and never later than halfway to the
+		// deadline, so that a failed renewal leaves time to retry.
+		wait := ttl/3 - ttl/30 + mrand.N(ttl/15+1)
+		timer.Reset(max(0, min(wait, time.Until(deadline)/2)))
 		select {
 		case <-l.stopCtx.Done():
 			return

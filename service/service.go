@@ -45,7 +45,7 @@ type Service struct {
 	sem        chan struct{}
 	inflight   sync.WaitGroup
 	dispatched atomic.Int64
-	ready    chan struct{}
+	ready      chan struct{}
 }
 
 // New returns a service that will serve on nc. It checks cfg (returning an
@@ -90,11 +90,12 @@ func (s *Service) Ready() <-chan struct{} { return s.ready }
 // stops taking requests, waits for those in flight to be answered, and
 // returns nil; any earlier failure is returned.
 func (s *Service) Run(ctx context.Context) error {
-	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	b, err := streams.Ensure(ectx, s.js, s.cfg.Bucket)
-	cancel()
+	b, err := s.ensure(ctx)
 	if err != nil {
 		return fmt.Errorf("ensure bucket: %w", err)
+	}
+	if b == nil {
+		return nil // cancelled while waiting for the cluster
 	}
 	s.bucket = b
 	s.store = newStore(s.nc, s.js, b.Config().Bucket, b.Config().RetryWindow)
@@ -156,6 +157,32 @@ func (s *Service) Run(ctx context.Context) error {
 	s.awaitDrained()
 	s.log.Info("jetlock stopped")
 	return nil
+}
+
+// ensure ensures the bucket, retrying while the cluster is not ready (no
+// meta leader yet, stream leader election after a restart). A bucket whose
+// configuration is unsafe is an error at once. It returns nil, nil when ctx
+// ends first.
+func (s *Service) ensure(ctx context.Context) (*streams.Bucket, error) {
+	backoff := 100 * time.Millisecond
+	for {
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		b, err := streams.Ensure(ectx, s.js, s.cfg.Bucket)
+		cancel()
+		if err == nil {
+			return b, nil
+		}
+		if errors.Is(err, streams.ErrBucketConfig) || errors.Is(err, streams.ErrInvalid) {
+			return nil, err
+		}
+		s.log.Warn("lock bucket not ready, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
 // awaitDrained waits until the endpoint subscriptions have handed over

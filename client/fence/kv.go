@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jetlock/jetlock/streams"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -59,9 +60,10 @@ func containsDotDot(s string) bool {
 	return false
 }
 
-// KVMaxAttempts sets how many compare-and-set attempts one call makes
-// before it gives up with ErrConflict. The default is 10; n below 1 is an
-// error wrapping ErrInvalid.
+// KVMaxAttempts sets how many attempts one call makes before it gives up:
+// with ErrConflict when every compare-and-set lost, or with the read error
+// when no replica answered (nats.ErrNoResponders), the only errors that are
+// retried. The default is 10; n below 1 is an error wrapping ErrInvalid.
 func KVMaxAttempts(n int) KVOption {
 	return func(o *kvOptions) error {
 		if n < 1 {
@@ -138,7 +140,8 @@ func (g *KV) Key(resource string) string { return g.opts.prefix + streams.Encode
 type Entry struct {
 	// Token is the highest token accepted for the resource.
 	Token uint64
-	// Value is the value of the last Put; nil if there was none.
+	// Value is the value of the last Put; nil if there was none or it was
+	// empty.
 	Value []byte
 	// Revision is the KV revision of the guard record.
 	Revision uint64
@@ -167,21 +170,34 @@ func (g *KV) Check(ctx context.Context, resource string, token uint64) error {
 // revision of the record. Errors are those of Check; after a store error
 // the value may or may not have been stored.
 func (g *KV) Put(ctx context.Context, resource string, token uint64, value []byte) (uint64, error) {
-	if value == nil {
-		value = []byte{}
-	}
 	return g.write(ctx, resource, token, value, true)
 }
 
 // Get returns resource's guard record. It returns an error wrapping
 // ErrNotFound if there is none, ErrCorrupt for an undecodable record and
-// otherwise a store error. The record may come from a lagging replica:
+// otherwise a store error; a read that no replica answers is retried like
+// a lost compare-and-set. The record may come from a lagging replica:
 // never decide on it, decide with Check or Put.
 func (g *KV) Get(ctx context.Context, resource string) (Entry, error) {
 	if resource == "" {
 		return Entry{}, invalidf("resource is empty")
 	}
-	rec, rev, err := g.read(ctx, g.Key(resource))
+	key := g.Key(resource)
+	var (
+		rec kvRecord
+		rev uint64
+		err error
+	)
+	for attempt := 0; attempt < g.opts.attempts; attempt++ {
+		if attempt > 0 {
+			if err := sleep(ctx, g.opts.backoff, attempt); err != nil {
+				return Entry{}, err
+			}
+		}
+		if rec, rev, err = g.read(ctx, key); !errors.Is(err, nats.ErrNoResponders) {
+			break
+		}
+	}
 	if err != nil {
 		return Entry{}, err
 	}
@@ -220,7 +236,7 @@ func (g *KV) read(ctx context.Context, key string) (kvRecord, uint64, error) {
 	}
 	var rec kvRecord
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return kvRecord{}, 0, fmt.Errorf("%w: key %q revision %d: %v", ErrCorrupt, key, e.Revision(), err)
+		return kvRecord{}, 0, fmt.Errorf("%w: key %q revision %d: %w", ErrCorrupt, key, e.Revision(), err)
 	}
 	if rec.Token == 0 {
 		return kvRecord{}, 0, fmt.Errorf("%w: key %q revision %d has no token", ErrCorrupt, key, e.Revision())
@@ -234,9 +250,13 @@ func (g *KV) write(ctx context.Context, resource string, token uint64, value []b
 		return 0, err
 	}
 	key := g.Key(resource)
+	var lastErr error
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			if attempt >= g.opts.attempts {
+				if lastErr != nil {
+					return 0, lastErr
+				}
 				return 0, fmt.Errorf("%w: resource %q: %d compare-and-set attempts lost", ErrConflict, resource, attempt)
 			}
 			if err := sleep(ctx, g.opts.backoff, attempt); err != nil {
@@ -244,9 +264,16 @@ func (g *KV) write(ctx context.Context, resource string, token uint64, value []b
 			}
 		}
 		rec, rev, err := g.read(ctx, key)
+		if errors.Is(err, nats.ErrNoResponders) {
+			// No replica answered the read (a stream just created or
+			// electing a leader). Nothing was decided: try again.
+			lastErr = err
+			continue
+		}
 		if err != nil {
 			return 0, err
 		}
+		lastErr = nil
 		if token < rec.Token {
 			g.rejected.Add(1)
 			return 0, &StaleTokenError{Resource: resource, Token: token, Highest: rec.Token}
@@ -280,10 +307,13 @@ func (g *KV) write(ctx context.Context, resource string, token uint64, value []b
 	}
 }
 
-// isCASConflict reports a failed compare-and-set. nats.go maps both API
-// error codes (10071 on R1, 10164 on replicated streams) to
-// ErrKeyRevisionMismatch for Update and to ErrKeyExists for Create; the
-// code check keeps this right should a client version map only one.
+// isCASConflict reports a failed compare-and-set. The server answers
+// 10071 when the expected revision is outdated (also on R3, as measured
+// with nats-server 2.15) and 10164 on a replicated stream when another
+// write of the key is still in flight. nats.go 1.55 maps both to
+// ErrKeyRevisionMismatch for Update and to ErrKeyExists for Create, but
+// not for the second write that Create makes over a delete marker: hence
+// the code check.
 func isCASConflict(err error) bool {
 	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return true

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetlock/jetlock/service"
+	"github.com/jetlock/jetlock/streams"
 	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
@@ -87,6 +88,7 @@ func (e *Env) Serve(cfg service.Config) *Instance {
 	case <-time.After(60 * time.Second):
 		e.T.Fatal("service not ready in 60s")
 	}
+	e.waitReachable()
 	stopped := false
 	e.T.Cleanup(func() {
 		if !stopped {
@@ -96,6 +98,27 @@ func (e *Env) Serve(cfg service.Config) *Instance {
 	})
 	inst.stop = func() { stopped = true; cancel() }
 	return inst
+}
+
+// waitReachable waits until a request sent through every node reaches a
+// service instance: interest in the request subjects spreads between nodes
+// asynchronously.
+func (e *Env) waitReachable() {
+	e.T.Helper()
+	for i := 0; i < devcluster.Size; i++ {
+		if e.Cluster.Server(i) == nil {
+			continue
+		}
+		nc, err := nats.Connect(e.Cluster.ClientURL(i))
+		if err != nil {
+			e.T.Fatal(err)
+		}
+		Eventually(e.T, 10*time.Second, func() bool {
+			_, err := nc.Request(streams.Subject(streams.DefaultPrefix, streams.OpStatus), []byte(`{"resource":"ping"}`), time.Second)
+			return err == nil
+		}, "service unreachable through node %d", i)
+		nc.Close()
+	}
 }
 
 // Eventually polls cond every 20ms until it holds or timeout passes.

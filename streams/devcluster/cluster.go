@@ -50,6 +50,8 @@ type Options struct {
 // use.
 type Cluster struct {
 	opts        Options
+	// Ports are chosen by the servers on first start (unless given) and
+	// reused on restart.
 	clientPorts [Size]int
 	routePorts  [Size]int
 	// proxies[i][j] carries the route connections that node i opens to
@@ -58,15 +60,6 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	servers [Size]*server.Server
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Start starts the three nodes and waits until JetStream has a meta leader.
@@ -81,23 +74,15 @@ func Start(opts Options) (*Cluster, error) {
 		opts.ReadyTimeout = 30 * time.Second
 	}
 	c := &Cluster{opts: opts}
-	var err error
-	for i := 0; i < Size; i++ {
-		if len(opts.ClientPorts) == Size && opts.ClientPorts[i] != 0 {
-			c.clientPorts[i] = opts.ClientPorts[i]
-		} else if c.clientPorts[i], err = freePort(); err != nil {
-			return nil, err
-		}
-		if c.routePorts[i], err = freePort(); err != nil {
-			return nil, err
-		}
+	if len(opts.ClientPorts) == Size {
+		copy(c.clientPorts[:], opts.ClientPorts)
 	}
 	for i := 0; i < Size; i++ {
 		for j := 0; j < Size; j++ {
 			if i == j {
 				continue
 			}
-			p, err := newProxy("127.0.0.1:0", fmt.Sprintf("127.0.0.1:%d", c.routePorts[j]))
+			p, err := newProxy("127.0.0.1:0")
 			if err != nil {
 				c.Shutdown()
 				return nil, err
@@ -119,6 +104,7 @@ func Start(opts Options) (*Cluster, error) {
 }
 
 // NodeOptions returns the server options of node i.
+// A zero port in it means "any free port" (the server picks one).
 func (c *Cluster) NodeOptions(i int) *server.Options {
 	var routes []string
 	for j := 0; j < Size; j++ {
@@ -130,7 +116,7 @@ func (c *Cluster) NodeOptions(i int) *server.Options {
 	o := &server.Options{
 		ServerName:         name,
 		Host:               "127.0.0.1",
-		Port:               c.clientPorts[i],
+		Port:               portOrRandom(c.clientPorts[i]),
 		JetStream:          true,
 		StoreDir:           filepath.Join(c.opts.Dir, name),
 		SyncAlways:         true,
@@ -141,7 +127,7 @@ func (c *Cluster) NodeOptions(i int) *server.Options {
 		Cluster: server.ClusterOpts{
 			Name:        ClusterName,
 			Host:        "127.0.0.1",
-			Port:        c.routePorts[i],
+			Port:        portOrRandom(c.routePorts[i]),
 			NoAdvertise: true,
 		},
 		Routes:   server.RoutesFromStr(strings.Join(routes, ",")),
@@ -151,6 +137,13 @@ func (c *Cluster) NodeOptions(i int) *server.Options {
 		HTTPHost: "127.0.0.1",
 	}
 	return o
+}
+
+func portOrRandom(p int) int {
+	if p == 0 {
+		return server.RANDOM_PORT
+	}
+	return p
 }
 
 func (c *Cluster) startNode(i int) error {
@@ -172,21 +165,32 @@ func (c *Cluster) startNode(i int) error {
 	}
 	c.mu.Lock()
 	c.servers[i] = s
+	c.clientPorts[i] = s.Addr().(*net.TCPAddr).Port
+	c.routePorts[i] = s.ClusterAddr().Port
 	c.mu.Unlock()
+	for j := 0; j < Size; j++ {
+		if j != i {
+			c.proxies[j][i].setTarget(s.ClusterAddr().String())
+		}
+	}
 	return nil
 }
 
-// WaitReady waits until every running node sees a JetStream meta leader
-// and is current with it.
+// WaitReady waits until every running node is current with a JetStream
+// meta leader that sees all of them online, so that replicas can be placed
+// on each.
 func (c *Cluster) WaitReady() error {
 	deadline := time.Now().Add(c.opts.ReadyTimeout)
 	for time.Now().Before(deadline) {
+		running := c.running()
 		ok, leader := true, false
-		for _, s := range c.running() {
+		for _, s := range running {
 			if !s.JetStreamIsCurrent() {
 				ok = false
 			}
-			leader = leader || s.JetStreamIsLeader()
+			if s.JetStreamIsLeader() {
+				leader = len(s.JetStreamClusterPeers()) == len(running)
+			}
 		}
 		if ok && leader {
 			return nil
@@ -217,6 +221,8 @@ func (c *Cluster) Server(i int) *server.Server {
 
 // ClientURL returns node i's client URL.
 func (c *Cluster) ClientURL(i int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	return fmt.Sprintf("nats://127.0.0.1:%d", c.clientPorts[i])
 }
 
@@ -243,14 +249,19 @@ func (c *Cluster) Stop(i int) {
 	}
 }
 
-// Restart starts a stopped node again on the same ports and data, and
-// waits until it is current.
+// Restart starts a stopped node again on the same ports and data. When a
+// quorum of nodes is then running, it waits until JetStream is ready;
+// otherwise (the first nodes of a whole-cluster restart) it returns once
+// the node accepts connections.
 func (c *Cluster) Restart(i int) error {
 	if c.Server(i) != nil {
 		return fmt.Errorf("devcluster: node %d is running", i)
 	}
 	if err := c.startNode(i); err != nil {
 		return err
+	}
+	if len(c.running()) <= Size/2 {
+		return nil
 	}
 	return c.WaitReady()
 }

@@ -10,21 +10,21 @@ import (
 // every connection it carries and refuses new ones until healed. One proxy
 // sits on each direction of each route, so faults can be one-way.
 type proxy struct {
-	ln     net.Listener
-	target string
+	ln net.Listener
 
-	mu    sync.Mutex
+	mu     sync.Mutex
+	target string // empty until the target node has started
 	cut   bool
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
 }
 
-func newProxy(listen, target string) (*proxy, error) {
+func newProxy(listen string) (*proxy, error) {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, err
 	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &proxy{ln: ln, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -40,13 +40,13 @@ func (p *proxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
+		cut, target := p.cut, p.target
+		p.mu.Unlock()
+		if cut || target == "" {
 			c.Close()
 			continue
 		}
-		p.mu.Unlock()
-		up, err := net.Dial("tcp", p.target)
+		up, err := net.Dial("tcp", target)
 		if err != nil {
 			c.Close()
 			continue
@@ -74,6 +74,12 @@ func (p *proxy) pipe(dst, src net.Conn) {
 	p.mu.Lock()
 	delete(p.conns, dst)
 	delete(p.conns, src)
+	p.mu.Unlock()
+}
+
+func (p *proxy) setTarget(addr string) {
+	p.mu.Lock()
+	p.target = addr
 	p.mu.Unlock()
 }
 

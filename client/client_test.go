@@ -1,0 +1,242 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/jetlock/jetlock/client"
+	"github.com/jetlock/jetlock/internal/testenv"
+	"github.com/jetlock/jetlock/streams"
+)
+
+func setup(t *testing.T) (*testenv.Env, *nats.Conn, *client.Client) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	nc := env.Connect()
+	c, err := client.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, nc, c
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestRenewalKeepsLeaseAliveAndReleaseIsIdempotent(t *testing.T) {
+	_, _, c := setup(t)
+	ctx := ctxT(t, 30*time.Second)
+	// The connection's shared reply subscription is the caller's, made by
+	// the first request; everything the client starts after it must stop.
+	if _, err := c.Status(ctx, "orders/1"); err != nil {
+		t.Fatal(err)
+	}
+	leaks := goleak.IgnoreCurrent()
+	l, err := c.Acquire(ctx, "orders/1", client.TTL(time.Second), client.Owner("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Token() == 0 || l.ID() == "" || l.Resource() != "orders/1" {
+		t.Fatalf("bad lease: token %d id %q", l.Token(), l.ID())
+	}
+	first := l.Expires()
+	if until := time.Until(first); until <= 0 || until > time.Second {
+		t.Fatalf("client deadline %v from now, want within the 1s TTL", until)
+	}
+	time.Sleep(3500 * time.Millisecond) // 3.5 TTLs
+	select {
+	case <-l.Lost():
+		t.Fatalf("lease lost while renewing: %v", context.Cause(l.Context()))
+	default:
+	}
+	if !l.Expires().After(first) {
+		t.Fatal("deadline never moved: no renewal happened")
+	}
+	st, err := c.Status(ctx, "orders/1")
+	if err != nil || !st.Held || st.Token != l.Token() || st.Owner != "test" {
+		t.Fatalf("status %+v %v", st, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+	select {
+	case <-l.Lost():
+	default:
+		t.Fatal("Lost not closed after Release")
+	}
+	if !errors.Is(context.Cause(l.Context()), client.ErrReleased) {
+		t.Fatalf("cause %v", context.Cause(l.Context()))
+	}
+	if st, _ := c.Status(ctx, "orders/1"); st.Held {
+		t.Fatalf("held after release: %+v", st)
+	}
+	goleak.VerifyNone(t, leaks)
+}
+
+func TestLostClosesWhenRenewalRefused(t *testing.T) {
+	_, nc, c := setup(t)
+	ctx := ctxT(t, 30*time.Second)
+	l, err := c.TryAcquire(ctx, "orders/2", client.TTL(1500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone releases it behind the client's back (an operator with the
+	// lease id); the next renewal is refused.
+	if _, err := nc.Request(streams.Subject("jetlock", streams.OpRelease), []byte(`{"resource":"orders/2","lease_id":"`+l.ID()+`"}`), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Lost():
+	case <-time.After(1500 * time.Millisecond):
+		t.Fatal("Lost not closed after the renewal was refused")
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, client.ErrLeaseLost) {
+		t.Fatalf("cause %v, want ErrLeaseLost", cause)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("release of a lost lease: %v", err)
+	}
+}
+
+func TestLostClosesBeforeDeadlineWithoutQuorum(t *testing.T) {
+	env, _, c := setup(t)
+	ctx := ctxT(t, 60*time.Second)
+	const ttl = 3 * time.Second
+	sent := time.Now()
+	l, err := c.TryAcquire(ctx, "orders/3", client.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Cluster.Stop(1)
+	env.Cluster.Stop(2)
+	select {
+	case <-l.Lost():
+	case <-time.After(2 * ttl):
+		t.Fatal("Lost never closed without quorum")
+	}
+	// The client's deadline counts from before the service granted, so
+	// Lost closes before the service could possibly let anyone else in.
+	if el := time.Since(sent); el >= ttl {
+		t.Fatalf("Lost closed %v after the acquire was sent, not before the TTL %v", el, ttl)
+	}
+	if !errors.Is(context.Cause(l.Context()), client.ErrLeaseLost) {
+		t.Fatalf("cause %v", context.Cause(l.Context()))
+	}
+	for _, i := range []int{1, 2} {
+		if err := env.Cluster.Restart(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Service resumes: after expiry someone else gets it with a larger
+	// token.
+	l2, err := c.Acquire(ctx, "orders/3", client.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l2.Token() <= l.Token() {
+		t.Fatalf("token %d not above %d", l2.Token(), l.Token())
+	}
+	_ = l2.Release(ctx)
+}
+
+func TestTryAcquireLockedAndAcquireWaits(t *testing.T) {
+	_, _, c := setup(t)
+	ctx := ctxT(t, 30*time.Second)
+	a, err := c.TryAcquire(ctx, "jobs/1", client.Owner("alice"), client.TTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.TryAcquire(ctx, "jobs/1", client.Owner("bob"))
+	var he *client.HeldError
+	if !errors.Is(err, client.ErrLocked) || !errors.As(err, &he) || he.Owner != "alice" || he.Token != a.Token() || he.Resource != "jobs/1" {
+		t.Fatalf("TryAcquire of a held resource: %v", err)
+	}
+	// Acquire with a deadline that passes gives up and leaves nothing.
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = c.Acquire(short, "jobs/1")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire past its deadline: %v", err)
+	}
+	// Acquire blocks until the holder releases.
+	got := make(chan *client.Lease, 1)
+	go func() {
+		l, err := c.Acquire(ctx, "jobs/1", client.Owner("bob"))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-got:
+		if b == nil || b.Token() <= a.Token() {
+			t.Fatalf("waiter got %v", b)
+		}
+		_ = b.Release(ctx)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Acquire did not get the released lock")
+	}
+}
+
+func TestOptionsAndInputValidation(t *testing.T) {
+	_, nc, c := setup(t)
+	if _, err := client.New(nil); !errors.Is(err, client.ErrInvalidOption) {
+		t.Fatalf("nil conn: %v", err)
+	}
+	if _, err := client.New(nc, client.WithRequestTimeout(0)); !errors.Is(err, client.ErrInvalidOption) {
+		t.Fatalf("zero timeout: %v", err)
+	}
+	if _, err := client.New(nc, client.WithRetries(-1)); !errors.Is(err, client.ErrInvalidOption) {
+		t.Fatalf("negative retries: %v", err)
+	}
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := c.TryAcquire(ctx, "bad resource"); !errors.Is(err, client.ErrInvalidRequest) {
+		t.Fatalf("bad resource: %v", err)
+	}
+	if _, err := c.TryAcquire(ctx, "ok", client.RequestID("")); !errors.Is(err, client.ErrInvalidOption) {
+		t.Fatalf("empty request id: %v", err)
+	}
+	if _, err := c.TryAcquire(ctx, "ok", client.TTL(100*time.Millisecond)); !errors.Is(err, client.ErrInvalidRequest) {
+		t.Fatalf("ttl below the service's minimum: %v", err)
+	}
+}
+
+func TestRequestIDMakesAcquireIdempotent(t *testing.T) {
+	_, _, c := setup(t)
+	ctx := ctxT(t, 10*time.Second)
+	a, err := c.TryAcquire(ctx, "idem/1", client.RequestID("backup-2026-11-29"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second process (after a crash, say) retries the same logical
+	// acquire: same lease, same token.
+	b, err := c.TryAcquire(ctx, "idem/1", client.RequestID("backup-2026-11-29"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.ID() != b.ID() || a.Token() != b.Token() {
+		t.Fatalf("retry got lease %s/%d, first %s/%d", b.ID(), b.Token(), a.ID(), a.Token())
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = b.Release(ctx)
+	if _, err := c.TryAcquire(ctx, "idem/1", client.RequestID("backup-2026-11-29")); !errors.Is(err, client.ErrLeaseLost) {
+		t.Fatalf("retry after release: %v, want ErrLeaseLost", err)
+	}
+}

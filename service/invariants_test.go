@@ -1,0 +1,295 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/internal/testenv"
+	"github.com/jetlock/jetlock/service"
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Invariant 2: tokens strictly increase per resource, over many grants,
+// across a service restart and across a stream leader change.
+func TestTokensStrictlyIncrease(t *testing.T) {
+	env := testenv.Start(t)
+	inst := env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	var last uint64
+	grant := func(i int) {
+		l := c.mustAcquire("one/resource", rid(i), 5000)
+		if l.Token <= last {
+			t.Fatalf("grant %d: token %d not above %d", i, l.Token, last)
+		}
+		last = l.Token
+		if ok, _ := c.release("one/resource", l.LeaseID); !ok {
+			t.Fatalf("release %d failed", i)
+		}
+	}
+	for i := 0; i < 1000; i++ {
+		grant(i)
+	}
+	if err := inst.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	env.Serve(testenv.Config())
+	for i := 1000; i < 1050; i++ {
+		grant(i)
+	}
+	if err := env.Cluster.StepDown(streams.StreamName(streams.DefaultBucket)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1050; i < 1100; i++ {
+		grant(i)
+	}
+
+	// Many resources, concurrently: per-resource order and global
+	// uniqueness.
+	var mu sync.Mutex
+	seen := map[uint64]string{}
+	var wg sync.WaitGroup
+	for r := 0; r < 50; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := fmt.Sprintf("many/%d", r)
+			var prev uint64
+			for i := 0; i < 10; i++ {
+				l, rep := c.acquire(streams.AcquireRequest{Resource: res, RequestID: rid(i), TTLms: 5000})
+				if rep.errCode != "" {
+					t.Errorf("%s: %s", res, rep.errCode)
+					return
+				}
+				if l.Token <= prev {
+					t.Errorf("%s: token %d not above %d", res, l.Token, prev)
+				}
+				prev = l.Token
+				mu.Lock()
+				if other, dup := seen[l.Token]; dup {
+					t.Errorf("token %d granted to %s and %s", l.Token, other, res)
+				}
+				seen[l.Token] = res
+				mu.Unlock()
+				c.release(res, l.LeaseID)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// Invariant 2 across a whole-cluster restart: tokens continue above.
+func TestTokensSurviveClusterRestart(t *testing.T) {
+	env := testenv.Start(t)
+	inst := env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	var last uint64
+	for i := 0; i < 20; i++ {
+		l := c.mustAcquire("restart/1", rid(i), 5000)
+		last = l.Token
+		c.release("restart/1", l.LeaseID)
+	}
+	if err := inst.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		env.Cluster.Stop(i)
+	}
+	for i := 0; i < 3; i++ {
+		if err := env.Cluster.Restart(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env.Serve(testenv.Config())
+	c2 := caller{t: t, nc: env.Connect()}
+	var l streams.LeaseResponse
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var rep reply
+		l, rep = c2.acquire(streams.AcquireRequest{Resource: "restart/1", RequestID: "after", TTLms: 5000})
+		return rep.errCode == ""
+	}, "no grant after cluster restart")
+	if l.Token <= last {
+		t.Fatalf("token %d after cluster restart not above %d", l.Token, last)
+	}
+}
+
+type skewedClock time.Duration
+
+func (s skewedClock) Now() time.Time { return time.Now().Add(time.Duration(s)) }
+
+// Two instances whose wall clocks are 20s apart never expire a renewed
+// lease early, and do expire an abandoned one within TTL plus grace.
+func TestSkewedClocksNeverExpireEarly(t *testing.T) {
+	env := testenv.Start(t)
+	for _, skew := range []time.Duration{10 * time.Second, -10 * time.Second} {
+		cfg := testenv.Config()
+		cfg.Clock = skewedClock(skew)
+		env.Serve(cfg)
+	}
+	c := caller{t: t, nc: env.Connect()}
+	const ttl = 2 * time.Second
+	l := c.mustAcquire("skew/1", "a", ttl.Milliseconds())
+	var lastSent time.Time
+	for i := 0; i < 12; i++ { // about 3.5 TTLs of renewals at ttl/7
+		time.Sleep(ttl / 7)
+		lastSent = time.Now()
+		if _, rep := c.renew("skew/1", l.LeaseID, ttl.Milliseconds()); rep.errCode != "" {
+			t.Fatalf("renewal %d refused: %s", i, rep.errCode)
+		}
+	}
+	// Abandon it. Until TTL after the last renewal was sent it must hold.
+	for time.Since(lastSent) < ttl-200*time.Millisecond {
+		if st := c.status("skew/1"); !st.Held || st.Token != l.Token {
+			t.Fatalf("lease gone %v after its last renewal, before its TTL %v", time.Since(lastSent), ttl)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	grace := testenv.Config().ExpiryGrace
+	testenv.Eventually(t, ttl+grace+2*time.Second, func() bool { return !c.status("skew/1").Held }, "abandoned lease not expired")
+	if el := time.Since(lastSent); el > ttl+grace+2*time.Second {
+		t.Fatalf("expired after %v", el)
+	}
+}
+
+func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
+	env, c := setup(t)
+	held := c.mustAcquire("valid/res", "holder", 5000)
+	js, err := jetstream.New(env.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(context.Background(), streams.StreamName(streams.DefaultBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := info.State.LastSeq
+
+	long := func(n int) string { return strings.Repeat("a", n) }
+	cases := []struct {
+		name, op, body string
+	}{
+		{"not json", streams.OpAcquire, `not json`},
+		{"array", streams.OpAcquire, `[]`},
+		{"empty body", streams.OpAcquire, ``},
+		{"trailing data", streams.OpAcquire, `{"resource":"a","request_id":"r"} {}`},
+		{"unknown field", streams.OpAcquire, `{"resource":"a","request_id":"r","ttl":5000}`},
+		{"wrong type", streams.OpAcquire, `{"resource":5,"request_id":"r"}`},
+		{"missing resource", streams.OpAcquire, `{"request_id":"r"}`},
+		{"empty resource", streams.OpAcquire, `{"resource":"","request_id":"r"}`},
+		{"oversized resource", streams.OpAcquire, `{"resource":"` + long(201) + `","request_id":"r"}`},
+		{"space in resource", streams.OpAcquire, `{"resource":"a b","request_id":"r"}`},
+		{"star in resource", streams.OpAcquire, `{"resource":"a*","request_id":"r"}`},
+		{"gt in resource", streams.OpAcquire, `{"resource":"a>","request_id":"r"}`},
+		{"non-ascii resource", streams.OpAcquire, `{"resource":"café","request_id":"r"}`},
+		{"leading dot", streams.OpAcquire, `{"resource":".a","request_id":"r"}`},
+		{"trailing dot", streams.OpAcquire, `{"resource":"a.","request_id":"r"}`},
+		{"leading slash", streams.OpAcquire, `{"resource":"/a","request_id":"r"}`},
+		{"trailing slash", streams.OpAcquire, `{"resource":"a/","request_id":"r"}`},
+		{"missing request id", streams.OpAcquire, `{"resource":"a"}`},
+		{"oversized request id", streams.OpAcquire, `{"resource":"a","request_id":"` + long(129) + `"}`},
+		{"control char in request id", streams.OpAcquire, `{"resource":"a","request_id":"a\u0001"}`},
+		{"oversized owner", streams.OpAcquire, `{"resource":"a","request_id":"r","owner":"` + long(129) + `"}`},
+		{"ttl too small", streams.OpAcquire, `{"resource":"a","request_id":"r","ttl_ms":999}`},
+		{"ttl too large", streams.OpAcquire, `{"resource":"a","request_id":"r","ttl_ms":600001}`},
+		{"negative ttl", streams.OpAcquire, `{"resource":"a","request_id":"r","ttl_ms":-5}`},
+		{"negative wait", streams.OpAcquire, `{"resource":"a","request_id":"r","wait_ms":-1}`},
+		{"wait too long", streams.OpAcquire, `{"resource":"a","request_id":"r","wait_ms":300001}`},
+		{"renew without lease id", streams.OpRenew, `{"resource":"valid/res"}`},
+		{"renew ttl too large", streams.OpRenew, `{"resource":"valid/res","lease_id":"` + held.LeaseID + `","ttl_ms":600001}`},
+		{"renew unknown field", streams.OpRenew, `{"resource":"valid/res","lease_id":"` + held.LeaseID + `","token":1}`},
+		{"release without lease id", streams.OpRelease, `{"resource":"valid/res"}`},
+		{"release bad resource", streams.OpRelease, `{"resource":"valid res","lease_id":"` + held.LeaseID + `"}`},
+		{"cancel without request id", streams.OpCancel, `{"resource":"valid/res"}`},
+		{"status without resource", streams.OpStatus, `{}`},
+		{"status bad resource", streams.OpStatus, `{"resource":"a#b"}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := caller{t: t, nc: c.nc}.send(tc.op, tc.body)
+			if rep.errCode != streams.CodeInvalidRequest || rep.status != 400 {
+				t.Fatalf("got status %d code %q (%s), want 400 invalid_request", rep.status, rep.errCode, rep.raw)
+			}
+			if rep.err.Message == "" {
+				t.Fatal("error without a message")
+			}
+		})
+	}
+	info, err = stream.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.LastSeq != before {
+		t.Fatalf("bad input changed the bucket: last sequence %d -> %d", before, info.State.LastSeq)
+	}
+	if st := c.status("valid/res"); !st.Held || st.Token != held.Token {
+		t.Fatalf("held lease disturbed: %+v", st)
+	}
+}
+
+// Invariant 5: without a quorum no lease is granted and no renewal
+// succeeds; service resumes when the nodes return.
+func TestNoQuorumAnswersUnavailable(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := testenv.Config()
+	cfg.OpTimeout = 2 * time.Second
+	env.Serve(cfg)
+	c := caller{t: t, nc: env.Connect()}
+	l := c.mustAcquire("q/1", "a", 30000)
+	env.Cluster.Stop(1)
+	env.Cluster.Stop(2)
+	for i := 0; i < 3; i++ {
+		if _, rep := c.acquire(streams.AcquireRequest{Resource: fmt.Sprintf("q/new%d", i), RequestID: "b", TTLms: 5000}); rep.errCode != streams.CodeUnavailable {
+			t.Fatalf("acquire without quorum: %q, want unavailable", rep.errCode)
+		}
+		if _, rep := c.renew("q/1", l.LeaseID, 30000); rep.errCode != streams.CodeUnavailable {
+			t.Fatalf("renew without quorum: %q, want unavailable", rep.errCode)
+		}
+	}
+	for _, i := range []int{1, 2} {
+		if err := env.Cluster.Restart(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		_, rep := c.renew("q/1", l.LeaseID, 30000)
+		return rep.errCode == ""
+	}, "renewal did not resume")
+	if _, rep := c.acquire(streams.AcquireRequest{Resource: "q/new0", RequestID: "b", TTLms: 5000}); rep.errCode != "" {
+		t.Fatalf("acquire after recovery: %s", rep.errCode)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	mod := func(f func(*service.Config)) service.Config {
+		c := service.DefaultConfig()
+		f(&c)
+		return c
+	}
+	bad := map[string]service.Config{
+		"empty prefix":   mod(func(c *service.Config) { c.Prefix = "" }),
+		"prefix wild":    mod(func(c *service.Config) { c.Prefix = "a.*" }),
+		"min ttl 0":      mod(func(c *service.Config) { c.MinTTL = 0 }),
+		"max below min":  mod(func(c *service.Config) { c.MaxTTL = 500 * time.Millisecond }),
+		"default beyond": mod(func(c *service.Config) { c.DefaultTTL = time.Hour }),
+		"r1":             mod(func(c *service.Config) { c.Bucket.Replicas = 1 }),
+		"no clock":       mod(func(c *service.Config) { c.Clock = nil }),
+		"in flight 0":    mod(func(c *service.Config) { c.MaxInFlight = 0 }),
+	}
+	for name, cfg := range bad {
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if err := service.DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
