@@ -49,7 +49,7 @@ type Options struct {
 // Cluster is a running dev cluster. Its methods are safe for concurrent
 // use.
 type Cluster struct {
-	opts        Options
+	opts Options
 	// Ports are chosen by the servers on first start (unless given) and
 	// reused on restart.
 	clientPorts [Size]int

@@ -14,9 +14,9 @@ type proxy struct {
 
 	mu     sync.Mutex
 	target string // empty until the target node has started
-	cut   bool
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	cut    bool
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
 }
 
 func newProxy(listen string) (*proxy, error) {
