@@ -56,11 +56,17 @@ func (c *Client) TryAcquire(ctx context.Context, resource string, opts ...Acquir
 	if err != nil {
 		return nil, err
 	}
-	return c.acquireOnce(ctx, resource, ao)
+	return c.acquireOnce(ctx, resource, ao, 0)
 }
 
-// Acquire acquires resource, waiting while others hold it, until it is
-// granted or ctx ends. Give ctx a deadline to bound the wait. When ctx ends
+// maxWaitChunk is the longest wait_ms one request asks for; a longer wait
+// is a sequence of requests with the same request id. It stays below the
+// service's default bound on wait_ms (5 minutes).
+const maxWaitChunk = time.Minute
+
+// Acquire acquires resource, waiting in the resource's FIFO queue while
+// others hold it, until it is granted, ctx ends, or the Wait option's bound
+// passes (then it returns a *HeldError, matching ErrLocked). When ctx ends
 // first, Acquire cancels the request so that it leaves nothing granted or
 // queued, and returns ctx.Err().
 func (c *Client) Acquire(ctx context.Context, resource string, opts ...AcquireOption) (*Lease, error) {
@@ -68,19 +74,34 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts ...AcquireOp
 	if err != nil {
 		return nil, err
 	}
-	backoff := 20 * time.Millisecond
+	var until time.Time
+	if ao.wait > 0 {
+		until = time.Now().Add(ao.wait)
+	}
+	ctxBound := false
+	if d, ok := ctx.Deadline(); ok && (until.IsZero() || d.Before(until)) {
+		// Ask the service to give up a little before ctx does, so that
+		// its answer arrives in time.
+		until, ctxBound = d.Add(-min(time.Until(d)/10, 500*time.Millisecond)), true
+	}
 	for {
-		l, err := c.acquireOnce(ctx, resource, ao)
-		if !errors.Is(err, ErrLocked) {
-			return l, err
+		wait := maxWaitChunk
+		if !until.IsZero() {
+			wait = max(min(wait, time.Until(until)), 0)
 		}
-		select {
-		case <-ctx.Done():
-			c.abandon(resource, ao.requestID)
+		l, err := c.acquireOnce(ctx, resource, ao, wait)
+		switch {
+		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case <-time.After(jitter(backoff)):
+		case !errors.Is(err, ErrLocked):
+			return l, err
+		case wait < maxWaitChunk && ctxBound:
+			// The wait ended with ctx's deadline: report it as such.
+			<-ctx.Done()
+			return nil, ctx.Err()
+		case wait < maxWaitChunk:
+			return nil, err
 		}
-		backoff = min(backoff*2, time.Second)
 	}
 }
 
@@ -100,20 +121,21 @@ func (c *Client) acquireOptions(resource string, opts []AcquireOption) (acquireO
 	return ao, nil
 }
 
-// acquireOnce sends one logical acquire, retrying an unknown outcome with
-// the same request id.
-func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOptions) (*Lease, error) {
+// acquireOnce sends one logical acquire (waiting up to wait in the queue),
+// retrying an unknown outcome with the same request id.
+func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOptions, wait time.Duration) (*Lease, error) {
 	req := streams.AcquireRequest{
 		Resource:  resource,
 		RequestID: ao.requestID,
 		Owner:     ao.owner,
 		TTLms:     ao.ttl.Milliseconds(),
+		WaitMs:    wait.Milliseconds(),
 	}
 	var resp streams.LeaseResponse
 	var sent time.Time
 	err := c.retry(ctx, func() error {
 		sent = time.Now()
-		return c.call(ctx, streams.OpAcquire, &req, &resp, 0)
+		return c.call(ctx, streams.OpAcquire, &req, &resp, wait)
 	})
 	if errors.Is(err, ErrUnavailable) || (err != nil && ctx.Err() != nil) {
 		c.abandon(resource, ao.requestID)
@@ -127,7 +149,7 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		}
 		return nil, err
 	}
-	return c.newLease(resource, ao.owner, &resp, sent), nil
+	return c.newLease(resource, ao.owner, ao.ttl, &resp, sent), nil
 }
 
 // abandon cancels an acquire whose outcome is unknown or whose caller gave

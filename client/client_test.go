@@ -240,3 +240,44 @@ func TestRequestIDMakesAcquireIdempotent(t *testing.T) {
 		t.Fatalf("retry after release: %v, want ErrLeaseLost", err)
 	}
 }
+
+func TestAcquireQueuesAndCancelLeavesNothing(t *testing.T) {
+	_, _, c := setup(t)
+	ctx := ctxT(t, 30*time.Second)
+	a, err := c.TryAcquire(ctx, "q/1", client.Owner("alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := c.Acquire(ctx, "q/1", client.Wait(700*time.Millisecond)); !errors.Is(err, client.ErrLocked) {
+		t.Fatalf("bounded wait: %v, want ErrLocked", err)
+	}
+	if el := time.Since(start); el < 700*time.Millisecond {
+		t.Fatalf("Wait(700ms) gave up after %v", el)
+	}
+	waitCtx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(waitCtx, "q/1", client.Owner("bob"))
+		errc <- err
+	}()
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		st, err := c.Status(ctx, "q/1")
+		return err == nil && st.Waiters == 1
+	}, "bob never queued")
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire: %v", err)
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		st, err := c.Status(ctx, "q/1")
+		return err == nil && st.Waiters == 0
+	}, "cancelled waiter left in the queue")
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if st, _ := c.Status(ctx, "q/1"); st.Held {
+		t.Fatalf("cancelled waiter was granted: %+v", st)
+	}
+}

@@ -32,6 +32,11 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 	lost   chan struct{}
 
+	// want is the TTL asked for on renewal (zero: the service's default).
+	// A lease granted after waiting starts with a shorter TTL, which the
+	// first renewal extends.
+	want time.Duration
+
 	mu       sync.Mutex
 	ttl      time.Duration
 	deadline time.Time
@@ -43,11 +48,11 @@ type Lease struct {
 	done    chan struct{} // closed when the renewer has returned
 }
 
-func (c *Client) newLease(resource, owner string, resp *streams.LeaseResponse, sent time.Time) *Lease {
+func (c *Client) newLease(resource, owner string, want time.Duration, resp *streams.LeaseResponse, sent time.Time) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	stopCtx, stop := context.WithCancel(context.Background())
 	l := &Lease{
-		c: c, resource: resource, owner: owner, id: resp.LeaseID, token: resp.Token,
+		c: c, resource: resource, owner: owner, id: resp.LeaseID, token: resp.Token, want: want,
 		ctx: ctx, cancel: cancel, lost: make(chan struct{}),
 		stopCtx: stopCtx, stop: stop, done: make(chan struct{}),
 	}
@@ -131,7 +136,7 @@ func (l *Lease) renewUntilDeadline() error {
 	backoff := 50 * time.Millisecond
 	for {
 		l.mu.Lock()
-		ttl, deadline := l.ttl, l.deadline
+		deadline := l.deadline
 		l.mu.Unlock()
 		sent := time.Now()
 		if !sent.Before(deadline) {
@@ -139,7 +144,7 @@ func (l *Lease) renewUntilDeadline() error {
 		}
 		ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
 		var resp streams.LeaseResponse
-		err := l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: ttl.Milliseconds()}, &resp, 0)
+		err := l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds()}, &resp, 0)
 		cancel()
 		switch {
 		case err == nil:

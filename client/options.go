@@ -122,3 +122,16 @@ func RequestID(id string) AcquireOption {
 		return nil
 	}
 }
+
+// Wait bounds how long Acquire waits in the resource's queue; Acquire then
+// returns ErrLocked (a *HeldError). The default is no bound besides ctx.
+// TryAcquire ignores it.
+func Wait(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: wait %v", ErrInvalidOption, d)
+		}
+		o.wait = d
+		return nil
+	}
+}

@@ -48,6 +48,26 @@ type Config struct {
 	// SweepInterval is how often expired leases are swept. The default is
 	// 200ms.
 	SweepInterval time.Duration
+	// HandoverTTL caps the TTL of a lease granted after waiting. The grant
+	// may reach a caller that has gone away meanwhile; the short TTL frees
+	// the resource soon in that case, and the holder's first renewal (with
+	// the TTL it wants) extends it. The default is 5s.
+	HandoverTTL time.Duration
+	// WaiterLiveness is the liveness window of a waiter record: the serving
+	// instance rewrites it every third of the window, and a record left
+	// unrefreshed this long (plus ExpiryGrace) is removed, so a waiter whose
+	// instance died frees its place within seconds. The default is 6s.
+	WaiterLiveness time.Duration
+	// Recheck is how often a waiter re-checks the lock without being woken,
+	// since wake messages are at-most-once. The default is 1s.
+	Recheck time.Duration
+	// Reservation is how long a free resource is kept for the head waiter;
+	// after it, any waiter may claim (the head is skipped). The default is
+	// 2s.
+	Reservation time.Duration
+	// MaxWaitersPerResource and MaxWaitersPerOwner cap the queue; beyond
+	// them acquire answers too_many_waiters. The defaults are 1000 and 100.
+	MaxWaitersPerResource, MaxWaitersPerOwner int
 	// OpTimeout bounds the store work of one request. The default is 3s,
 	// below the client's default request timeout of 5s.
 	OpTimeout time.Duration
@@ -79,8 +99,15 @@ func DefaultConfig() Config {
 		SweepInterval: 200 * time.Millisecond,
 		OpTimeout:     3 * time.Second,
 		MaxInFlight:   4096,
-		Clock:         systemClock{},
-		Version:       "0.1.0",
+
+		HandoverTTL:           5 * time.Second,
+		WaiterLiveness:        6 * time.Second,
+		Recheck:               time.Second,
+		Reservation:           2 * time.Second,
+		MaxWaitersPerResource: 1000,
+		MaxWaitersPerOwner:    100,
+		Clock:                 systemClock{},
+		Version:               "0.1.0",
 	}
 }
 
@@ -106,6 +133,12 @@ func (c Config) Validate() error {
 	}
 	if c.ExpiryGrace < 0 || c.SweepInterval <= 0 || c.OpTimeout <= 0 {
 		return bad("expiry grace, sweep interval and op timeout must be positive")
+	}
+	if c.HandoverTTL < c.MinTTL || c.WaiterLiveness < time.Second || c.Recheck <= 0 || c.Reservation <= 0 {
+		return bad("handover TTL (>= min TTL), waiter liveness (>= 1s), recheck and reservation must be positive")
+	}
+	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerOwner < 1 {
+		return bad("waiter caps must be at least 1")
 	}
 	if c.MaxInFlight < 1 {
 		return bad("max in flight %d < 1", c.MaxInFlight)

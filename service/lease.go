@@ -111,11 +111,11 @@ func (s *Service) acquire(ctx context.Context, req *streams.AcquireRequest) (*st
 	if req.WaitMs < 0 || time.Duration(req.WaitMs)*time.Millisecond > s.cfg.MaxWait {
 		return nil, fmt.Errorf("%w: wait_ms %d outside [0, %d]", streams.ErrInvalid, req.WaitMs, s.cfg.MaxWait.Milliseconds())
 	}
-	if req.WaitMs > 0 {
-		return nil, fmt.Errorf("%w: waiting (wait_ms > 0) is not supported yet", streams.ErrInvalid)
-	}
 	key := streams.LeaseKey(req.Resource)
 	hash := requestHash(req.Resource, req.RequestID)
+	if req.WaitMs > 0 {
+		return s.acquireWaiting(req, key, hash, ttl, time.Duration(req.WaitMs)*time.Millisecond)
+	}
 	defer s.lockKey(key)()
 	return s.tryGrant(ctx, req, key, hash, ttl)
 }
@@ -150,6 +150,13 @@ func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key
 			}
 			// Expired by observation: take it over by compare-and-set on
 			// the revision that expired.
+		}
+		if ok, ahead := s.mayClaim(streams.EncodeResource(req.Resource), hash, o); !ok {
+			if !fresh {
+				fresh = true
+				continue
+			}
+			return nil, newOpError(streams.CodeLocked, "resource is free but reserved for the first of %d waiters", ahead)
 		}
 		now := s.cfg.Clock.Now()
 		rec := &streams.Record{
@@ -252,6 +259,9 @@ func (s *Service) release(ctx context.Context, req *streams.ReleaseRequest) (*st
 	if err != nil {
 		return nil, err
 	}
+	if released {
+		s.wakeHead(streams.EncodeResource(req.Resource))
+	}
 	return &streams.ReleaseResponse{Resource: req.Resource, Released: released}, nil
 }
 
@@ -309,7 +319,23 @@ func (s *Service) cancel(ctx context.Context, req *streams.CancelRequest) (*stre
 	if err != nil {
 		return nil, err
 	}
-	return &streams.CancelResponse{Resource: req.Resource, Cancelled: released}, nil
+	wkey := streams.WaitKey(req.Resource, hash)
+	var wake string
+	if o, ok := s.tracker.get(wkey); ok && o.held() {
+		wake = o.rec.Wake
+	}
+	dequeued, err := s.deleteKey(ctx, wkey)
+	if err != nil {
+		return nil, err
+	}
+	if dequeued && wake != "" {
+		// Let the waiting request (on whichever instance) stop at once.
+		_ = s.nc.Publish(wake, nil)
+	}
+	if o, ok := s.tracker.get(key); released || dequeued && (!ok || !o.held()) {
+		s.wakeHead(streams.EncodeResource(req.Resource))
+	}
+	return &streams.CancelResponse{Resource: req.Resource, Cancelled: released || dequeued}, nil
 }
 
 func (s *Service) status(ctx context.Context, req *streams.StatusRequest) (*streams.StatusResponse, error) {
@@ -321,6 +347,7 @@ func (s *Service) status(ctx context.Context, req *streams.StatusRequest) (*stre
 		return nil, err
 	}
 	resp := &streams.StatusResponse{Resource: req.Resource}
+	resp.Waiters, _ = s.tracker.waiterCounts(streams.EncodeResource(req.Resource), "")
 	if o.held() {
 		resp.Held = true
 		resp.Owner = o.rec.Owner

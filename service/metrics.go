@@ -19,6 +19,7 @@ type metrics struct {
 	latency   *prometheus.HistogramVec
 	expired   prometheus.Counter
 	conflicts prometheus.Counter
+	wakes     prometheus.Counter
 
 	counts map[string][]atomic.Int64 // op -> index in resultCodes
 }
@@ -38,13 +39,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetlock_cas_conflicts_total", Help: "Compare-and-set writes that lost a race and were decided again.",
 		}),
+		wakes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetlock_wakes_total", Help: "Wake messages sent to head waiters.",
+		}),
 		counts: map[string][]atomic.Int64{},
 	}
 	for _, op := range streams.Operations {
 		m.counts[op] = make([]atomic.Int64, len(resultCodes))
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency, m.expired, m.conflicts} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.expired, m.conflicts, m.wakes} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

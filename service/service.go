@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
 
 	"github.com/jetlock/jetlock/streams"
 )
@@ -46,6 +47,13 @@ type Service struct {
 	inflight   sync.WaitGroup
 	dispatched atomic.Int64
 	ready      chan struct{}
+	stopping   chan struct{} // closed when Run begins to shut down
+
+	// wakePrefix + request hash is the wake subject of a request waiting
+	// on this instance; waiting maps the hash to its waiter.
+	wakePrefix string
+	waitMu     sync.Mutex
+	waiting    map[string]chan struct{}
 }
 
 // New returns a service that will serve on nc. It checks cfg (returning an
@@ -79,6 +87,10 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		seed:    maphash.MakeSeed(),
 		sem:     make(chan struct{}, cfg.MaxInFlight),
 		ready:   make(chan struct{}),
+
+		stopping:   make(chan struct{}),
+		wakePrefix: cfg.Prefix + ".wake." + nuid.Next() + ".",
+		waiting:    make(map[string]chan struct{}),
 	}, nil
 }
 
@@ -120,6 +132,12 @@ func (s *Service) Run(ctx context.Context) error {
 		return nil
 	}
 
+	wakeSub, err := s.nc.Subscribe(s.wakePrefix+"*", s.onWake)
+	if err != nil {
+		return fmt.Errorf("subscribe wake subject: %w", err)
+	}
+	defer wakeSub.Unsubscribe()
+
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name:        streams.ServiceName,
 		Version:     s.cfg.Version,
@@ -149,8 +167,10 @@ func (s *Service) Run(ctx context.Context) error {
 	case err := <-watchErr:
 		s.log.Error("lease watcher stopped", "err", err)
 	}
-	// Stop taking requests (drains the endpoint subscriptions), then wait
+	// Stop taking requests (drains the endpoint subscriptions), end the
+	// waits (their callers retry elsewhere and keep their places), then wait
 	// for every request in flight to be answered.
+	close(s.stopping)
 	if err := svc.Stop(); err != nil {
 		s.log.Warn("stop micro service", "err", err)
 	}
@@ -298,7 +318,7 @@ func (s *Service) lockKey(key string) func() {
 // watch follows every lease write in the bucket and feeds the tracker, so
 // that any instance expires leases granted by instances that died.
 func (s *Service) watch(ctx context.Context, ready chan<- struct{}) error {
-	w, err := s.bucket.KV.Watch(ctx, streams.LeaseKeyPrefix+">")
+	w, err := s.bucket.KV.WatchFiltered(ctx, []string{streams.LeaseKeyPrefix + ">", streams.WaitKeyPrefix + ">"})
 	if err != nil {
 		return err
 	}

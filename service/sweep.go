@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,8 +56,20 @@ func (s *Service) expire(ctx context.Context, it dueItem) {
 	switch {
 	case err == nil:
 		s.tracker.observe(it.key, entry{rev: seq})
+		if strings.HasPrefix(it.key, streams.WaitKeyPrefix) {
+			// A waiter whose instance stopped refreshing it: if the
+			// resource is free, the next waiter may now be the head.
+			enc, _, _ := strings.Cut(it.key[len(streams.WaitKeyPrefix):], ".")
+			if lo, ok := s.tracker.get(streams.LeaseKeyPrefix + enc); !ok || !lo.held() {
+				s.wakeHead(enc)
+			}
+			s.log.Info("waiter expired", "key", it.key, "owner", o.rec.Owner)
+			return
+		}
 		s.metrics.expired.Inc()
-		res, _ := streams.DecodeResource(it.key[len(streams.LeaseKeyPrefix):])
+		enc := it.key[len(streams.LeaseKeyPrefix):]
+		s.wakeHead(enc)
+		res, _ := streams.DecodeResource(enc)
 		s.log.Info("lease expired", "resource", res, "token", o.rec.TokenAt(o.rev), "owner", o.rec.Owner)
 	case errors.Is(err, errConflict):
 		// Someone wrote meanwhile; learn the new revision (which schedules

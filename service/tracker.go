@@ -2,8 +2,11 @@ package service
 
 import (
 	"container/heap"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/jetlock/jetlock/streams"
 )
 
 // tracker keeps, for every lease key this instance has seen, the last
@@ -22,6 +25,20 @@ type tracker struct {
 	keys   map[string]*observation
 	due    dueHeap
 	maxSeq uint64
+
+	// waiters indexes the waiter records by encoded resource and request
+	// hash; owners counts them by owner, for the caps.
+	waiters map[string]map[string]waiterInfo
+	owners  map[string]int
+}
+
+// waiterInfo is what the tracker knows of one queued waiter.
+type waiterInfo struct {
+	hash      string
+	ticket    uint64
+	owner     string
+	requestID string
+	wake      string
 }
 
 type observation struct {
@@ -36,7 +53,8 @@ type dueItem struct {
 }
 
 func newTracker(grace time.Duration) *tracker {
-	return &tracker{grace: grace, keys: make(map[string]*observation)}
+	return &tracker{grace: grace, keys: make(map[string]*observation),
+		waiters: make(map[string]map[string]waiterInfo), owners: make(map[string]int)}
 }
 
 // observe records e for key if it is newer than what is known, and returns
@@ -53,6 +71,9 @@ func (t *tracker) observe(key string, e entry) observation {
 	}
 	o = &observation{entry: e, seen: time.Now()}
 	t.keys[key] = o
+	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
+		t.indexWaiter(key, e)
+	}
 	if e.held() {
 		heap.Push(&t.due, dueItem{at: t.deadline(o), key: key, rev: e.rev})
 	}
@@ -61,6 +82,68 @@ func (t *tracker) observe(key string, e entry) observation {
 
 func (t *tracker) deadline(o *observation) time.Time {
 	return o.seen.Add(time.Duration(o.rec.TTLms)*time.Millisecond + t.grace)
+}
+
+// indexWaiter updates the waiter index with the newest entry of a waiter
+// key. The caller holds t.mu.
+func (t *tracker) indexWaiter(key string, e entry) {
+	enc, hash, ok := strings.Cut(key[len(streams.WaitKeyPrefix):], ".")
+	if !ok {
+		return
+	}
+	q := t.waiters[enc]
+	if old, had := q[hash]; had {
+		delete(q, hash)
+		if old.owner != "" {
+			if t.owners[old.owner]--; t.owners[old.owner] <= 0 {
+				delete(t.owners, old.owner)
+			}
+		}
+	}
+	if !e.held() {
+		if len(q) == 0 {
+			delete(t.waiters, enc)
+		}
+		return
+	}
+	if q == nil {
+		q = make(map[string]waiterInfo)
+		t.waiters[enc] = q
+	}
+	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), owner: e.rec.Owner, requestID: e.rec.RequestID, wake: e.rec.Wake}
+	if e.rec.Owner != "" {
+		t.owners[e.rec.Owner]++
+	}
+}
+
+// head returns the waiter with the smallest ticket on the encoded
+// resource, skipping the request named skip (the current holder's).
+func (t *tracker) head(enc, skip string) (waiterInfo, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var best waiterInfo
+	found := false
+	for _, w := range t.waiters[enc] {
+		if w.requestID == skip && skip != "" {
+			continue
+		}
+		if !found || w.ticket < best.ticket {
+			best, found = w, true
+		}
+	}
+	return best, found
+}
+
+// waiterCounts returns the number of waiters on the encoded resource and
+// of waiters with owner.
+func (t *tracker) waiterCounts(enc, owner string) (onResource, ofOwner int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	onResource = len(t.waiters[enc])
+	if owner != "" {
+		ofOwner = t.owners[owner]
+	}
+	return onResource, ofOwner
 }
 
 // maxRev returns the highest revision observed.

@@ -13,5 +13,7 @@
 // two upper-case hex digits, so "orders/123" is stored at
 // "lease.orders/123" and "lock:backup:user1" at "lease.lock=3Abackup=3Auser1".
 // The mapping is one-to-one, and `nats kv get jetlock lease.<encoded>` shows
-// the record.
+// the record. Waiters queued on R are at "wait." + EncodeResource(R) + "." +
+// a hash of their request id, so `nats kv ls jetlock` or
+// `nats kv watch jetlock 'wait.>'` shows a queue.
 package streams

@@ -97,9 +97,12 @@ type ErrorResponse struct {
 	Error ErrorDetail `json:"error"`
 }
 
-// Record is the value stored in the bucket for a held lease. Token zero in
-// the granting write means "the revision of this write"; every renewal
-// copies the grant revision into Token explicitly.
+// Record is the value stored in the bucket for a held lease, and for a
+// waiter. Token zero in the granting write means "the revision of this
+// write"; every renewal copies the grant revision into Token explicitly.
+// A waiter record has no LeaseID; its Token is its ticket (the revision
+// that queued it, so FIFO order is ticket order), TTLms its liveness window
+// and Wake the subject that wakes it.
 type Record struct {
 	LeaseID   string `json:"lease_id"`
 	Owner     string `json:"owner,omitempty"`
@@ -109,6 +112,7 @@ type Record struct {
 	GrantedAt string `json:"granted_at"`
 	RenewedAt string `json:"renewed_at"`
 	ExpiresAt string `json:"expires_at"`
+	Wake      string `json:"wake,omitempty"`
 }
 
 // DecodeRecord parses a stored lease record.

@@ -164,3 +164,12 @@ const LeaseKeyPrefix = "lease."
 
 // LeaseKey returns the KV key of the lease record of resource r.
 func LeaseKey(r string) string { return LeaseKeyPrefix + EncodeResource(r) }
+
+// WaitKeyPrefix is the KV key prefix of waiter records.
+const WaitKeyPrefix = "wait."
+
+// WaitKey returns the KV key of the waiter record of request id (an opaque
+// token of letters and digits) on resource r:
+// "wait." + EncodeResource(r) + "." + id. The encoded resource never
+// contains '.', so the key splits unambiguously.
+func WaitKey(r, id string) string { return WaitKeyPrefix + EncodeResource(r) + "." + id }

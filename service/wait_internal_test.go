@@ -1,0 +1,93 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/streams"
+	"github.com/jetlock/jetlock/streams/devcluster"
+)
+
+// A lost wake message (core NATS is at-most-once) never strands a waiter:
+// its timer re-check claims the lock. The test loses the wake by
+// unhooking the waiter's wake channel, so the message arrives and is
+// dropped, exactly as if it had been lost on the wire.
+func TestLostWakeIsRecoveredByRecheck(t *testing.T) {
+	cl, err := devcluster.Start(devcluster.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Shutdown()
+	nc, err := nats.Connect(cl.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cfg := DefaultConfig()
+	cfg.Recheck = 500 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-s.Ready()
+
+	req := func(op string, body any) *nats.Msg {
+		data, _ := json.Marshal(body)
+		m, err := nc.Request(streams.Subject("jetlock", op), data, 20*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	var holder streams.LeaseResponse
+	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "lw", RequestID: "h"}).Data, &holder)
+	got := make(chan *nats.Msg, 1)
+	go func() { got <- req(streams.OpAcquire, streams.AcquireRequest{Resource: "lw", RequestID: "w", WaitMs: 15000}) }()
+	hash := requestHash("lw", "w")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.waitMu.Lock()
+		_, queued := s.waiting[hash]
+		if queued {
+			s.waiting[hash] = make(chan struct{}) // unbuffered, never read: wakes are dropped
+		}
+		s.waitMu.Unlock()
+		if queued && s.store != nil {
+			if n, _ := s.tracker.waiterCounts(streams.EncodeResource("lw"), ""); n == 1 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("waiter never queued")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	wakesBefore := testCounter(s.metrics.wakes)
+	released := time.Now()
+	req(streams.OpRelease, streams.ReleaseRequest{Resource: "lw", LeaseID: holder.LeaseID})
+	select {
+	case m := <-got:
+		if m.Header.Get(streams.HeaderErrorCode) != "" {
+			t.Fatalf("waiter: %s", m.Data)
+		}
+		if d := time.Since(released); d > cfg.Recheck+2*time.Second {
+			t.Fatalf("granted %v after the release", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter stranded by the lost wake")
+	}
+	if testCounter(s.metrics.wakes) != wakesBefore+1 {
+		t.Fatal("the release sent no wake, so none was lost: the test proves nothing")
+	}
+}

@@ -1,0 +1,279 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/internal/testenv"
+	"github.com/jetlock/jetlock/service"
+	"github.com/jetlock/jetlock/streams"
+)
+
+func waitConfig() service.Config {
+	cfg := testenv.Config()
+	cfg.WaiterLiveness = 2 * time.Second
+	cfg.Reservation = time.Second
+	cfg.HandoverTTL = 2 * time.Second
+	return cfg
+}
+
+// acquireAsync sends a waiting acquire and delivers its reply.
+func (c caller) acquireAsync(req streams.AcquireRequest) <-chan reply {
+	ch := make(chan reply, 1)
+	go func() { ch <- c.send(streams.OpAcquire, req) }()
+	return ch
+}
+
+func waitForWaiters(t *testing.T, c caller, res string, n int) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, func() bool { return c.status(res).Waiters == n }, "%d waiters on %s", n, res)
+}
+
+func countWakes(t *testing.T, nc *nats.Conn) *atomic.Int64 {
+	var n atomic.Int64
+	sub, err := nc.Subscribe("jetlock.wake.>", func(*nats.Msg) { n.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return &n
+}
+
+func waiterKeys(t *testing.T, env *testenv.Env) []string {
+	js, _ := jetstream.New(env.Connect())
+	kv, err := js.KeyValue(context.Background(), streams.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lister, err := kv.ListKeysFiltered(context.Background(), streams.WaitKeyPrefix+">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// 50 waiters on one hot resource are granted in ticket order, and every
+// release sends exactly one wake message: no thundering herd.
+func TestWaitersFIFOAndOneWakePerRelease(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(waitConfig())
+	c := caller{t: t, nc: env.Connect()}
+	wakes := countWakes(t, env.Connect())
+	const res, n = "hot/1", 50
+	holder := c.mustAcquire(res, "holder", 30000)
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		ch := c.acquireAsync(streams.AcquireRequest{Resource: res, RequestID: rid(i), Owner: fmt.Sprint(i), TTLms: 30000, WaitMs: 60000})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rep := <-ch
+			var l streams.LeaseResponse
+			if rep.errCode != "" {
+				t.Errorf("waiter %d: %s %s", i, rep.errCode, rep.err.Message)
+				return
+			}
+			rep.decode(t, &l)
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			if ok, _ := c.release(res, l.LeaseID); !ok {
+				t.Errorf("waiter %d: release failed", i)
+			}
+		}()
+		waitForWaiters(t, c, res, i+1) // fixes the ticket order
+	}
+	if ok, _ := c.release(res, holder.LeaseID); !ok {
+		t.Fatal("holder release failed")
+	}
+	wg.Wait()
+	for i, got := range order {
+		if got != i {
+			t.Fatalf("grant order %v, want 0..%d", order, n-1)
+		}
+	}
+	// One wake per release that had a waiter behind it: the holder's and
+	// those of the first n-1 waiters.
+	testenv.Eventually(t, 2*time.Second, func() bool { return wakes.Load() >= n }, "wakes")
+	time.Sleep(200 * time.Millisecond)
+	if got := wakes.Load(); got != n {
+		t.Fatalf("%d wake messages for %d releases with waiters, want exactly one each", got, n)
+	}
+	if st := c.status(res); st.Held || st.Waiters != 0 {
+		t.Fatalf("after the run: %+v", st)
+	}
+	if keys := waiterKeys(t, env); len(keys) != 0 {
+		t.Fatalf("waiter records left behind: %v", keys)
+	}
+}
+
+func TestWaitDeadlineHonoured(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(waitConfig())
+	c := caller{t: t, nc: env.Connect()}
+	holder := c.mustAcquire("wd/1", "holder", 30000)
+	start := time.Now()
+	rep := c.send(streams.OpAcquire, streams.AcquireRequest{Resource: "wd/1", RequestID: "w", WaitMs: 1500})
+	el := time.Since(start)
+	if rep.errCode != streams.CodeLocked || rep.err.Holder == nil || rep.err.Holder.Token != holder.Token {
+		t.Fatalf("wait ended with %q %+v, want locked with the holder", rep.errCode, rep.err)
+	}
+	if el < 1500*time.Millisecond || el > 4*time.Second {
+		t.Fatalf("wait of 1.5s answered after %v", el)
+	}
+	if st := c.status("wd/1"); st.Waiters != 0 || st.Token != holder.Token {
+		t.Fatalf("after the wait: %+v", st)
+	}
+	// A release after the wait ended grants nothing to the departed waiter.
+	c.release("wd/1", holder.LeaseID)
+	time.Sleep(300 * time.Millisecond)
+	if st := c.status("wd/1"); st.Held {
+		t.Fatalf("departed waiter was granted: %+v", st)
+	}
+}
+
+func TestCancelRemovesWaiterAndLeavesNothing(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(waitConfig())
+	c := caller{t: t, nc: env.Connect()}
+	holder := c.mustAcquire("cw/1", "holder", 30000)
+	ch := c.acquireAsync(streams.AcquireRequest{Resource: "cw/1", RequestID: "w", WaitMs: 30000})
+	waitForWaiters(t, c, "cw/1", 1)
+	if !c.cancel("cw/1", "w") {
+		t.Fatal("cancel of a waiter answered cancelled:false")
+	}
+	select {
+	case rep := <-ch:
+		if rep.errCode != streams.CodeLeaseLost {
+			t.Fatalf("cancelled waiter answered %q", rep.errCode)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancelled waiter still waiting")
+	}
+	c.release("cw/1", holder.LeaseID)
+	time.Sleep(300 * time.Millisecond)
+	if st := c.status("cw/1"); st.Held || st.Waiters != 0 {
+		t.Fatalf("after cancel: %+v", st)
+	}
+	if _, rep := c.acquire(streams.AcquireRequest{Resource: "cw/1", RequestID: "w"}); rep.errCode != streams.CodeLeaseLost {
+		t.Fatalf("retry of the cancelled request: %q, want lease_lost", rep.errCode)
+	}
+	if keys := waiterKeys(t, env); len(keys) != 0 {
+		t.Fatalf("waiter records left behind: %v", keys)
+	}
+}
+
+// A waiter whose instance died: its retry on another instance keeps its
+// place; one that never retries delays the next by a few seconds at most.
+func TestWaitersOfAStoppedInstance(t *testing.T) {
+	env := testenv.Start(t)
+	a := env.Serve(waitConfig())
+	c := caller{t: t, nc: env.Connect()}
+	holder := c.mustAcquire("dead/1", "holder", 30000)
+	r1 := c.acquireAsync(streams.AcquireRequest{Resource: "dead/1", RequestID: "w1", TTLms: 30000, WaitMs: 30000})
+	r2 := c.acquireAsync(streams.AcquireRequest{Resource: "dead/1", RequestID: "w2", TTLms: 30000, WaitMs: 30000})
+	waitForWaiters(t, c, "dead/1", 2)
+	env.Serve(waitConfig())
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []<-chan reply{r1, r2} {
+		if rep := <-r; rep.errCode != streams.CodeUnavailable {
+			t.Fatalf("waiter of a stopping instance answered %q, want unavailable", rep.errCode)
+		}
+	}
+	// w2 retries (same request id, keeps its place); w1 never does.
+	w3 := c.acquireAsync(streams.AcquireRequest{Resource: "dead/1", RequestID: "w3", TTLms: 30000, WaitMs: 30000})
+	r2 = c.acquireAsync(streams.AcquireRequest{Resource: "dead/1", RequestID: "w2", TTLms: 30000, WaitMs: 30000})
+	time.Sleep(300 * time.Millisecond)
+	released := time.Now()
+	c.release("dead/1", holder.LeaseID)
+	rep := <-r2
+	var l2 streams.LeaseResponse
+	rep.decode(t, &l2)
+	if d := time.Since(released); d > 5*time.Second {
+		t.Fatalf("retried waiter granted %v after the release", d)
+	}
+	select {
+	case rep := <-w3:
+		t.Fatalf("w3 granted before w2 released: %q", rep.errCode)
+	default:
+	}
+	c.release("dead/1", l2.LeaseID)
+	rep = <-w3
+	if rep.errCode != "" {
+		t.Fatalf("w3: %s", rep.errCode)
+	}
+}
+
+func TestHandoverGrantStartsShort(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := waitConfig()
+	env.Serve(cfg)
+	c := caller{t: t, nc: env.Connect()}
+	holder := c.mustAcquire("ho/1", "holder", 30000)
+	ch := c.acquireAsync(streams.AcquireRequest{Resource: "ho/1", RequestID: "w", TTLms: 60000, WaitMs: 30000})
+	waitForWaiters(t, c, "ho/1", 1)
+	c.release("ho/1", holder.LeaseID)
+	var l streams.LeaseResponse
+	(<-ch).decode(t, &l)
+	if l.TTLms != cfg.HandoverTTL.Milliseconds() {
+		t.Fatalf("hand-over grant ttl_ms %d, want %d", l.TTLms, cfg.HandoverTTL.Milliseconds())
+	}
+	// The caller that went away never renews: freed within the short TTL.
+	testenv.Eventually(t, cfg.HandoverTTL+cfg.ExpiryGrace+2*time.Second, func() bool { return !c.status("ho/1").Held }, "hand-over grant not expired")
+	// A live holder's first renewal extends it to what it asked for.
+	ch = c.acquireAsync(streams.AcquireRequest{Resource: "ho/1", RequestID: "w2", TTLms: 60000, WaitMs: 30000})
+	var l2 streams.LeaseResponse
+	(<-ch).decode(t, &l2)
+	if r, rep := c.renew("ho/1", l2.LeaseID, 60000); rep.errCode != "" || r.TTLms != 60000 {
+		t.Fatalf("renewal: %+v %s", r, rep.errCode)
+	}
+}
+
+func TestWaiterCaps(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := waitConfig()
+	cfg.MaxWaitersPerResource = 2
+	cfg.MaxWaitersPerOwner = 1
+	env.Serve(cfg)
+	c := caller{t: t, nc: env.Connect()}
+	h1 := c.mustAcquire("cap/1", "h", 30000)
+	c.mustAcquire("cap/2", "h", 30000)
+	ra := c.acquireAsync(streams.AcquireRequest{Resource: "cap/1", RequestID: "a", WaitMs: 20000})
+	rb := c.acquireAsync(streams.AcquireRequest{Resource: "cap/1", RequestID: "b", Owner: "bob", WaitMs: 20000})
+	waitForWaiters(t, c, "cap/1", 2)
+	if _, rep := c.acquire(streams.AcquireRequest{Resource: "cap/1", RequestID: "c", WaitMs: 20000}); rep.errCode != streams.CodeTooManyWaiters || rep.status != 429 {
+		t.Fatalf("third waiter: %q, want too_many_waiters", rep.errCode)
+	}
+	if _, rep := c.acquire(streams.AcquireRequest{Resource: "cap/2", RequestID: "d", Owner: "bob", WaitMs: 20000}); rep.errCode != streams.CodeTooManyWaiters {
+		t.Fatalf("bob's second waiter: %q, want too_many_waiters", rep.errCode)
+	}
+	if st := c.status("cap/1"); st.Waiters != 2 || st.Token != h1.Token {
+		t.Fatalf("refused waiters changed the queue: %+v", st)
+	}
+	for _, r := range []<-chan reply{ra, rb} {
+		if !c.cancel("cap/1", map[<-chan reply]string{ra: "a", rb: "b"}[r]) {
+			t.Fatal("cancel of a queued waiter failed")
+		}
+		if rep := <-r; rep.errCode != streams.CodeLeaseLost {
+			t.Fatalf("cancelled waiter: %q", rep.errCode)
+		}
+	}
+}
