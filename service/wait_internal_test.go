@@ -53,7 +53,9 @@ func TestLostWakeIsRecoveredByRecheck(t *testing.T) {
 	var holder streams.LeaseResponse
 	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "lw", RequestID: "h"}).Data, &holder)
 	got := make(chan *nats.Msg, 1)
-	go func() { got <- req(streams.OpAcquire, streams.AcquireRequest{Resource: "lw", RequestID: "w", WaitMs: 15000}) }()
+	go func() {
+		got <- req(streams.OpAcquire, streams.AcquireRequest{Resource: "lw", RequestID: "w", WaitMs: 15000})
+	}()
 	hash := requestHash("lw", "w")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
