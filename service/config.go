@@ -68,6 +68,9 @@ type Config struct {
 	// MaxWaitersPerResource and MaxWaitersPerOwner cap the queue; beyond
 	// them acquire answers too_many_waiters. The defaults are 1000 and 100.
 	MaxWaitersPerResource, MaxWaitersPerOwner int
+	// MaxWaiting caps the waiting acquires one instance serves at once
+	// (waits do not count toward MaxInFlight). The default is 10000.
+	MaxWaiting int
 	// OpTimeout bounds the store work of one request. The default is 3s,
 	// below the client's default request timeout of 5s.
 	OpTimeout time.Duration
@@ -106,6 +109,7 @@ func DefaultConfig() Config {
 		Reservation:           2 * time.Second,
 		MaxWaitersPerResource: 1000,
 		MaxWaitersPerOwner:    100,
+		MaxWaiting:            10000,
 		Clock:                 systemClock{},
 		Version:               "0.1.0",
 	}
@@ -137,7 +141,7 @@ func (c Config) Validate() error {
 	if c.HandoverTTL < c.MinTTL || c.WaiterLiveness < time.Second || c.Recheck <= 0 || c.Reservation <= 0 {
 		return bad("handover TTL (>= min TTL), waiter liveness (>= 1s), recheck and reservation must be positive")
 	}
-	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerOwner < 1 {
+	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerOwner < 1 || c.MaxWaiting < 1 {
 		return bad("waiter caps must be at least 1")
 	}
 	if c.MaxInFlight < 1 {

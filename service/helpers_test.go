@@ -28,6 +28,16 @@ type reply struct {
 
 func (c caller) send(op string, body any) reply {
 	c.t.Helper()
+	r, err := c.try(op, body, 10*time.Second)
+	if err != nil {
+		c.t.Fatalf("%s: %v", op, err)
+	}
+	return r
+}
+
+// try sends a request and returns the transport error instead of failing.
+func (c caller) try(op string, body any, timeout time.Duration) (reply, error) {
+	c.t.Helper()
 	var data []byte
 	switch b := body.(type) {
 	case string:
@@ -38,9 +48,9 @@ func (c caller) send(op string, body any) reply {
 			c.t.Fatal(err)
 		}
 	}
-	msg, err := c.nc.Request(streams.Subject(streams.DefaultPrefix, op), data, 10*time.Second)
+	msg, err := c.nc.Request(streams.Subject(streams.DefaultPrefix, op), data, timeout)
 	if err != nil {
-		c.t.Fatalf("%s %s: %v", op, data, err)
+		return reply{}, fmt.Errorf("%s %s: %w", op, data, err)
 	}
 	r := reply{raw: msg.Data}
 	if h := msg.Header.Get(streams.HeaderErrorCode); h != "" {
@@ -55,7 +65,7 @@ func (c caller) send(op string, body any) reply {
 			c.t.Fatalf("header code %d does not match body code %q", r.status, r.errCode)
 		}
 	}
-	return r
+	return r, nil
 }
 
 func (r reply) decode(t testing.TB, v any) {

@@ -56,6 +56,11 @@ func (s *Service) current(ctx context.Context, key string, fresh bool) (observat
 		if o, ok := s.tracker.get(key); ok {
 			return o, nil
 		}
+		if s.watchSynced.Load() {
+			// Never written as far as the watcher knows: try the
+			// compare-and-set on revision 0 without a read.
+			return observation{}, nil
+		}
 	}
 	e, err := s.store.read(ctx, key)
 	if err != nil {
@@ -94,7 +99,7 @@ func (s *Service) extend(ctx context.Context, resource, key string, o observatio
 	return leaseResponse(resource, rec.Token, &rec), nil
 }
 
-func (s *Service) acquire(ctx context.Context, req *streams.AcquireRequest) (*streams.LeaseResponse, error) {
+func (s *Service) acquire(ctx context.Context, req *streams.AcquireRequest, sl *slot) (*streams.LeaseResponse, error) {
 	if err := streams.ValidateResource(req.Resource); err != nil {
 		return nil, err
 	}
@@ -114,7 +119,7 @@ func (s *Service) acquire(ctx context.Context, req *streams.AcquireRequest) (*st
 	key := streams.LeaseKey(req.Resource)
 	hash := requestHash(req.Resource, req.RequestID)
 	if req.WaitMs > 0 {
-		return s.acquireWaiting(req, key, hash, ttl, time.Duration(req.WaitMs)*time.Millisecond)
+		return s.acquireWaiting(req, key, hash, ttl, time.Duration(req.WaitMs)*time.Millisecond, sl)
 	}
 	defer s.lockKey(key)()
 	return s.tryGrant(ctx, req, key, hash, ttl)
@@ -142,20 +147,15 @@ func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key
 				return resp, err
 			}
 			if !s.tracker.expired(o, time.Now()) {
-				if !fresh {
-					fresh = true // confirm with the leader before refusing
-					continue
-				}
+				// Refused on what the watcher last saw, without a read:
+				// at worst a release a few milliseconds old is missed,
+				// and the caller tries again (a waiter is woken).
 				return nil, lockedError(o)
 			}
 			// Expired by observation: take it over by compare-and-set on
 			// the revision that expired.
 		}
 		if ok, ahead := s.mayClaim(streams.EncodeResource(req.Resource), hash, o); !ok {
-			if !fresh {
-				fresh = true
-				continue
-			}
 			return nil, newOpError(streams.CodeLocked, "resource is free but reserved for the first of %d waiters", ahead)
 		}
 		now := s.cfg.Clock.Now()

@@ -54,6 +54,12 @@ type Service struct {
 	wakePrefix string
 	waitMu     sync.Mutex
 	waiting    map[string]chan struct{}
+	nWaiting   atomic.Int64
+	// watchSynced is set once the watcher has delivered every existing
+	// record: from then on a key the tracker does not know was never
+	// written (or is being written just now, which compare-and-set
+	// catches).
+	watchSynced atomic.Bool
 }
 
 // New returns a service that will serve on nc. It checks cfg (returning an
@@ -225,21 +231,37 @@ func (s *Service) awaitDrained() {
 	s.inflight.Wait()
 }
 
+// slot is a request's place among the MaxInFlight requests processed at
+// once. A waiting acquire gives it back while it waits.
+type slot struct {
+	once sync.Once
+	sem  chan struct{}
+}
+
+func (sl *slot) release() { sl.once.Do(func() { <-sl.sem }) }
+
 // dispatch runs a request in its own goroutine, so that one slow store
 // round trip never holds up the subscription; MaxInFlight bounds them.
-// When the bound is reached the subscription callback blocks here and
-// further requests queue in its pending buffer.
+// Beyond the bound the service sheds load: it answers unavailable at once
+// rather than letting requests queue until their callers have given up.
 func (s *Service) dispatch(op string, r micro.Request) {
 	s.dispatched.Add(1)
-	s.sem <- struct{}{}
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		s.replyError(r, newOpError(streams.CodeUnavailable, "service overloaded (%d requests in flight); retry with backoff", s.cfg.MaxInFlight))
+		s.metrics.observe(op, streams.CodeUnavailable, 0)
+		return
+	}
 	s.inflight.Add(1)
+	sl := &slot{sem: s.sem}
 	go func() {
 		defer func() {
-			<-s.sem
+			sl.release()
 			s.inflight.Done()
 		}()
 		start := time.Now()
-		resp, err := s.handle(op, r.Data())
+		resp, err := s.handle(op, r.Data(), sl)
 		code := ""
 		if err != nil {
 			oe := toOpError(err)
@@ -255,7 +277,7 @@ func (s *Service) dispatch(op string, r micro.Request) {
 	}()
 }
 
-func (s *Service) handle(op string, data []byte) (any, error) {
+func (s *Service) handle(op string, data []byte, sl *slot) (any, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
 	switch op {
@@ -264,7 +286,7 @@ func (s *Service) handle(op string, data []byte) (any, error) {
 		if err := streams.Decode(data, &req); err != nil {
 			return nil, err
 		}
-		return s.acquire(ctx, &req)
+		return s.acquire(ctx, &req, sl)
 	case streams.OpRenew:
 		var req streams.RenewRequest
 		if err := streams.Decode(data, &req); err != nil {
@@ -338,6 +360,7 @@ func (s *Service) watch(ctx context.Context, ready chan<- struct{}) error {
 			if kve == nil {
 				if initial {
 					initial = false
+					s.watchSynced.Store(true)
 					close(ready)
 				}
 				continue

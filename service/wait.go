@@ -73,7 +73,12 @@ func (s *Service) mayClaim(enc, hash string, o observation) (bool, int) {
 
 // acquireWaiting serves an acquire with wait_ms > 0. The caller has
 // validated req.
-func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, ttl, wait time.Duration) (*streams.LeaseResponse, error) {
+func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, ttl, wait time.Duration, sl *slot) (*streams.LeaseResponse, error) {
+	if n := s.nWaiting.Add(1); n > int64(s.cfg.MaxWaiting) {
+		s.nWaiting.Add(-1)
+		return nil, newOpError(streams.CodeTooManyWaiters, "this service instance serves %d waiting acquires, the cap", s.cfg.MaxWaiting)
+	}
+	defer s.nWaiting.Add(-1)
 	deadline := time.Now().Add(wait)
 	wkey := streams.WaitKey(req.Resource, hash)
 	wake := make(chan struct{}, 1)
@@ -105,6 +110,10 @@ func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, 
 		}
 		lastErr = err
 		grantTTL = min(ttl, s.cfg.HandoverTTL)
+		if queued.rev != 0 {
+			// Waiting costs no store work: give the in-flight slot back.
+			sl.release()
+		}
 
 		recheck.Reset(s.cfg.Recheck)
 		select {
