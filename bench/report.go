@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Summary is the one object --json writes. Ops, CommitsPerSec and
+// Processes are those of the scenario's main phase: the measured phase of
+// steady and failover, the service phase of raw, the highest step that met
+// the target of ramp (of the service ramp in all), the waiting phase of
+// hotlock. Every phase is listed under phases.
+type Summary struct {
+	Scenario      string                 `json:"scenario"`
+	Started       time.Time              `json:"started"`
+	Command       string                 `json:"command"`
+	Machine       Machine                `json:"machine"`
+	Settings      map[string]string      `json:"settings"`
+	Ops           map[string]OpSummary   `json:"ops"`
+	CommitsPerSec float64                `json:"commits_per_s"`
+	Processes     map[string]ProcSummary `json:"processes"`
+	Phases        []*phase               `json:"phases"`
+	Ramp          *RampResult            `json:"ramp,omitempty"`
+	RawRamp       *RampResult            `json:"raw_ramp,omitempty"`
+	Overhead      *Overhead              `json:"overhead,omitempty"`
+	Hotlock       *HotlockResult         `json:"hotlock,omitempty"`
+	Failover      *FailoverResult        `json:"failover,omitempty"`
+	Safety        *SafetyResult          `json:"safety,omitempty"`
+	Notes         []string               `json:"notes,omitempty"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	Cores   int    `json:"cores"`
+	CPU     string `json:"cpu"`
+	MemGB   int    `json:"mem_gb"`
+	OS      string `json:"os"`
+	Go      string `json:"go"`
+	Cluster string `json:"cluster"`
+	Service string `json:"service"`
+}
+
+func machineInfo() Machine {
+	m := Machine{Cores: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version()}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int64
+		if _, err := fmt.Sscanf(string(b), "MemTotal: %d kB", &kb); err == nil {
+			m.MemGB = int((kb + 1<<19) >> 20)
+		}
+	}
+	return m
+}
+
+// use makes ph the summary's main phase.
+func (s *Summary) use(ph *phase) {
+	s.Ops, s.CommitsPerSec, s.Processes = ph.Ops, ph.CommitsPerSec, ph.Processes
+}
+
+// writeJSON writes the summary to path.
+func writeJSON(path string, s *Summary) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// printPhase prints one phase as a table.
+func printPhase(w io.Writer, ph *phase) {
+	fmt.Fprintf(w, "\n== %s (%s, %.1fs) ==\n", ph.Name, ph.Target, ph.DurationS)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\tcount\trate/s\ttarget/s\tp50\tp95\tp99\tmax\terrors\t")
+	var ops []string
+	for op := range ph.Ops {
+		ops = append(ops, op)
+	}
+	sort.Slice(ops, func(i, j int) bool { return opOrder(ops[i]) < opOrder(ops[j]) })
+	for _, op := range ops {
+		s := ph.Ops[op]
+		if s.Count == 0 && s.Skipped == 0 && s.TargetRate == 0 {
+			continue
+		}
+		target := "-"
+		if s.TargetRate > 0 {
+			target = fmt.Sprintf("%.0f", s.TargetRate)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", op, s.Count, s.Rate, target,
+			fmtMs(s.P50), fmtMs(s.P95), fmtMs(s.P99), fmtMs(s.Max), errorText(s))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "commits: %.0f/s\n", ph.CommitsPerSec)
+	if len(ph.ServiceMs) > 0 {
+		var ops []string
+		for op := range ph.ServiceMs {
+			ops = append(ops, op)
+		}
+		sort.Strings(ops)
+		var parts []string
+		for _, op := range ops {
+			parts = append(parts, fmt.Sprintf("%s %s", op, fmtMs(ph.ServiceMs[op])))
+		}
+		fmt.Fprintf(w, "service's own mean time, receipt to reply: %s\n", strings.Join(parts, ", "))
+	}
+	printProcs(w, ph.Processes)
+	for _, e := range ph.Events {
+		fmt.Fprintf(w, "event at %.1fs: %s\n", e.T, e.What)
+	}
+}
+
+func errorText(s OpSummary) string {
+	if s.Errors == 0 {
+		if s.Skipped > 0 {
+			return fmt.Sprintf("0 (skipped %d)", s.Skipped)
+		}
+		return "0"
+	}
+	var codes []string
+	for c := range s.ErrorsByCode {
+		codes = append(codes, c)
+	}
+	sort.Strings(codes)
+	var parts []string
+	for _, c := range codes {
+		parts = append(parts, fmt.Sprintf("%s:%d", c, s.ErrorsByCode[c]))
+	}
+	return fmt.Sprintf("%d (%s)", s.Errors, strings.Join(parts, " "))
+}
+
+func printProcs(w io.Writer, ps map[string]ProcSummary) {
+	if len(ps) == 0 {
+		return
+	}
+	var names []string
+	for n := range ps {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var parts []string
+	for _, n := range names {
+		p := ps[n]
+		s := fmt.Sprintf("%s %.0f%% cpu %.0f MB (peak %.0f)", n, p.CPUPct, p.RSSMB, p.PeakMB)
+		if p.Restart > 0 {
+			s += fmt.Sprintf(" restarted %d", p.Restart)
+		}
+		parts = append(parts, s)
+	}
+	fmt.Fprintf(w, "processes: %s\n", strings.Join(parts, "; "))
+}
+
+// printSummary prints the scenario's results after the phases.
+func printSummary(w io.Writer, s *Summary) {
+	for _, r := range []*RampResult{s.RawRamp, s.Ramp} {
+		if r != nil {
+			printRamp(w, r)
+		}
+	}
+	if o := s.Overhead; o != nil {
+		fmt.Fprintf(w, "\n== service overhead over raw KV compare-and-set ==\n%s\n", o.Text)
+	}
+	if h := s.Hotlock; h != nil {
+		printHotlock(w, h)
+	}
+	if f := s.Failover; f != nil {
+		printFailover(w, f)
+	}
+	if sf := s.Safety; sf != nil && sf.Checked {
+		fmt.Fprintf(w, "\nsafety: %d grants on %d resources checked, %d violations\n", sf.Grants, sf.Resources, sf.Violations)
+		for _, e := range sf.Examples {
+			fmt.Fprintf(w, "  VIOLATION %s\n", e)
+		}
+	}
+	for _, n := range s.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
