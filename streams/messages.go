@@ -104,7 +104,7 @@ type ErrorResponse struct {
 // that queued it, so FIFO order is ticket order), TTLms its liveness window
 // and Wake the subject that wakes it.
 type Record struct {
-	LeaseID   string `json:"lease_id"`
+	LeaseID   string `json:"lease_id,omitempty"`
 	Owner     string `json:"owner,omitempty"`
 	RequestID string `json:"request_id"`
 	TTLms     int64  `json:"ttl_ms"`
