@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"unicode/utf8"
 )
@@ -40,7 +39,7 @@ func Decode(data []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return invalidf("malformed JSON: %v", err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
+	if len(bytes.TrimSpace(data[dec.InputOffset():])) != 0 {
 		return invalidf("trailing data after the JSON object")
 	}
 	return nil
