@@ -9,38 +9,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetlock/jetlock/client/fence"
-	"github.com/jetlock/jetlock/streams/devcluster"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/client/fence"
+	"github.com/jetlock/jetlock/internal/testenv"
 )
 
 // startJS starts a three-node dev cluster for the test and returns a
 // JetStream context on it.
 func startJS(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	// devcluster picks free ports by opening and closing listeners, so a
-	// port can be taken by someone else before a node binds it; such a
-	// start fails and is retried on fresh ports.
-	var c *devcluster.Cluster
-	for try := 1; ; try++ {
-		var err error
-		c, err = devcluster.Start(devcluster.Options{Dir: t.TempDir(), ReadyTimeout: 15 * time.Second})
-		if err == nil {
-			break
-		}
-		if try == 3 {
-			t.Fatal(err)
-		}
-		t.Logf("start dev cluster (try %d): %v", try, err)
-	}
-	t.Cleanup(c.Shutdown)
-	nc, err := nats.Connect(c.URLs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(testenv.Start(t).Connect())
 	if err != nil {
 		t.Fatal(err)
 	}
