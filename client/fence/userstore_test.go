@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -201,50 +200,4 @@ func decodeReply(t *testing.T, msg *nats.Msg) storeReply {
 		t.Fatalf("bad store reply %q: %v", msg.Data, err)
 	}
 	return r
-}
-
-// netLink is the network path of one process, which a test can cut:
-// given to nats.SetCustomDialer, it dials TCP as usual; Cut closes every
-// connection it made and makes dials fail until Restore. The NATS client
-// sees a dead network and reconnects in a loop, keeping what it publishes
-// meanwhile in its reconnect buffer, which it sends once the link is
-// restored: a real delayed delivery. The code above the connection (the
-// jetlock client) is unchanged.
-type netLink struct {
-	mu    sync.Mutex
-	cut   bool
-	conns []net.Conn
-}
-
-// Dial implements nats.CustomDialer.
-func (l *netLink) Dial(network, address string) (net.Conn, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.cut {
-		return nil, fmt.Errorf("dial %s: network link is cut", address)
-	}
-	c, err := net.DialTimeout(network, address, 2*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	l.conns = append(l.conns, c)
-	return c, nil
-}
-
-// Cut closes the link's connections and refuses new ones.
-func (l *netLink) Cut() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.cut = true
-	for _, c := range l.conns {
-		_ = c.Close()
-	}
-	l.conns = nil
-}
-
-// Restore lets dials through again.
-func (l *netLink) Restore() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.cut = false
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/client/fence"
+	"github.com/jetlock/jetlock/internal/netlink"
 	"github.com/jetlock/jetlock/internal/testenv"
 )
 
@@ -24,7 +25,7 @@ import (
 // B's data is what stays.
 //
 // A's pause is made in the network, not in the client: A's NATS
-// connection dials through a netLink that the test cuts. A's renewals
+// connection dials through a netlink.Link that the test cuts. A's renewals
 // then cannot reach the service, as if the whole process were frozen, and
 // what A sends meanwhile waits in its connection's reconnect buffer until
 // the link is restored.
@@ -37,7 +38,7 @@ func TestZombieHolder(t *testing.T) {
 	const resource = "lock:backup:user123"
 	store := startUserStore(t, env.Connect())
 
-	link := &netLink{}
+	link := &netlink.Link{}
 	ncA, err := nats.Connect(env.Cluster.URLs(), nats.SetCustomDialer(link),
 		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {

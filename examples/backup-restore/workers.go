@@ -11,6 +11,7 @@ import (
 
 	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/client/fence"
+	"github.com/jetlock/jetlock/internal/netlink"
 )
 
 // backupTTL is the backup's lease TTL: short, so that the pause outlasts
@@ -24,7 +25,7 @@ const backupTTL = 2 * time.Second
 // to the restore keeps the demo's timing deterministic). It then writes
 // with its old token and must be rejected.
 func backupWorker(ctx context.Context, say narrator, urls string, store *userStore, holds chan<- struct{}, restoreQueued, restored <-chan struct{}) error {
-	link := &netLink{}
+	link := &netlink.Link{}
 	nc, err := nats.Connect(urls, nats.Name("backup-service"), nats.SetCustomDialer(link),
 		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
