@@ -149,7 +149,15 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		}
 		return nil, err
 	}
-	return c.newLease(resource, ao.owner, ao.ttl, &resp, sent), nil
+	l := c.newLease(resource, ao.owner, ao.ttl, &resp, sent)
+	if err := l.start(ctx, wait > 0); err != nil {
+		// Granted, but not provably held any more: give it back.
+		rctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
+		defer cancel()
+		_ = l.Release(rctx)
+		return nil, err
+	}
+	return l, nil
 }
 
 // abandon cancels an acquire whose outcome is unknown or whose caller gave

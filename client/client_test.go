@@ -281,3 +281,40 @@ func TestAcquireQueuesAndCancelLeavesNothing(t *testing.T) {
 		t.Fatalf("cancelled waiter was granted: %+v", st)
 	}
 }
+
+// A lease granted after a wait longer than its hand-over TTL must not be
+// lost at once: the client renews it before returning it. A regression test
+// for a bug found by the fault suite.
+func TestLeaseGrantedAfterLongWaitIsHeld(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := testenv.Config()
+	cfg.HandoverTTL = 2 * time.Second
+	env.Serve(cfg)
+	c, err := client.New(env.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 30*time.Second)
+	holder, err := c.TryAcquire(ctx, "waited/1", client.TTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(3*time.Second, func() { _ = holder.Release(ctx) })
+	l, err := c.Acquire(ctx, "waited/1", client.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if until := time.Until(l.Expires()); until < 15*time.Second {
+		t.Fatalf("lease granted after waiting trusted for only %v, want about its 20s TTL", until)
+	}
+	time.Sleep(2500 * time.Millisecond) // past the 2s hand-over TTL
+	select {
+	case <-l.Lost():
+		t.Fatalf("lost: %v", context.Cause(l.Context()))
+	default:
+	}
+	if st, err := c.Status(ctx, "waited/1"); err != nil || !st.Held || st.Token != l.Token() {
+		t.Fatalf("status %+v %v", st, err)
+	}
+}

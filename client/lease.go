@@ -57,8 +57,42 @@ func (c *Client) newLease(resource, owner string, want time.Duration, resp *stre
 		stopCtx: stopCtx, stop: stop, done: make(chan struct{}),
 	}
 	l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
-	go l.renewLoop()
 	return l
+}
+
+// start begins renewing. A lease granted after waiting in the queue is
+// renewed once first, before the caller gets it: the client's deadline
+// counts from when it sent the acquire, before the wait, so it may already
+// have passed; and the grant's TTL is the short hand-over TTL.
+func (l *Lease) start(ctx context.Context, waited bool) error {
+	if waited {
+		l.mu.Lock()
+		short := l.want > l.ttl || time.Until(l.deadline) < l.ttl*2/3
+		l.mu.Unlock()
+		if short {
+			if err := l.renewOnce(ctx); err != nil {
+				close(l.done)
+				l.markLost(err)
+				return err
+			}
+		}
+	}
+	go l.renewLoop()
+	return nil
+}
+
+// renewOnce sends one renewal and moves the deadline on success.
+func (l *Lease) renewOnce(ctx context.Context) error {
+	sent := time.Now()
+	var resp streams.LeaseResponse
+	err := l.c.retry(ctx, func() error {
+		return l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds()}, &resp, 0)
+	})
+	if err != nil {
+		return err
+	}
+	l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+	return nil
 }
 
 // Resource returns the resource the lease is on.

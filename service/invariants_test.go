@@ -314,3 +314,37 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Invariant 6 across a whole-cluster restart: JetStream rebuilds its
+// duplicate table only from the messages still stored (nats-server issue
+// 3272), so the service itself remembers ended request ids for the retry
+// window. A regression test for a bug found by the fault suite.
+func TestRequestIDRememberedAcrossClusterRestart(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	first := c.mustAcquire("rr/1", "r1", 5000)
+	if ok, _ := c.release("rr/1", first.LeaseID); !ok {
+		t.Fatal("release failed")
+	}
+	for i := 0; i < 3; i++ {
+		env.Cluster.Stop(i)
+	}
+	for i := 0; i < 3; i++ {
+		if err := env.Cluster.Restart(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rep reply
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		var err error
+		rep, err = c.try(streams.OpAcquire, streams.AcquireRequest{Resource: "rr/1", RequestID: "r1", TTLms: 5000}, 5*time.Second)
+		return err == nil && rep.errCode != streams.CodeUnavailable
+	}, "no answer after the cluster restart")
+	if rep.errCode != streams.CodeLeaseLost {
+		t.Fatalf("retry of an ended request after a cluster restart: %q %s, want lease_lost", rep.errCode, rep.raw)
+	}
+	if st := c.status("rr/1"); st.Held {
+		t.Fatalf("retry created a second lease: %+v", st)
+	}
+}

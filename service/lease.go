@@ -128,6 +128,9 @@ func (s *Service) acquire(ctx context.Context, req *streams.AcquireRequest, sl *
 // tryGrant makes one decision on an acquire: grant, return the request's
 // existing lease, or refuse. The caller holds the key's stripe lock.
 func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key, hash string, ttl time.Duration) (*streams.LeaseResponse, error) {
+	if s.tracker.hasEnded(key, req.RequestID) {
+		return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before, and that lease has ended", req.RequestID)
+	}
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := s.current(ctx, key, fresh)

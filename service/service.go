@@ -5,6 +5,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -89,7 +90,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		js:      js,
 		log:     log,
 		metrics: m,
-		tracker: newTracker(cfg.ExpiryGrace),
+		tracker: newTracker(cfg.ExpiryGrace, cmp.Or(cfg.Bucket.RetryWindow, streams.DefaultRetryWindow)),
 		seed:    maphash.MakeSeed(),
 		sem:     make(chan struct{}, cfg.MaxInFlight),
 		ready:   make(chan struct{}),

@@ -30,6 +30,21 @@ type tracker struct {
 	// hash; owners counts them by owner, for the caps.
 	waiters map[string]map[string]waiterInfo
 	owners  map[string]int
+
+	// ended remembers, for the retry window, the request ids whose leases
+	// ended (keyed by lease key and request id), so that a retry is
+	// answered lease_lost even when JetStream has forgotten the grant's
+	// message id: it rebuilds its duplicate table after a restart only from
+	// the messages still stored (nats-server issue 3272), and a released
+	// or renewed grant is no longer stored.
+	window time.Duration
+	ended  map[string]time.Time
+	endedQ []endedItem
+}
+
+type endedItem struct {
+	id string
+	at time.Time
 }
 
 // waiterInfo is what the tracker knows of one queued waiter.
@@ -52,9 +67,10 @@ type dueItem struct {
 	rev uint64
 }
 
-func newTracker(grace time.Duration) *tracker {
+func newTracker(grace, retryWindow time.Duration) *tracker {
 	return &tracker{grace: grace, keys: make(map[string]*observation),
-		waiters: make(map[string]map[string]waiterInfo), owners: make(map[string]int)}
+		waiters: make(map[string]map[string]waiterInfo), owners: make(map[string]int),
+		window: retryWindow, ended: make(map[string]time.Time)}
 }
 
 // observe records e for key if it is newer than what is known, and returns
@@ -69,6 +85,9 @@ func (t *tracker) observe(key string, e entry) observation {
 	if o != nil && o.rev >= e.rev {
 		return *o
 	}
+	if o != nil && o.held() && o.rec.LeaseID != "" && (!e.held() || e.rec.RequestID != o.rec.RequestID) {
+		t.noteEnded(key, o.rec.RequestID)
+	}
 	o = &observation{entry: e, seen: time.Now()}
 	t.keys[key] = o
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
@@ -78,6 +97,30 @@ func (t *tracker) observe(key string, e entry) observation {
 		heap.Push(&t.due, dueItem{at: t.deadline(o), key: key, rev: e.rev})
 	}
 	return *o
+}
+
+// noteEnded records that the lease of requestID at key ended, and forgets
+// what is older than the retry window. The caller holds t.mu.
+func (t *tracker) noteEnded(key, requestID string) {
+	now := time.Now()
+	id := key + "\x00" + requestID
+	t.ended[id] = now
+	t.endedQ = append(t.endedQ, endedItem{id: id, at: now})
+	for len(t.endedQ) > 0 && now.Sub(t.endedQ[0].at) > t.window {
+		if t.ended[t.endedQ[0].id] == t.endedQ[0].at {
+			delete(t.ended, t.endedQ[0].id)
+		}
+		t.endedQ = t.endedQ[1:]
+	}
+}
+
+// hasEnded reports whether the lease of requestID at key ended within the
+// retry window.
+func (t *tracker) hasEnded(key, requestID string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at, ok := t.ended[key+"\x00"+requestID]
+	return ok && time.Since(at) <= t.window
 }
 
 func (t *tracker) deadline(o *observation) time.Time {
