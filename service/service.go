@@ -366,6 +366,9 @@ func (s *Service) watch(ctx context.Context, ready chan<- struct{}) error {
 				}
 				continue
 			}
+			if o, ok := s.tracker.get(kve.Key()); ok && o.rev >= kve.Revision() {
+				continue // this instance's own write, already observed
+			}
 			e := entry{rev: kve.Revision()}
 			if kve.Operation() == jetstream.KeyValuePut {
 				rec, err := streams.DecodeRecord(kve.Value())
