@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"strconv"
 	"time"
@@ -38,7 +39,8 @@ type backend interface {
 	name() string
 	// stream is the stream whose last sequence counts commits.
 	stream() string
-	acquire(res, reqID string, ttl time.Duration, wait time.Duration, rev uint64) *nats.Msg
+	// acquire builds an acquire; owner "" means the backend's owner.
+	acquire(res, reqID, owner string, ttl time.Duration, wait time.Duration, rev uint64) *nats.Msg
 	renew(res, lease string, ttl time.Duration, rev uint64) *nats.Msg
 	release(res, lease string, rev uint64) *nats.Msg
 	parse(op string, reply *nats.Msg, err error) result
@@ -70,8 +72,8 @@ func (b *serviceBackend) msg(op string, v any) *nats.Msg {
 	return &nats.Msg{Subject: streams.Subject(b.prefix, op), Data: data}
 }
 
-func (b *serviceBackend) acquire(res, reqID string, ttl, wait time.Duration, _ uint64) *nats.Msg {
-	return b.msg(streams.OpAcquire, &streams.AcquireRequest{Resource: res, RequestID: reqID, Owner: b.owner,
+func (b *serviceBackend) acquire(res, reqID, owner string, ttl, wait time.Duration, _ uint64) *nats.Msg {
+	return b.msg(streams.OpAcquire, &streams.AcquireRequest{Resource: res, RequestID: reqID, Owner: cmp.Or(owner, b.owner),
 		TTLms: ttl.Milliseconds(), WaitMs: wait.Milliseconds()})
 }
 
@@ -161,7 +163,7 @@ func (b *rawBackend) record(reqID string, ttl time.Duration, token uint64) *stre
 		RenewedAt: streams.FormatTime(now), ExpiresAt: streams.FormatTime(now.Add(ttl))}
 }
 
-func (b *rawBackend) acquire(res, reqID string, ttl, _ time.Duration, rev uint64) *nats.Msg {
+func (b *rawBackend) acquire(res, reqID, _ string, ttl, _ time.Duration, rev uint64) *nats.Msg {
 	return b.write(res, b.record(reqID, ttl, 0), rev, "acq-"+reqID)
 }
 

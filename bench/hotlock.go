@@ -207,7 +207,7 @@ func (h *hotlock) caller(ctx context.Context, id int, r *hotResource, end time.T
 		r.mu.Lock()
 		r.waiting[id] = hotWait{since: sent, reqID: reqID}
 		r.mu.Unlock()
-		res, at := h.acquire(ctx, r, reqID, end, rng)
+		res, at := h.acquire(ctx, r, reqID, fmt.Sprintf("caller-%d", id), end, rng)
 		r.mu.Lock()
 		delete(r.waiting, id)
 		r.mu.Unlock()
@@ -225,7 +225,7 @@ func (h *hotlock) caller(ctx context.Context, id int, r *hotResource, end time.T
 
 // acquire sends one logical acquire: a waiting one, or polls until
 // granted, end or an error that is not "locked".
-func (h *hotlock) acquire(ctx context.Context, r *hotResource, reqID string, end time.Time, rng *rand.Rand) (result, time.Time) {
+func (h *hotlock) acquire(ctx context.Context, r *hotResource, reqID, owner string, end time.Time, rng *rand.Rand) (result, time.Time) {
 	c := h.e.cfg
 	for attempt := 0; ; attempt++ {
 		poll := h.poll.Load()
@@ -234,7 +234,9 @@ func (h *hotlock) acquire(ctx context.Context, r *hotResource, reqID string, end
 			op, wait = opPollAcquire, 0
 		}
 		rec := h.ph.rec.get(op, 0)
-		m := h.be.acquire(r.name, reqID, c.ttl, wait, 0)
+		// Each caller is its own owner, as separate services would be: the
+		// service caps waiters per owner.
+		m := h.be.acquire(r.name, reqID, owner, c.ttl, wait, 0)
 		sent := time.Now()
 		reply, at, err := h.e.rq.do(context.WithoutCancel(ctx), m, wait+c.timeout)
 		res := h.be.parse(streams.OpAcquire, reply, err)

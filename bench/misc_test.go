@@ -66,7 +66,7 @@ func TestServiceBackendParse(t *testing.T) {
 	if r := b.parse(streams.OpAcquire, nil, errTimeout); r.code != codeTimeout || !r.unknown {
 		t.Fatalf("timeout parsed as %+v", r)
 	}
-	m := b.acquire("r", "q", 30*time.Second, 2*time.Second, 0)
+	m := b.acquire("r", "q", "", 30*time.Second, 2*time.Second, 0)
 	if m.Subject != "jetlock.v1.acquire" || !strings.Contains(string(m.Data), `"wait_ms":2000`) {
 		t.Fatalf("acquire message %s %s", m.Subject, m.Data)
 	}
@@ -74,7 +74,7 @@ func TestServiceBackendParse(t *testing.T) {
 
 func TestRawBackend(t *testing.T) {
 	b := newRawBackend("raw", "me")
-	m := b.acquire("a/b", "q1", 30*time.Second, 0, 7)
+	m := b.acquire("a/b", "q1", "", 30*time.Second, 0, 7)
 	if m.Subject != "$KV.raw.lease.a/b" || m.Header.Get("Nats-Expected-Last-Subject-Sequence") != "7" || m.Header.Get("Nats-Msg-Id") == "" {
 		t.Fatalf("raw acquire %s %v", m.Subject, m.Header)
 	}

@@ -187,7 +187,7 @@ func (w *workload) sendAcquire(rec *recorders, op string, rate float64, intended
 func (w *workload) doAcquire(rec *recorders, op string, rate float64, id int32, reqID string, rev uint64,
 	first, intended time.Time, attempt int, grants *grantTimes) {
 	r := rec.get(op, rate)
-	m := w.be.acquire(w.names[id], reqID, w.cfg.ttl, 0, rev)
+	m := w.be.acquire(w.names[id], reqID, "", w.cfg.ttl, 0, rev)
 	err := w.rq.send(m, w.cfg.timeout, func(reply *nats.Msg, err error, at time.Time) {
 		res := w.be.parse(streams.OpAcquire, reply, err)
 		r.record(at.Sub(intended), res.code)
