@@ -344,7 +344,16 @@ func TestRequestIDRememberedAcrossClusterRestart(t *testing.T) {
 	if rep.errCode != streams.CodeLeaseLost {
 		t.Fatalf("retry of an ended request after a cluster restart: %q %s, want lease_lost", rep.errCode, rep.raw)
 	}
-	if st := c.status("rr/1"); st.Held {
+	var st streams.StatusResponse
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		rep, err := c.try(streams.OpStatus, streams.StatusRequest{Resource: "rr/1"}, 5*time.Second)
+		if err != nil || rep.errCode != "" {
+			return false // the cluster is still settling
+		}
+		rep.decode(t, &st)
+		return true
+	}, "no status after the cluster restart")
+	if st.Held {
 		t.Fatalf("retry created a second lease: %+v", st)
 	}
 }
