@@ -99,6 +99,18 @@ func (s *Service) extend(ctx context.Context, resource, key string, o observatio
 	return leaseResponse(resource, rec.Token, &rec), nil
 }
 
+// confirmNegative proves, before a negative answer (lease_lost,
+// released:false, cancelled:false), that the fresh read o is current: a
+// stream leader cut off by a partition that has just healed can still
+// answer reads from old state. On errConflict the caller reads again.
+func (s *Service) confirmNegative(ctx context.Context, key string, o observation) error {
+	err := s.store.confirm(ctx, key, o.rev)
+	if errors.Is(err, errConflict) {
+		s.tracker.forget(key)
+	}
+	return err
+}
+
 func (s *Service) acquire(ctx context.Context, req *streams.AcquireRequest, sl *slot) (*streams.LeaseResponse, error) {
 	if err := streams.ValidateResource(req.Resource); err != nil {
 		return nil, err
@@ -236,6 +248,12 @@ func (s *Service) renew(ctx context.Context, req *streams.RenewRequest) (*stream
 				fresh = true
 				continue
 			}
+			if err := s.confirmNegative(ctx, key, o); err != nil {
+				if errors.Is(err, errConflict) {
+					continue
+				}
+				return nil, err
+			}
 			return nil, newOpError(streams.CodeLeaseLost, "lease is no longer current")
 		}
 		resp, err := s.extend(ctx, req.Resource, key, o, ttl)
@@ -283,6 +301,12 @@ func (s *Service) deleteIf(ctx context.Context, key string, match func(*streams.
 			if !fresh {
 				fresh = true
 				continue
+			}
+			if err := s.confirmNegative(ctx, key, o); err != nil {
+				if errors.Is(err, errConflict) {
+					continue
+				}
+				return false, err
 			}
 			return false, nil
 		}

@@ -136,6 +136,20 @@ func (s *store) del(ctx context.Context, key string, expect uint64) (uint64, err
 	return seq, err
 }
 
+// confirm proves that key's last revision is still rev, by a write that
+// commits only if it is: a small record on the "confirm" key carrying
+// rev as the expected last sequence of key. A read may come from a stream
+// leader that has just lost its place (after a partition heals it can
+// answer from old state); this write commits only through a current leader
+// with a quorum. It returns errConflict when key has moved on.
+func (s *store) confirm(ctx context.Context, key string, rev uint64) error {
+	m := nats.NewMsg(s.subjPfx + "confirm")
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", s.subjPfx+key)
+	_, _, err := s.publish(ctx, m)
+	return err
+}
+
 // tombstone writes a short-lived marker carrying msgID, so that a grant
 // with the same message id arriving later within the duplicate window is
 // answered as a duplicate and never written. When a write with msgID

@@ -139,10 +139,22 @@ func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, 
 func (s *Service) waitStep(ctx context.Context, req *streams.AcquireRequest, key, wkey, hash string, ttl time.Duration, queued *observation, refresh *time.Time) (resp *streams.LeaseResponse, err error, done bool) {
 	defer s.lockKey(key)()
 	if queued.rev != 0 {
-		// Our record gone means it was cancelled (or outlived its
-		// liveness): stop, never queue again behind the cancel.
+		// Our record gone: cancelled (stop, never queue again behind the
+		// cancel), taken over by a retry elsewhere (stop; that one serves
+		// the caller), or removed because this instance could not refresh
+		// it in time (queue again, at the end).
 		if o, ok := s.tracker.get(wkey); ok && o.rev > queued.rev && (!o.held() || o.rec.Wake != s.wakeSubject(hash)) {
-			return nil, newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled or taken over by a retry"), true
+			if o.held() {
+				return nil, newOpError(streams.CodeLeaseLost, "the waiting acquire was taken over by a retry"), true
+			}
+			cancelled, err := s.wasCancelled(ctx, hash)
+			if err != nil {
+				return nil, err, true
+			}
+			if cancelled {
+				return nil, newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled"), true
+			}
+			*queued = observation{}
 		}
 		// Skip the store while the tracker says the lock is held.
 		if o, ok := s.tracker.get(key); ok && o.held() && !s.tracker.expired(o, time.Now()) && o.rec.RequestID != req.RequestID && time.Now().Before(*refresh) {
@@ -190,7 +202,17 @@ func (s *Service) enqueue(ctx context.Context, req *streams.AcquireRequest, wkey
 				fresh = true
 				continue
 			}
-			return observation{}, newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled or taken over by a retry")
+			if o.held() {
+				return observation{}, newOpError(streams.CodeLeaseLost, "the waiting acquire was taken over by a retry")
+			}
+			cancelled, err := s.wasCancelled(ctx, hash)
+			if err != nil {
+				return observation{}, err
+			}
+			if cancelled {
+				return observation{}, newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled")
+			}
+			mine = 0 // removed while this instance could not refresh it: queue again
 		}
 		now := s.cfg.Clock.Now()
 		rec := &streams.Record{
@@ -223,6 +245,17 @@ func (s *Service) enqueue(ctx context.Context, req *streams.AcquireRequest, wkey
 		return s.tracker.observe(wkey, entry{rev: seq, rec: rec}), nil
 	}
 	return observation{}, fmt.Errorf("%w: %d attempts lost to concurrent writers", errConflict, maxAttempts)
+}
+
+// wasCancelled reports whether the request named by hash was cancelled
+// within the retry window: its cancel tombstone exists (read from the
+// stream leader).
+func (s *Service) wasCancelled(ctx context.Context, hash string) (bool, error) {
+	e, err := s.store.read(ctx, "cancel."+hash)
+	if err != nil {
+		return false, err
+	}
+	return e.held(), nil
 }
 
 // leaveQueue ends a wait that ran out: it removes the waiter record and,

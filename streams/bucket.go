@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -201,7 +202,13 @@ func Ensure(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Buc
 	if err != nil {
 		return nil, fmt.Errorf("ensure meta bucket: %w", err)
 	}
+	// A just-created R3 bucket answers reads only once its replicas are
+	// up; until then a read finds no responders.
 	highWater, _, err := readHighWater(ctx, meta)
+	for errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+		highWater, _, err = readHighWater(ctx, meta)
+	}
 	if err != nil {
 		return nil, err
 	}

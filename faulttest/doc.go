@@ -1,0 +1,42 @@
+// Package faulttest proves jetlock's safety invariants under faults, in
+// the spirit of Jepsen's tests of etcd, ZooKeeper and NATS. It holds tests
+// only; this file is its documentation.
+//
+// A test starts the in-process three-node cluster (streams/devcluster)
+// with one service instance per node. Every service instance and every
+// client reaches NATS through its own loopback proxy, which can pause
+// (bytes held, then delivered late) or cut its connection; the routes
+// between nodes pass through per-direction proxies that partition the
+// cluster. Faults: leader step-down, one node isolated (a follower or the
+// stream leader), every node isolated (no quorum anywhere), a node
+// stopped and restarted, the whole cluster crashed and restarted from its
+// disks, a paused or replaced service instance, a paused or cut client.
+//
+// A workload of raw request-reply clients and Go clients acquires (some
+// waiting in the queue), renews, releases and cancels leases on a few hot
+// and many cold resources, drops replies and retries with the same
+// request_id, and writes through a fenced register (client/fence Memory
+// guard) with its tokens, including late writes of ended leases. Every
+// operation is recorded with its invocation and completion time and
+// result, and the history is checked afterwards (Check): no two leases of
+// a resource valid at once (a lease is valid from its grant's reply until
+// the client's deadline, counted from the send time of its last
+// acknowledged grant or renewal, or until its holder released or
+// cancelled it); tokens unique and increasing in real-time order; the
+// register never accepting a smaller token after a larger one; no
+// acknowledged renewal, release or cancel lost; one lease at most per
+// request_id; nothing granted or renewed without a quorum; and, per
+// resource, linearizability of the answers against a model of the lock
+// record (porcupine). Status replies are checked too, but a stale status
+// read is reported as an anomaly: the contract does not promise
+// linearizable status.
+//
+// The scenario tests (Test…) run in CI, each in well under a minute. A
+// soak runs every fault at random for as long as asked:
+//
+//	go test ./faulttest -run Soak -soak=1h -timeout 2h
+//
+// A failed check writes the history of every resource, with the faults
+// interleaved, to a file under the system's temporary directory and logs
+// its path. Reproductions of bugs not yet fixed run with -knownbugs.
+package faulttest

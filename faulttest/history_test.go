@@ -1,0 +1,184 @@
+package faulttest
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Kind is the kind of a recorded operation.
+type Kind uint8
+
+// Operation kinds: the five requests of the contract, a write to the
+// fenced register, and a client's own view of how long its lease is valid
+// (for leases of the Go client, whose renewals are not recorded).
+const (
+	KAcquire Kind = iota + 1
+	KRenew
+	KRelease
+	KCancel
+	KStatus
+	KWrite
+	KHeld
+	KFault
+)
+
+func (k Kind) String() string {
+	return [...]string{"?", "acquire", "renew", "release", "cancel", "status", "write", "held", "fault"}[k]
+}
+
+// Result is what the caller learnt of an operation.
+type Result uint8
+
+// Results. Unknown is an operation whose outcome the caller cannot know: no
+// reply, or "unavailable"/"internal". It may have taken effect at any time
+// after its invocation, or never.
+const (
+	Pending Result = iota
+	OK
+	Fail
+	Unknown
+)
+
+func (r Result) String() string { return [...]string{"pending", "ok", "fail", "unknown"}[r] }
+
+// Op is one recorded operation. Times are offsets from the history's start
+// on the monotonic clock, shared by every actor in the process.
+type Op struct {
+	ID        int
+	Client    int
+	Kind      Kind
+	Resource  string
+	RequestID string
+	// LeaseID is the lease renewed or released, or the lease an acquire
+	// was granted.
+	LeaseID string
+	// TTL is the TTL asked for; on a granted acquire or renewal, the TTL
+	// of the reply.
+	TTL  time.Duration
+	Wait time.Duration
+
+	Invoke, Complete time.Duration
+	Result           Result
+	// Code is the error code of a failed operation, or why its outcome is
+	// unknown.
+	Code string
+	// Token is the fencing token of a grant, renewal, status or write.
+	Token uint64
+	// Flag is released (release), cancelled (cancel), held (status) or
+	// accepted (write).
+	Flag bool
+	// Deadline is, for a granted acquire or renewal and for KHeld, the
+	// client's deadline: until then no other lease of the resource may be
+	// granted. It defaults to Invoke + TTL.
+	Deadline time.Duration
+	// Retry marks an acquire whose request id was sent before.
+	Retry bool
+	Note  string
+}
+
+func (o *Op) String() string {
+	s := fmt.Sprintf("#%d c%d %s %s", o.ID, o.Client, o.Kind, o.Resource)
+	if o.RequestID != "" {
+		s += " req=" + o.RequestID
+	}
+	if o.LeaseID != "" {
+		s += " lease=" + short(o.LeaseID)
+	}
+	s += fmt.Sprintf(" [%v, %v] %s", o.Invoke.Round(time.Millisecond), o.Complete.Round(time.Millisecond), o.Result)
+	if o.Code != "" {
+		s += "(" + o.Code + ")"
+	}
+	if o.Token != 0 {
+		s += fmt.Sprintf(" token=%d", o.Token)
+	}
+	switch o.Kind {
+	case KRelease, KCancel, KStatus, KWrite:
+		s += fmt.Sprintf(" flag=%v", o.Flag)
+	}
+	if o.Deadline != 0 {
+		s += fmt.Sprintf(" until=%v", o.Deadline.Round(time.Millisecond))
+	}
+	if o.Note != "" {
+		s += " " + o.Note
+	}
+	return s
+}
+
+func short(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}
+
+// History records operations from many goroutines.
+type History struct {
+	start time.Time
+
+	mu  sync.Mutex
+	ops []*Op
+}
+
+// NewHistory starts an empty history.
+func NewHistory() *History { return &History{start: time.Now()} }
+
+// Now returns the current offset from the history's start.
+func (h *History) Now() time.Duration { return time.Since(h.start) }
+
+// At returns the offset of t from the history's start.
+func (h *History) At(t time.Time) time.Duration { return t.Sub(h.start) }
+
+// Begin records the invocation of op and returns the recorded operation,
+// to be finished with End.
+func (h *History) Begin(op Op) *Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	op.ID = len(h.ops)
+	op.Invoke = time.Since(h.start)
+	op.Result = Pending
+	p := &op
+	h.ops = append(h.ops, p)
+	return p
+}
+
+// End records the completion of op with result r; fill, when not nil, sets
+// the other result fields.
+func (h *History) End(op *Op, r Result, fill func(*Op)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	op.Complete = time.Since(h.start)
+	op.Result = r
+	if fill != nil {
+		fill(op)
+	}
+	if r == OK && (op.Kind == KAcquire || op.Kind == KRenew) && op.Deadline == 0 {
+		op.Deadline = op.Invoke + op.TTL
+	}
+}
+
+// Event records a fault (for the post-mortem; checks ignore it).
+func (h *History) Event(format string, args ...any) {
+	if h == nil {
+		return
+	}
+	op := h.Begin(Op{Client: -1, Kind: KFault, Note: fmt.Sprintf(format, args...)})
+	h.End(op, OK, nil)
+}
+
+// Ops returns a copy of the history. Operations still pending count as
+// unknown.
+func (h *History) Ops() []Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]Op, len(h.ops))
+	for i, p := range h.ops {
+		out[i] = *p
+		if out[i].Result == Pending {
+			out[i].Result = Unknown
+			out[i].Code = "pending"
+			out[i].Complete = time.Since(h.start)
+		}
+	}
+	return out
+}

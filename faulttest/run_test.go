@@ -1,0 +1,174 @@
+package faulttest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Run is one workload run under faults, to be checked.
+type Run struct {
+	H    *Harness
+	Hist *History
+	Reg  *Register
+	W    *Workload
+}
+
+// NewRun starts a harness with one service instance per node and prepares
+// a workload (tuned by tune, if not nil) recording into a new history.
+func NewRun(t *testing.T, tune func(*Workload)) *Run {
+	t.Helper()
+	h := StartHarness(t)
+	for node := 0; node < 3; node++ {
+		h.Serve(node, ServiceConfig())
+	}
+	hist := NewHistory()
+	h.Events = hist
+	r := &Run{H: h, Hist: hist, Reg: NewRegister(hist)}
+	r.W = &Workload{H: h, Hist: hist, Reg: r.Reg}
+	if tune != nil {
+		tune(r.W)
+	}
+	r.W.Prepare()
+	return r
+}
+
+// Drive runs the workload for d. faults runs alongside with a context
+// that ends 4s before the workload does; then every fault is healed, so
+// the workload ends on a healthy cluster and its last leases are released.
+func (r *Run) Drive(t *testing.T, d time.Duration, faults func(ctx context.Context)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); r.W.Run(ctx) }()
+	if faults != nil {
+		fctx, fcancel := context.WithTimeout(ctx, d-4*time.Second)
+		faults(fctx)
+		fcancel()
+		<-fctx.Done()
+	}
+	r.H.Settle()
+	select {
+	case <-done:
+	case <-time.After(d + 90*time.Second):
+		t.Fatal("workload did not stop")
+	}
+}
+
+// Check checks the run's history, logs a summary and fails the test on
+// any violation, writing the history of the resources involved to a file.
+func (r *Run) Check(t *testing.T, opt CheckOptions) *Report {
+	t.Helper()
+	ops := r.Hist.Ops()
+	start := time.Now()
+	rep := Check(ops, r.Reg.Log(), opt)
+	t.Logf("%d ops checked in %v: %s", len(ops), time.Since(start).Round(time.Millisecond), rep.Summary())
+	g := &r.W.goStats
+	t.Logf("go clients: %d grants, %d lost at once, %d gave up mid-wait", g.grants.Load(), g.lostAtGrant.Load(), g.abandoned.Load())
+	for _, v := range rep.Anomalies {
+		t.Logf("anomaly (not a safety violation) %v", v)
+	}
+	if strings.Contains(rep.Linearizable, "unknown") {
+		t.Logf("the linearizability check ran out of time: %s", rep.Linearizable)
+	} else if len(rep.Violations) == 0 && len(rep.Anomalies) == 0 {
+		return rep
+	}
+	defer dumpHistory(t, ops, rep)
+	if len(rep.Violations) == 0 {
+		return rep
+	}
+	for _, v := range rep.Violations {
+		t.Errorf("violation %v", v)
+	}
+	return rep
+}
+
+// dumpHistory writes every operation to a file kept after the test, for
+// the post-mortem.
+func dumpHistory(t *testing.T, ops []Op, rep *Report) {
+	dir, err := os.MkdirTemp("", "faulttest-")
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	path := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+".history")
+	var faults []Op
+	byRes := map[string][]Op{}
+	for _, o := range ops {
+		if o.Kind == KFault {
+			faults = append(faults, o)
+		} else {
+			byRes[o.Resource] = append(byRes[o.Resource], o)
+		}
+	}
+	var b strings.Builder
+	for _, v := range rep.Violations {
+		fmt.Fprintf(&b, "VIOLATION %v\n", v)
+	}
+	for _, v := range rep.Anomalies {
+		fmt.Fprintf(&b, "ANOMALY %v\n", v)
+	}
+	names := make([]string, 0, len(byRes))
+	for r := range byRes {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	for _, r := range names {
+		fmt.Fprintf(&b, "\n== %s\n", r)
+		list := append(byRes[r], faults...)
+		sort.SliceStable(list, func(i, j int) bool { return list[i].Invoke < list[j].Invoke })
+		for i := range list {
+			fmt.Fprintln(&b, list[i].String())
+		}
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Log(err)
+		return
+	}
+	t.Logf("history written to %s", path)
+}
+
+// every calls f every period (jittered by up to half of it) until ctx ends.
+func every(ctx context.Context, period time.Duration, f func()) {
+	for {
+		sleepCtx(ctx, period/2+time.Duration(rand.Int64N(int64(period/2)+1)))
+		if ctx.Err() != nil {
+			return
+		}
+		f()
+	}
+}
+
+// within reports how many operations of kind with result r were invoked
+// and answered inside w.
+func within(ops []Op, kind Kind, r Result, w Window) int {
+	n := 0
+	for _, o := range ops {
+		if o.Kind == kind && o.Result == r && o.Invoke >= w.From && o.Complete <= w.To {
+			n++
+		}
+	}
+	return n
+}
+
+// pauseFor pauses p now and resumes it after d, in a goroutine counted in
+// wg.
+func pauseFor(wg *sync.WaitGroup, p *Proxy, d time.Duration, h *History, what string) {
+	h.Event("pause %s for %v", what, d.Round(time.Millisecond))
+	p.Pause()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		time.Sleep(d)
+		p.Resume()
+		h.Event("resume %s", what)
+	}()
+}
