@@ -101,6 +101,8 @@ func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, 
 	)
 	recheck := time.NewTimer(0)
 	defer recheck.Stop()
+	ends := time.NewTimer(wait)
+	defer ends.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 		resp, err, done := s.waitStep(ctx, req, key, wkey, hash, grantTTL, &queued, &refresh)
@@ -119,7 +121,7 @@ func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, 
 		select {
 		case <-wake:
 		case <-recheck.C:
-		case <-time.After(time.Until(deadline)):
+		case <-ends.C:
 			return nil, s.leaveQueue(req, wkey, queued, lastErr)
 		case <-s.stopping:
 			// Leave the record: the caller's retry on another instance
