@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetlock/jetlock/internal/tcpproxy"
 )
 
 // Size is the number of nodes.
@@ -56,7 +58,7 @@ type Cluster struct {
 	routePorts  [Size]int
 	// proxies[i][j] carries the route connections that node i opens to
 	// node j.
-	proxies [Size][Size]*proxy
+	proxies [Size][Size]*tcpproxy.Proxy
 
 	mu      sync.Mutex
 	servers [Size]*server.Server
@@ -82,7 +84,7 @@ func Start(opts Options) (*Cluster, error) {
 			if i == j {
 				continue
 			}
-			p, err := newProxy("127.0.0.1:0")
+			p, err := tcpproxy.New(func() []string { return c.routeAddr(j) })
 			if err != nil {
 				c.Shutdown()
 				return nil, err
@@ -109,7 +111,7 @@ func (c *Cluster) NodeOptions(i int) *server.Options {
 	var routes []string
 	for j := 0; j < Size; j++ {
 		if j != i {
-			routes = append(routes, "nats://"+c.proxies[i][j].addr())
+			routes = append(routes, "nats://"+c.proxies[i][j].Addr())
 		}
 	}
 	name := fmt.Sprintf("n%d", i+1)
@@ -168,12 +170,18 @@ func (c *Cluster) startNode(i int) error {
 	c.clientPorts[i] = s.Addr().(*net.TCPAddr).Port
 	c.routePorts[i] = s.ClusterAddr().Port
 	c.mu.Unlock()
-	for j := 0; j < Size; j++ {
-		if j != i {
-			c.proxies[j][i].setTarget(s.ClusterAddr().String())
-		}
-	}
 	return nil
+}
+
+// routeAddr returns node j's cluster address, or none before it first
+// started.
+func (c *Cluster) routeAddr(j int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.routePorts[j] == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("127.0.0.1:%d", c.routePorts[j])}
 }
 
 // WaitReady waits until every running node is current with a JetStream
@@ -299,7 +307,7 @@ func (c *Cluster) StepDown(stream string) error {
 
 // Cut cuts the route connections that node from opens to node to (one
 // direction of connection set-up).
-func (c *Cluster) Cut(from, to int) { c.proxies[from][to].setCut(true) }
+func (c *Cluster) Cut(from, to int) { c.proxies[from][to].Cut() }
 
 // Isolate cuts every route connection of node i, both directions. It cuts
 // the proxies only: a route that route gossip set up around them (see
@@ -307,8 +315,8 @@ func (c *Cluster) Cut(from, to int) { c.proxies[from][to].setCut(true) }
 func (c *Cluster) Isolate(i int) {
 	for j := 0; j < Size; j++ {
 		if j != i {
-			c.proxies[i][j].setCut(true)
-			c.proxies[j][i].setCut(true)
+			c.proxies[i][j].Cut()
+			c.proxies[j][i].Cut()
 		}
 	}
 }
@@ -318,7 +326,7 @@ func (c *Cluster) Heal() {
 	for i := 0; i < Size; i++ {
 		for j := 0; j < Size; j++ {
 			if i != j {
-				c.proxies[i][j].setCut(false)
+				c.proxies[i][j].Heal()
 			}
 		}
 	}
@@ -332,7 +340,7 @@ func (c *Cluster) Shutdown() {
 	for i := 0; i < Size; i++ {
 		for j := 0; j < Size; j++ {
 			if p := c.proxies[i][j]; p != nil {
-				p.close()
+				p.Close()
 			}
 		}
 	}

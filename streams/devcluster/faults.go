@@ -84,7 +84,11 @@ func (c *Cluster) Partition(groups ...[]int) ([]int, error) {
 	for i := 0; i < Size; i++ {
 		for j := 0; j < Size; j++ {
 			if i != j {
-				c.proxies[i][j].setCut(group[i] != group[j])
+				if group[i] != group[j] {
+					c.proxies[i][j].Cut()
+				} else {
+					c.proxies[i][j].Heal()
+				}
 			}
 		}
 	}
