@@ -194,10 +194,7 @@ func (w *workload) doAcquire(rec *recorders, op string, rate float64, id int32, 
 		w.afterAcquire(rec, op, rate, id, reqID, rev, first, attempt, res, at, grants)
 	})
 	if err != nil {
-		code := codePublish
-		if err == errBacklog {
-			code = codeBacklog
-		}
+		code := sendErrCode(err)
 		r.fail(code)
 		w.mu.Lock()
 		if attempt == 0 && code == codeBacklog {
@@ -304,11 +301,7 @@ func (w *workload) sendRenew(rec *recorders, rate float64, intended time.Time) {
 		}
 	})
 	if err != nil {
-		code := codePublish
-		if err == errBacklog {
-			code = codeBacklog
-		}
-		r.fail(code)
+		r.fail(sendErrCode(err))
 		w.mu.Lock()
 		w.toHeld(id, time.Now())
 		w.mu.Unlock()
@@ -356,11 +349,7 @@ func (w *workload) sendRelease(rec *recorders, op string, rate float64, intended
 		}
 	})
 	if err != nil {
-		code := codePublish
-		if err == errBacklog {
-			code = codeBacklog
-		}
-		r.fail(code)
+		r.fail(sendErrCode(err))
 		w.log.unrelease(g)
 		w.mu.Lock()
 		w.toHeld(id, time.Now())
@@ -453,4 +442,12 @@ func (w *workload) drain(ctx context.Context) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// sendErrCode is the result code of a request that could not be sent.
+func sendErrCode(err error) string {
+	if err == errBacklog {
+		return codeBacklog
+	}
+	return codePublish
 }
