@@ -193,7 +193,7 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) ensure(ctx context.Context) (*streams.Bucket, error) {
 	backoff := 100 * time.Millisecond
 	for {
-		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		b, err := streams.Ensure(ectx, s.js, s.cfg.Bucket)
 		cancel()
 		if err == nil {
