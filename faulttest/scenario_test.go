@@ -227,8 +227,17 @@ func TestMajorityIsolated(t *testing.T) {
 	}
 	after := within(ops, KAcquire, OK, Window{From: cut.To, To: r.Hist.Now()})
 	t.Logf("without quorum: %d acquires and renewals tried, none succeeded; %d grants after healing", tried, after)
-	if tried == 0 || after == 0 {
-		t.Errorf("the partition was not exercised (%d tried) or service did not resume (%d grants after)", tried, after)
+	if tried == 0 {
+		t.Errorf("the partition was not exercised (%d tried)", tried)
+	}
+	if after == 0 {
+		// The workload's window can close before the healed cluster has
+		// elected its leaders on a busy machine: probe until it serves.
+		nc, _ := r.H.Connect(0, "probe")
+		c := &Caller{NC: nc, H: NewHistory(), Client: 1 << 20}
+		testenv.Eventually(t, 30*time.Second, func() bool {
+			return c.Acquire("probe/after-heal", "probe", 5*time.Second, 0, true).Result == OK
+		}, "service did not resume after healing")
 	}
 	if rep.Counts["acquire/ok"] == 0 {
 		t.Error("no grants at all")
