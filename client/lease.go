@@ -81,13 +81,16 @@ func (l *Lease) start(ctx context.Context, waited bool) error {
 	return nil
 }
 
+// sendRenew sends one renew request, asking for the TTL the holder wants.
+func (l *Lease) sendRenew(ctx context.Context, resp *streams.LeaseResponse) error {
+	return l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds()}, resp, 0)
+}
+
 // renewOnce sends one renewal and moves the deadline on success.
 func (l *Lease) renewOnce(ctx context.Context) error {
 	sent := time.Now()
 	var resp streams.LeaseResponse
-	err := l.c.retry(ctx, func() error {
-		return l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds()}, &resp, 0)
-	})
+	err := l.c.retry(ctx, func() error { return l.sendRenew(ctx, &resp) })
 	if err != nil {
 		return err
 	}
@@ -178,7 +181,7 @@ func (l *Lease) renewUntilDeadline() error {
 		}
 		ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
 		var resp streams.LeaseResponse
-		err := l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds()}, &resp, 0)
+		err := l.sendRenew(ctx, &resp)
 		cancel()
 		switch {
 		case err == nil:

@@ -50,7 +50,9 @@ func (s *Service) ttl(ms int64) (time.Duration, error) {
 // current returns what is known of key. With fresh it reads from the
 // stream leader; otherwise it may answer from the tracker, whose view can
 // be stale. Callers commit only by compare-and-set on the revision they
-// got, and confirm with a fresh read before any negative answer.
+// got. A "locked" answer may rest on the tracker's view; the other negative
+// answers (lease_lost, released:false, cancelled:false) rest on a fresh
+// read proven by confirmNegative.
 func (s *Service) current(ctx context.Context, key string, fresh bool) (observation, error) {
 	if !fresh {
 		if o, ok := s.tracker.get(key); ok {
