@@ -140,10 +140,16 @@ func TestLostClosesBeforeDeadlineWithoutQuorum(t *testing.T) {
 	}
 	// Service resumes: after expiry someone else gets it with a larger
 	// token.
-	l2, err := c.Acquire(ctx, "orders/3", client.TTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The restarted nodes may still be electing leaders: an unknown
+	// outcome (ErrUnavailable, after the client's own retries) is retried.
+	var l2 *client.Lease
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		l2, err = c.Acquire(ctx, "orders/3", client.TTL(ttl))
+		if err != nil && !errors.Is(err, client.ErrUnavailable) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}, "no grant after the nodes returned")
 	if l2.Token() <= l.Token() {
 		t.Fatalf("token %d not above %d", l2.Token(), l.Token())
 	}
