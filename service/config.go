@@ -61,9 +61,10 @@ type Config struct {
 	// Recheck is how often a waiter re-checks the lock without being woken,
 	// since wake messages are at-most-once. The default is 1s.
 	Recheck time.Duration
-	// Reservation is how long a free resource is kept for the head waiter;
-	// after it, any waiter may claim (the head is skipped). The default is
-	// 2s.
+	// Reservation is how long a free resource is kept for the head waiter.
+	// The waiter k places behind the head may claim after k reservations,
+	// so a waiter that does not claim is skipped in ticket order. The
+	// default is 2s.
 	Reservation time.Duration
 	// MaxWaitersPerResource and MaxWaitersPerOwner cap the queue; beyond
 	// them acquire answers too_many_waiters. The defaults are 1000 and 100.

@@ -173,7 +173,7 @@ func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key
 			// the revision that expired.
 		}
 		if ok, ahead := s.mayClaim(streams.EncodeResource(req.Resource), hash, o); !ok {
-			return nil, newOpError(streams.CodeLocked, "resource is free but reserved for the first of %d waiters", ahead)
+			return nil, newOpError(streams.CodeLocked, "resource is free but reserved for the %d waiters ahead", ahead)
 		}
 		now := s.cfg.Clock.Now()
 		rec := &streams.Record{

@@ -30,6 +30,8 @@ type tracker struct {
 	// hash; owners counts them by owner, for the caps.
 	waiters map[string]map[string]waiterInfo
 	owners  map[string]int
+	// left is when a waiter last left each queue (monotonic reading).
+	left map[string]time.Time
 
 	// ended remembers, for the retry window, the request ids whose leases
 	// ended (keyed by lease key and request id), so that a retry is
@@ -69,7 +71,7 @@ type dueItem struct {
 
 func newTracker(grace, retryWindow time.Duration) *tracker {
 	return &tracker{grace: grace, keys: make(map[string]*observation),
-		waiters: make(map[string]map[string]waiterInfo), owners: make(map[string]int),
+		waiters: make(map[string]map[string]waiterInfo), owners: make(map[string]int), left: make(map[string]time.Time),
 		window: retryWindow, ended: make(map[string]time.Time)}
 }
 
@@ -146,6 +148,9 @@ func (t *tracker) indexWaiter(key string, e entry) {
 	if !e.held() {
 		if len(q) == 0 {
 			delete(t.waiters, enc)
+			delete(t.left, enc)
+		} else {
+			t.left[enc] = time.Now()
 		}
 		return
 	}
@@ -175,6 +180,25 @@ func (t *tracker) head(enc, skip string) (waiterInfo, bool) {
 		}
 	}
 	return best, found
+}
+
+// ahead returns the number of waiters on the encoded resource with a
+// smaller ticket than the waiter hash, or all of them if hash is not
+// queued there, and when a waiter last left that queue.
+func (t *tracker) ahead(enc, hash string) (n int, left time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	q := t.waiters[enc]
+	mine, queued := q[hash]
+	if !queued {
+		return len(q), t.left[enc]
+	}
+	for _, w := range q {
+		if w.ticket < mine.ticket {
+			n++
+		}
+	}
+	return n, t.left[enc]
 }
 
 // waiterCounts returns the number of waiters on the encoded resource and

@@ -56,19 +56,25 @@ func (s *Service) wakeHead(enc string) {
 }
 
 // mayClaim reports whether request hash may take the free (or expired)
-// resource observed in o: when nobody waits, when it is the head waiter,
-// or when the head has let its reservation pass.
+// resource observed in o. The waiter k places behind the head may claim
+// once the resource has been free, and its place unchanged, for k
+// reservation periods: the head claims at once, a dead head delays the
+// next by one period, and skips keep ticket order too. A request that is
+// not queued counts as behind every waiter. It also returns the number of
+// waiters ahead of hash.
 func (s *Service) mayClaim(enc, hash string, o observation) (bool, int) {
-	head, ok := s.tracker.head(enc, "")
-	if !ok || head.hash == hash {
+	ahead, left := s.tracker.ahead(enc, hash)
+	if ahead == 0 {
 		return true, 0
 	}
-	freeSince := o.seen
+	since := o.seen
 	if o.held() {
-		freeSince = s.tracker.deadline(&o)
+		since = s.tracker.deadline(&o)
 	}
-	n, _ := s.tracker.waiterCounts(enc, "")
-	return time.Since(freeSince) > s.cfg.Reservation, n
+	if left.After(since) {
+		since = left
+	}
+	return time.Since(since) > time.Duration(ahead)*s.cfg.Reservation, ahead
 }
 
 // acquireWaiting serves an acquire with wait_ms > 0. The caller has

@@ -93,3 +93,48 @@ func TestLostWakeIsRecoveredByRecheck(t *testing.T) {
 		t.Fatal("the release sent no wake, so none was lost: the test proves nothing")
 	}
 }
+
+// The waiter k places behind the head may claim a free resource after k
+// reservation periods, counted from when the resource became free or a
+// waiter last left the queue, whichever is later; a request that is not
+// queued comes after every waiter.
+func TestClaimOrderFollowsTickets(t *testing.T) {
+	const res = time.Hour // no real time passes in this test
+	s := &Service{tracker: newTracker(0, time.Minute), cfg: Config{Reservation: res}}
+	enc := streams.EncodeResource("r")
+	queue := func(hash string, ticket uint64) {
+		s.tracker.observe(streams.WaitKeyPrefix+enc+"."+hash, entry{rev: ticket, rec: &streams.Record{RequestID: hash, TTLms: 60000}})
+	}
+	queue("w1", 10)
+	queue("w2", 11)
+	queue("w3", 12)
+	claims := func(hash string, freeFor time.Duration) (bool, int) {
+		return s.mayClaim(enc, hash, observation{seen: time.Now().Add(-freeFor)})
+	}
+	for _, c := range []struct {
+		hash    string
+		freeFor time.Duration
+		ok      bool
+		ahead   int
+	}{
+		{"w1", 0, true, 0},
+		{"w2", 0, false, 1},
+		{"w2", res + time.Minute, true, 1},
+		{"w3", res + time.Minute, false, 2},
+		{"w3", 2*res + time.Minute, true, 2},
+		{"other", 2*res + time.Minute, false, 3},
+		{"other", 3*res + time.Minute, true, 3},
+	} {
+		if ok, ahead := claims(c.hash, c.freeFor); ok != c.ok || ahead != c.ahead {
+			t.Errorf("%s free for %v: may claim %v with %d ahead, want %v with %d", c.hash, c.freeFor, ok, ahead, c.ok, c.ahead)
+		}
+	}
+	// The head leaves: w2 is the head, and w3's wait starts again from now.
+	s.tracker.observe(streams.WaitKeyPrefix+enc+".w1", entry{rev: 13})
+	if ok, _ := claims("w2", 0); !ok {
+		t.Error("new head may not claim")
+	}
+	if ok, ahead := claims("w3", 5*res); ok || ahead != 1 {
+		t.Errorf("w3 right after the head left: may claim %v with %d ahead", ok, ahead)
+	}
+}

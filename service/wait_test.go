@@ -180,16 +180,19 @@ func TestCancelRemovesWaiterAndLeavesNothing(t *testing.T) {
 }
 
 // A waiter whose instance died: its retry on another instance keeps its
-// place; one that never retries delays the next by a few seconds at most.
+// place; one that never retries delays the next by a few seconds at most,
+// and the skip keeps ticket order (w2 before w3).
 func TestWaitersOfAStoppedInstance(t *testing.T) {
 	env := testenv.Start(t)
-	a := env.Serve(waitConfig())
+	cfg := waitConfig()
+	cfg.Reservation = 2 * time.Second // twice the re-check period
+	a := env.Serve(cfg)
 	c := caller{t: t, nc: env.Connect()}
 	holder := c.mustAcquire("dead/1", "holder", 30000)
 	r1 := c.acquireAsync(streams.AcquireRequest{Resource: "dead/1", RequestID: "w1", TTLms: 30000, WaitMs: 30000})
 	r2 := c.acquireAsync(streams.AcquireRequest{Resource: "dead/1", RequestID: "w2", TTLms: 30000, WaitMs: 30000})
 	waitForWaiters(t, c, "dead/1", 2)
-	env.Serve(waitConfig())
+	env.Serve(cfg)
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
 	}
