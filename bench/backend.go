@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -94,7 +95,7 @@ func serviceError(m *nats.Msg) string {
 		return ""
 	}
 	var er streams.ErrorResponse
-	if json.Unmarshal(m.Data, &er) == nil && er.Error.Code != "" {
+	if jsonv2.Unmarshal(m.Data, &er) == nil && er.Error.Code != "" {
 		return er.Error.Code
 	}
 	n, _ := strconv.Atoi(h)
@@ -111,13 +112,13 @@ func (b *serviceBackend) parse(op string, m *nats.Msg, err error) result {
 	switch op {
 	case streams.OpRelease:
 		var r streams.ReleaseResponse
-		if err := json.Unmarshal(m.Data, &r); err != nil {
+		if err := jsonv2.Unmarshal(m.Data, &r); err != nil {
 			return result{code: streams.CodeInternal, unknown: true}
 		}
 		return result{code: codeOK, released: r.Released}
 	default:
 		var r streams.LeaseResponse
-		if err := json.Unmarshal(m.Data, &r); err != nil || r.LeaseID == "" {
+		if err := jsonv2.Unmarshal(m.Data, &r); err != nil || r.LeaseID == "" {
 			return result{code: streams.CodeInternal, unknown: true}
 		}
 		return result{code: codeOK, lease: r.LeaseID, token: r.Token}
@@ -190,7 +191,7 @@ func (b *rawBackend) parse(op string, m *nats.Msg, err error) result {
 		return clientResult(err)
 	}
 	var ack pubAck
-	if err := json.Unmarshal(m.Data, &ack); err != nil {
+	if err := jsonv2.Unmarshal(m.Data, &ack); err != nil {
 		return result{code: streams.CodeInternal, unknown: true}
 	}
 	if ack.Error != nil {

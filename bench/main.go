@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -75,6 +76,9 @@ type config struct {
 	killAt       time.Duration
 	restartAfter time.Duration
 	failoverMode string
+
+	cpuProfile string
+	memProfile string
 }
 
 var scenarios = []string{"steady", "ramp", "hotlock", "failover", "raw", "all"}
@@ -127,6 +131,8 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.killAt, "kill-at", 0, "failover: when to kill the stream leader; the default is a third of --duration")
 	fs.DurationVar(&c.restartAfter, "restart-after", 15*time.Second, "failover: restart the killed node this long after; 0 never")
 	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process) or stepdown (ask the leader to step down; works with --url)")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
+	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./bench [flags]\n\nMeasures jetlock under the design workload and beyond. Flags:\n")
 		fs.PrintDefaults()
@@ -217,10 +223,36 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: cpu profile:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if cfg.memProfile != "" {
+		defer writeAllocProfile(cfg.memProfile)
+	}
 	if err := run(ctx, cfg); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		stop()
 		os.Exit(1)
+	}
+}
+
+func writeAllocProfile(path string) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("allocs").WriteTo(f, 0)
+		f.Close()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench: allocation profile:", err)
 	}
 }
 

@@ -49,6 +49,8 @@ type Service struct {
 	dispatched atomic.Int64
 	ready      chan struct{}
 	stopping   chan struct{} // closed when Run begins to shut down
+	work       chan func()   // hands a request to an idle worker
+	done       chan struct{} // closed when Run has finished: workers exit
 
 	// wakePrefix + request hash is the wake subject of a request waiting
 	// on this instance; waiting maps the hash to its waiter.
@@ -96,6 +98,8 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		ready:   make(chan struct{}),
 
 		stopping:   make(chan struct{}),
+		work:       make(chan func()),
+		done:       make(chan struct{}),
 		wakePrefix: cfg.Prefix + ".wake." + nuid.Next() + ".",
 		waiting:    make(map[string]chan struct{}),
 	}, nil
@@ -109,6 +113,7 @@ func (s *Service) Ready() <-chan struct{} { return s.ready }
 // stops taking requests, waits for those in flight to be answered, and
 // returns nil; any earlier failure is returned.
 func (s *Service) Run(ctx context.Context) error {
+	defer close(s.done)
 	b, err := s.ensure(ctx)
 	if err != nil {
 		return fmt.Errorf("ensure bucket: %w", err)
@@ -117,7 +122,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return nil // cancelled while waiting for the cluster
 	}
 	s.bucket = b
-	s.store = newStore(s.nc, s.js, b.Config().Bucket, b.Config().RetryWindow)
+	s.store = newStore(s.nc, b.Config().Bucket, b.Config().RetryWindow)
 
 	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	var bgWG sync.WaitGroup
@@ -241,7 +246,7 @@ type slot struct {
 
 func (sl *slot) release() { sl.once.Do(func() { <-sl.sem }) }
 
-// dispatch runs a request in its own goroutine, so that one slow store
+// dispatch runs a request in a goroutine of its own, so that one slow store
 // round trip never holds up the subscription; MaxInFlight bounds them.
 // Beyond the bound the service sheds load: it answers unavailable at once
 // rather than letting requests queue until their callers have given up.
@@ -256,7 +261,7 @@ func (s *Service) dispatch(op string, r micro.Request) {
 	}
 	s.inflight.Add(1)
 	sl := &slot{sem: s.sem}
-	go func() {
+	s.spawn(func() {
 		defer func() {
 			sl.release()
 			s.inflight.Done()
@@ -275,7 +280,38 @@ func (s *Service) dispatch(op string, r micro.Request) {
 			s.replyJSON(r, resp)
 		}
 		s.metrics.observe(op, code, time.Since(start))
-	}()
+	})
+}
+
+// workerIdle is how long a worker waits for another request before it
+// exits.
+const workerIdle = 10 * time.Second
+
+// spawn runs f on an idle worker goroutine, or on a new one. Workers are
+// kept for the next request because a fresh goroutine grows its stack
+// several times over during a request, copying it each time.
+func (s *Service) spawn(f func()) {
+	select {
+	case s.work <- f:
+	default:
+		go s.worker(f)
+	}
+}
+
+func (s *Service) worker(f func()) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		f()
+		idle.Reset(workerIdle)
+		select {
+		case f = <-s.work:
+		case <-idle.C:
+			return
+		case <-s.done:
+			return
+		}
+	}
 }
 
 func (s *Service) handle(op string, data []byte, sl *slot) (any, error) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -37,19 +38,19 @@ func (e entry) held() bool { return e.rec != nil }
 // follower), writes carry the revision they are based on.
 type store struct {
 	nc        *nats.Conn
-	js        jetstream.JetStream
 	bucket    string
 	subjPfx   string // "$KV.<bucket>."
+	stream    string // "KV_<bucket>"
 	getSubj   string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
 	ttlHeader string // Nats-TTL of cancel tombstones
 }
 
-func newStore(nc *nats.Conn, js jetstream.JetStream, bucket string, retryWindow time.Duration) *store {
+func newStore(nc *nats.Conn, bucket string, retryWindow time.Duration) *store {
 	return &store{
 		nc:        nc,
-		js:        js,
 		bucket:    bucket,
 		subjPfx:   streams.SubjectPrefix(bucket),
+		stream:    streams.StreamName(bucket),
 		getSubj:   "$JS.API.STREAM.MSG.GET." + streams.StreamName(bucket),
 		ttlHeader: strconv.FormatInt(int64((retryWindow+time.Second-1)/time.Second), 10) + "s",
 	}
@@ -75,7 +76,7 @@ func (s *store) read(ctx context.Context, key string) (entry, error) {
 		return entry{}, classify(err)
 	}
 	var resp msgGetResponse
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+	if err := jsonv2.Unmarshal(msg.Data, &resp); err != nil {
 		return entry{}, fmt.Errorf("%w: bad stream msg get reply: %v", errUnavailable, err)
 	}
 	if resp.Error != nil {
@@ -162,12 +163,51 @@ func (s *store) tombstone(ctx context.Context, key, msgID string) (seq uint64, d
 	return s.publish(ctx, m)
 }
 
+// pubAck is JetStream's answer to a publish.
+type pubAck struct {
+	Error     *jetstream.APIError `json:"error"`
+	Stream    string              `json:"stream"`
+	Seq       uint64              `json:"seq"`
+	Duplicate bool                `json:"duplicate"`
+}
+
+// noResponderRetries and noResponderWait bound the retries of a publish
+// that found no stream leader listening, as during a leader change.
+const (
+	noResponderRetries = 10
+	noResponderWait    = 100 * time.Millisecond
+)
+
+// publish sends m to the stream and waits for its acknowledgement. It is
+// the request jetstream.PublishMsg makes, with a faster decoder for the
+// acknowledgement, which every write pays. Only a publish that reached no
+// stream leader ("no responders": certainly not written) is retried; any
+// other failure goes back to the caller, which decides again on fresh
+// state.
 func (s *store) publish(ctx context.Context, m *nats.Msg) (uint64, bool, error) {
-	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithRetryAttempts(0))
+	msg, err := s.nc.RequestMsgWithContext(ctx, m)
+	for r := 0; errors.Is(err, nats.ErrNoResponders) && r < noResponderRetries; r++ {
+		select {
+		case <-ctx.Done():
+			return 0, false, classify(err)
+		case <-time.After(noResponderWait):
+		}
+		msg, err = s.nc.RequestMsgWithContext(ctx, m)
+	}
 	if err != nil {
 		return 0, false, classify(err)
 	}
-	return ack.Sequence, ack.Duplicate, nil
+	var ack pubAck
+	if err := jsonv2.Unmarshal(msg.Data, &ack); err != nil {
+		return 0, false, fmt.Errorf("%w: bad publish acknowledgement: %v", errUnavailable, err)
+	}
+	if ack.Error != nil {
+		return 0, false, classify(ack.Error)
+	}
+	if ack.Stream != s.stream || ack.Seq == 0 {
+		return 0, false, fmt.Errorf("%w: publish acknowledged by stream %q at %d, want %q", errUnavailable, ack.Stream, ack.Seq, s.stream)
+	}
+	return ack.Seq, ack.Duplicate, nil
 }
 
 // classify maps a NATS or JetStream error to errConflict, errUnavailable

@@ -1,8 +1,9 @@
 package streams
 
 import (
-	"encoding/json"
 	"time"
+
+	"github.com/go-json-experiment/json"
 )
 
 // TimeFormat is the layout of every time on the wire: RFC 3339 with
@@ -115,7 +116,8 @@ type Record struct {
 	Wake      string `json:"wake,omitempty"`
 }
 
-// DecodeRecord parses a stored lease record.
+// DecodeRecord parses a stored lease record. Unknown fields are ignored,
+// so that a newer service may add some.
 func DecodeRecord(b []byte) (*Record, error) {
 	var r Record
 	if err := json.Unmarshal(b, &r); err != nil {

@@ -2,11 +2,12 @@ package streams
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json"
 )
 
 // Field limits of the wire contract.
@@ -25,22 +26,19 @@ func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
-// Decode parses a request body into v strictly: unknown fields, trailing
-// data and anything but a JSON object are errors wrapping ErrInvalid. An
-// unknown field is refused because a misspelt option ("ttl" for "ttl_ms")
-// would otherwise be ignored silently.
+// Decode parses a request body into v strictly: unknown or repeated
+// fields, field names in another case, invalid UTF-8, trailing data and
+// anything but a JSON object are errors wrapping ErrInvalid. An unknown
+// field is refused because a misspelt option ("ttl" for "ttl_ms") would
+// otherwise be ignored silently. (It uses the encoding/json/v2 prototype,
+// which decodes several times faster than encoding/json.)
 func Decode(data []byte, v any) error {
 	data = bytes.TrimSpace(data)
 	if len(data) == 0 || data[0] != '{' {
 		return invalidf("body must be a JSON object")
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	if err := json.Unmarshal(data, v, json.RejectUnknownMembers(true)); err != nil {
 		return invalidf("malformed JSON: %v", err)
-	}
-	if len(bytes.TrimSpace(data[dec.InputOffset():])) != 0 {
-		return invalidf("trailing data after the JSON object")
 	}
 	return nil
 }
