@@ -38,5 +38,5 @@
 //
 // A failed check writes the history of every resource, with the faults
 // interleaved, to a file under the system's temporary directory and logs
-// its path. Reproductions of bugs not yet fixed run with -knownbugs.
+// its path.
 package faulttest

@@ -2,21 +2,12 @@ package faulttest
 
 import (
 	"context"
-	"flag"
 	"testing"
 	"time"
 
 	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/internal/testenv"
 )
-
-var knownBugs = flag.Bool("knownbugs", false, "run the reproductions of open jetlock bugs (they fail until fixed)")
-
-func needKnownBugs(t *testing.T) {
-	if !*knownBugs {
-		t.Skip("reproduces an open bug; run with -knownbugs")
-	}
-}
 
 // Invariant 6 across node restarts. JetStream rebuilds a stream's
 // duplicate-detection table at start-up only from the messages still
@@ -25,28 +16,20 @@ func needKnownBugs(t *testing.T) {
 // renewed is gone, and its Nats-Msg-Id with it. Once a restarted node
 // leads the stream, a retry with the same request_id within the retry
 // window is no longer a duplicate; without more, the service would grant
-// a second lease (to a cancelled request, too). Found by this suite;
-// the service now remembers ended request ids itself.
+// a second lease (to a cancelled request, too). Found by this suite.
+// The service remembers ended request ids in memory, and the delete marker
+// that ends a lease names its request (streams.EndMark), so that an
+// instance that did not see the lease end (started later, or restarted
+// with the nodes) answers lease_lost too.
 func TestRetryAfterRestart(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []retryCase{
 		{"release then whole-cluster restart", releaseLease, func(h *Harness) { h.CrashAll(); h.RestartAll() }},
 		{"cancel then whole-cluster restart", cancelRequest, func(h *Harness) { h.CrashAll(); h.RestartAll() }},
 		{"release then a follower restarts and leads", releaseLease, restartFollowerAsLeader},
-	} {
-		t.Run(tc.name, tc.run)
-	}
-}
-
-// The service remembers ended request ids in each instance's memory only:
-// an instance that did not see the lease end (started later, or restarted
-// with the nodes) grants a retry of an ended request a second lease once
-// JetStream has forgotten the grant's message id.
-func TestKnownBugRetryAfterRestartReachesNewInstance(t *testing.T) {
-	needKnownBugs(t)
-	for _, tc := range []retryCase{
 		{"release then whole-cluster and service restart", releaseLease, restartEverything},
 		{"cancel then whole-cluster and service restart", cancelRequest, restartEverything},
+		{"expiry then whole-cluster and service restart", awaitExpiry, restartEverything},
 	} {
 		t.Run(tc.name, tc.run)
 	}
@@ -98,6 +81,13 @@ func releaseLease(t *testing.T, c *Caller, res string, l Op) {
 	if rel := c.Release(res, l.LeaseID); rel.Result != OK || !rel.Flag {
 		t.Fatalf("release: %v", &rel)
 	}
+}
+
+func awaitExpiry(t *testing.T, c *Caller, res string, l Op) {
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		st := c.Status(res)
+		return st.Result == OK && !st.Flag
+	}, "lease %s never expired", l.LeaseID)
 }
 
 func cancelRequest(t *testing.T, c *Caller, res string, l Op) {

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jetlock/jetlock/streams"
@@ -171,6 +172,8 @@ func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key
 			}
 			// Expired by observation: take it over by compare-and-set on
 			// the revision that expired.
+		} else if o.end.Ended(req.RequestID, s.cfg.Clock.Now(), s.tracker.window) {
+			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before, and that lease has ended", req.RequestID)
 		}
 		if ok, ahead := s.mayClaim(streams.EncodeResource(req.Resource), hash, o); !ok {
 			return nil, newOpError(streams.CodeLocked, "resource is free but reserved for the %d waiters ahead", ahead)
@@ -288,6 +291,15 @@ func (s *Service) release(ctx context.Context, req *streams.ReleaseRequest) (*st
 	return &streams.ReleaseResponse{Resource: req.Resource, Released: released}, nil
 }
 
+// endMark returns the body of the delete marker that ends the lease rec at
+// key, or nil for a key that is not a lease's.
+func (s *Service) endMark(key string, rec *streams.Record) *streams.EndMark {
+	if !strings.HasPrefix(key, streams.LeaseKeyPrefix) {
+		return nil
+	}
+	return &streams.EndMark{RequestID: rec.RequestID, EndedAt: streams.FormatTime(s.cfg.Clock.Now())}
+}
+
 // deleteIf deletes the lease at key by compare-and-set if match accepts its
 // record, and reports whether it did. A negative answer is always
 // confirmed by a read from the stream leader. The caller holds the key's
@@ -312,7 +324,8 @@ func (s *Service) deleteIf(ctx context.Context, key string, match func(*streams.
 			}
 			return false, nil
 		}
-		seq, err := s.store.del(ctx, key, o.rev)
+		end := s.endMark(key, o.rec)
+		seq, err := s.store.del(ctx, key, o.rev, end)
 		if errors.Is(err, errConflict) {
 			s.metrics.conflicts.Inc()
 			fresh = true
@@ -322,7 +335,7 @@ func (s *Service) deleteIf(ctx context.Context, key string, match func(*streams.
 			s.tracker.forget(key)
 			return false, err
 		}
-		s.tracker.observe(key, entry{rev: seq})
+		s.tracker.observe(key, entry{rev: seq, end: end})
 		return true, nil
 	}
 	return false, fmt.Errorf("%w: %d attempts lost to concurrent writers", errConflict, maxAttempts)

@@ -425,6 +425,9 @@ func (s *Service) watch(ctx context.Context, ready chan<- struct{}) error {
 				continue // this instance's own write, already observed
 			}
 			e := entry{rev: kve.Revision()}
+			if kve.Operation() == jetstream.KeyValueDelete {
+				e.end = streams.DecodeEndMark(kve.Value())
+			}
 			if kve.Operation() == jetstream.KeyValuePut {
 				rec, err := streams.DecodeRecord(kve.Value())
 				if err != nil {

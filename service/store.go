@@ -28,7 +28,8 @@ var (
 // and, unless that write deleted it, the record.
 type entry struct {
 	rev uint64
-	rec *streams.Record // nil when the key is absent or deleted
+	rec *streams.Record  // nil when the key is absent or deleted
+	end *streams.EndMark // what a delete marker says it ended, if anything
 }
 
 func (e entry) held() bool { return e.rec != nil }
@@ -90,6 +91,7 @@ func (s *store) read(ctx context.Context, key string) (entry, error) {
 	}
 	e := entry{rev: resp.Message.Seq}
 	if isDeleteOp(resp.Message.Hdrs) {
+		e.end = streams.DecodeEndMark(resp.Message.Data)
 		return e, nil
 	}
 	if e.rec, err = streams.DecodeRecord(resp.Message.Data); err != nil {
@@ -129,8 +131,12 @@ func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect
 }
 
 // del writes a delete marker on key if its last revision is still expect.
-func (s *store) del(ctx context.Context, key string, expect uint64) (uint64, error) {
+// A non-nil end becomes the marker's body.
+func (s *store) del(ctx context.Context, key string, expect uint64, end *streams.EndMark) (uint64, error) {
 	m := nats.NewMsg(s.subjPfx + key)
+	if end != nil {
+		m.Data, _ = json.Marshal(end)
+	}
 	m.Header.Set("KV-Operation", "DEL")
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	seq, _, err := s.publish(ctx, m)

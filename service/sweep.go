@@ -52,10 +52,11 @@ func (s *Service) expire(ctx context.Context, it dueItem) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 	defer cancel()
-	seq, err := s.store.del(ctx, it.key, it.rev)
+	end := s.endMark(it.key, o.rec)
+	seq, err := s.store.del(ctx, it.key, it.rev, end)
 	switch {
 	case err == nil:
-		s.tracker.observe(it.key, entry{rev: seq})
+		s.tracker.observe(it.key, entry{rev: seq, end: end})
 		if strings.HasPrefix(it.key, streams.WaitKeyPrefix) {
 			// A waiter whose instance stopped refreshing it: if the
 			// resource is free, the next waiter may now be the head.

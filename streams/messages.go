@@ -126,6 +126,40 @@ func DecodeRecord(b []byte) (*Record, error) {
 	return &r, nil
 }
 
+// EndMark is the body of the delete marker that ends a lease (release,
+// cancel, expiry): the request id of the lease it ended, and when. It keeps
+// "that request's lease has ended" in the bucket, so that a retry of the
+// request is answered lease_lost within the retry window even after every
+// service instance and the cluster restarted (JetStream forgets message ids
+// of overwritten messages when it restarts).
+type EndMark struct {
+	RequestID string `json:"ended_request_id"`
+	EndedAt   string `json:"ended_at"`
+}
+
+// DecodeEndMark parses the body of a delete marker; an empty body (a
+// delete written by something else) is no mark.
+func DecodeEndMark(b []byte) *EndMark {
+	if len(b) == 0 {
+		return nil
+	}
+	var m EndMark
+	if json.Unmarshal(b, &m) != nil || m.RequestID == "" {
+		return nil
+	}
+	return &m
+}
+
+// Ended reports whether m ended the lease of requestID no longer than
+// window before now. A mark whose time cannot be read counts as recent.
+func (m *EndMark) Ended(requestID string, now time.Time, window time.Duration) bool {
+	if m == nil || m.RequestID != requestID {
+		return false
+	}
+	at, err := time.Parse(TimeFormat, m.EndedAt)
+	return err != nil || now.Sub(at) <= window
+}
+
 // TokenAt returns the fencing token of r stored at revision rev.
 func (r *Record) TokenAt(rev uint64) uint64 {
 	if r.Token == 0 {
