@@ -75,8 +75,11 @@ type Config struct {
 	// OpTimeout bounds the store work of one request. The default is 3s,
 	// below the client's default request timeout of 5s.
 	OpTimeout time.Duration
-	// MaxInFlight bounds the requests processed at once; further requests
-	// wait in the subscription's pending buffer. The default is 4096.
+	// MaxInFlight bounds the requests processed at once; beyond it the
+	// service sheds load, answering unavailable at once. The default,
+	// 16384, is about OpTimeout times the design's peak of 6,000 requests
+	// a second: past that, requests would time out inside the service
+	// anyway, while below it a burst only waits.
 	MaxInFlight int
 	// Clock supplies wall time for reported times. The default is the
 	// system clock.
@@ -102,7 +105,7 @@ func DefaultConfig() Config {
 		ExpiryGrace:   2 * time.Second,
 		SweepInterval: 200 * time.Millisecond,
 		OpTimeout:     3 * time.Second,
-		MaxInFlight:   4096,
+		MaxInFlight:   16384,
 
 		HandoverTTL:           5 * time.Second,
 		WaiterLiveness:        6 * time.Second,

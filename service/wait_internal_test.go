@@ -1,17 +1,13 @@
 package service
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetlock/jetlock/streams"
-	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
 // A lost wake message (core NATS is at-most-once) never strands a waiter:
@@ -19,37 +15,9 @@ import (
 // unhooking the waiter's wake channel, so the message arrives and is
 // dropped, exactly as if it had been lost on the wire.
 func TestLostWakeIsRecoveredByRecheck(t *testing.T) {
-	cl, err := devcluster.Start(devcluster.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Shutdown()
-	nc, err := nats.Connect(cl.URLs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	cfg := DefaultConfig()
 	cfg.Recheck = 500 * time.Millisecond
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	s, err := New(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	<-s.Ready()
-
-	req := func(op string, body any) *nats.Msg {
-		data, _ := json.Marshal(body)
-		m, err := nc.Request(streams.Subject("jetlock", op), data, 20*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
+	s, req := runInternal(t, cfg)
 	var holder streams.LeaseResponse
 	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "lw", RequestID: "h"}).Data, &holder)
 	got := make(chan *nats.Msg, 1)

@@ -1,0 +1,79 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/streams"
+	"github.com/jetlock/jetlock/streams/devcluster"
+)
+
+// runInternal runs a service with cfg on a fresh three-node cluster until
+// the test ends, and returns it with a function that sends one request.
+func runInternal(t *testing.T, cfg Config) (*Service, func(op string, body any) *nats.Msg) {
+	t.Helper()
+	cl, err := devcluster.Start(devcluster.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Shutdown)
+	nc, err := nats.Connect(cl.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	s, err := New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-s.Ready()
+	return s, func(op string, body any) *nats.Msg {
+		data, _ := json.Marshal(body)
+		m, err := nc.Request(streams.Subject("jetlock", op), data, 20*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+}
+
+// Beyond MaxInFlight requests in progress the service sheds load: it
+// answers unavailable at once and changes nothing; once a slot is free it
+// serves again.
+func TestLoadSheddingBeyondMaxInFlight(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxInFlight = 4
+	s, req := runInternal(t, cfg)
+	for range cfg.MaxInFlight {
+		s.sem <- struct{}{} // four requests in progress
+	}
+	m := req(streams.OpAcquire, streams.AcquireRequest{Resource: "shed", RequestID: "r"})
+	if code := m.Header.Get(streams.HeaderErrorCode); code != "503" {
+		t.Fatalf("acquire beyond the bound answered %q %s, want 503 unavailable", code, m.Data)
+	}
+	var er streams.ErrorResponse
+	if err := json.Unmarshal(m.Data, &er); err != nil || er.Error.Code != streams.CodeUnavailable {
+		t.Fatalf("body %s, want code unavailable", m.Data)
+	}
+	<-s.sem
+	m = req(streams.OpStatus, streams.StatusRequest{Resource: "shed"})
+	var st streams.StatusResponse
+	if m.Header.Get(streams.HeaderErrorCode) != "" || json.Unmarshal(m.Data, &st) != nil || st.Held {
+		t.Fatalf("status after a slot freed: %s, want a free resource (the shed acquire changed nothing)", m.Data)
+	}
+	m = req(streams.OpAcquire, streams.AcquireRequest{Resource: "shed", RequestID: "r"})
+	if m.Header.Get(streams.HeaderErrorCode) != "" {
+		t.Fatalf("acquire after a slot freed: %s", m.Data)
+	}
+}
