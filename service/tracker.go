@@ -137,7 +137,8 @@ func (t *tracker) indexWaiter(key string, e entry) {
 		return
 	}
 	q := t.waiters[enc]
-	if old, had := q[hash]; had {
+	old, had := q[hash]
+	if had {
 		delete(q, hash)
 		if old.owner != "" {
 			if t.owners[old.owner]--; t.owners[old.owner] <= 0 {
@@ -149,7 +150,7 @@ func (t *tracker) indexWaiter(key string, e entry) {
 		if len(q) == 0 {
 			delete(t.waiters, enc)
 			delete(t.left, enc)
-		} else {
+		} else if had {
 			t.left[enc] = time.Now()
 		}
 		return
