@@ -81,6 +81,12 @@ type Config struct {
 	// a second: past that, requests would time out inside the service
 	// anyway, while below it a burst only waits.
 	MaxInFlight int
+	// HighWaterPatience is how long Run keeps re-checking a bucket whose
+	// stream reports a last sequence below the token high-water mark
+	// (streams.ErrBelowHighWater: a replica that is behind answered while
+	// the stream had no leader) before it refuses the bucket. The default
+	// is 1m.
+	HighWaterPatience time.Duration
 	// Clock supplies wall time for reported times. The default is the
 	// system clock.
 	Clock Clock
@@ -106,6 +112,8 @@ func DefaultConfig() Config {
 		SweepInterval: 200 * time.Millisecond,
 		OpTimeout:     3 * time.Second,
 		MaxInFlight:   16384,
+
+		HighWaterPatience: time.Minute,
 
 		HandoverTTL:           5 * time.Second,
 		WaiterLiveness:        6 * time.Second,
@@ -139,8 +147,8 @@ func (c Config) Validate() error {
 	if c.MaxWait < 0 {
 		return bad("max wait %v is negative", c.MaxWait)
 	}
-	if c.ExpiryGrace < 0 || c.SweepInterval <= 0 || c.OpTimeout <= 0 {
-		return bad("expiry grace, sweep interval and op timeout must be positive")
+	if c.ExpiryGrace < 0 || c.SweepInterval <= 0 || c.OpTimeout <= 0 || c.HighWaterPatience <= 0 {
+		return bad("expiry grace, sweep interval, op timeout and high-water patience must be positive")
 	}
 	if c.HandoverTTL < c.MinTTL || c.WaiterLiveness < time.Second || c.Recheck <= 0 || c.Reservation <= 0 {
 		return bad("handover TTL (>= min TTL), waiter liveness (>= 1s), recheck and reservation must be positive")

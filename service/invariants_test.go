@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -307,6 +308,7 @@ func TestConfigValidate(t *testing.T) {
 		"r1":             mod(func(c *service.Config) { c.Bucket.Replicas = 1 }),
 		"no clock":       mod(func(c *service.Config) { c.Clock = nil }),
 		"in flight 0":    mod(func(c *service.Config) { c.MaxInFlight = 0 }),
+		"no patience":    mod(func(c *service.Config) { c.HighWaterPatience = 0 }),
 	}
 	for name, cfg := range bad {
 		if err := cfg.Validate(); err == nil {
@@ -358,5 +360,91 @@ func TestRequestIDRememberedAcrossClusterRestart(t *testing.T) {
 	}, "no status after the cluster restart")
 	if st.Held {
 		t.Fatalf("retry created a second lease: %+v", st)
+	}
+}
+
+// A stream that reports a last sequence below the token high-water mark
+// keeps Run re-checking for HighWaterPatience: a replica that is behind
+// can answer while the stream has no leader, and that passes. If the
+// stream catches up, Run serves; if it stays below, Run refuses the bucket
+// (its tokens would go backwards).
+func TestBucketBelowHighWaterWaitsThenRefuses(t *testing.T) {
+	env := testenv.Start(t)
+	ctx := context.Background()
+	js, err := jetstream.New(env.Connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := streams.Ensure(ctx, js, streams.BucketConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := b.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RecordHighWater(ctx, info.State.LastSeq+3); err != nil {
+		t.Fatal(err)
+	}
+	run := func(patience time.Duration) (*service.Service, <-chan error, context.CancelFunc) {
+		cfg := testenv.Config()
+		cfg.HighWaterPatience = patience
+		svc, err := service.New(env.Connect(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- svc.Run(rctx) }()
+		return svc, done, cancel
+	}
+
+	// Below by 3: not serving; three writes later it serves.
+	svc, done, cancel := run(time.Minute)
+	select {
+	case <-svc.Ready():
+		t.Fatal("served a stream below the high-water mark")
+	case err := <-done:
+		t.Fatalf("refused at once: %v", err)
+	case <-time.After(1500 * time.Millisecond):
+	}
+	for i := range 3 {
+		if _, err := b.KV.Put(ctx, fmt.Sprintf("probe.%d", i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-svc.Ready():
+	case err := <-done:
+		t.Fatalf("refused after the stream caught up: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("not serving 15s after the stream caught up")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// Below for longer than the patience: refused.
+	info, err = b.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RecordHighWater(ctx, info.State.LastSeq+1000); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, done, cancel = run(time.Second)
+	defer cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, streams.ErrBucketConfig) || !errors.Is(err, streams.ErrBelowHighWater) {
+			t.Fatalf("Run returned %v, want the bucket refused as below the high-water mark", err)
+		}
+		if d := time.Since(start); d < time.Second {
+			t.Fatalf("refused after %v, before the patience of 1s", d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run still waiting 20s after a patience of 1s")
 	}
 }

@@ -193,10 +193,12 @@ func (s *Service) Run(ctx context.Context) error {
 
 // ensure ensures the bucket, retrying while the cluster is not ready (no
 // meta leader yet, stream leader election after a restart). A bucket whose
-// configuration is unsafe is an error at once. It returns nil, nil when ctx
-// ends first.
+// configuration is unsafe is an error at once; one whose stream reports a
+// sequence below the high-water mark is an error once that has lasted
+// HighWaterPatience. It returns nil, nil when ctx ends first.
 func (s *Service) ensure(ctx context.Context) (*streams.Bucket, error) {
 	backoff := 100 * time.Millisecond
+	var below time.Time // when the stream was first seen below the high-water mark
 	for {
 		ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		b, err := streams.Ensure(ectx, s.js, s.cfg.Bucket)
@@ -206,6 +208,14 @@ func (s *Service) ensure(ctx context.Context) (*streams.Bucket, error) {
 		}
 		if errors.Is(err, streams.ErrBucketConfig) || errors.Is(err, streams.ErrInvalid) {
 			return nil, err
+		}
+		if errors.Is(err, streams.ErrBelowHighWater) {
+			if below.IsZero() {
+				below = time.Now()
+			}
+			if time.Since(below) >= s.cfg.HighWaterPatience {
+				return nil, fmt.Errorf("%w: for %v: %w", streams.ErrBucketConfig, s.cfg.HighWaterPatience, err)
+			}
 		}
 		s.log.Warn("lock bucket not ready, retrying", "err", err)
 		select {

@@ -32,6 +32,16 @@ const highWaterKey = "high_water"
 // configuration would break jetlock's invariants.
 var ErrBucketConfig = errors.New("lock bucket configuration unsafe")
 
+// ErrBelowHighWater is wrapped by Ensure when the stream reports a last
+// sequence below the recorded token high-water mark. That can be a stream
+// recreated without jetlock (its tokens would go backwards), or it can be
+// passing: while a stream has no leader, a replica that is behind may
+// answer the info request (nats-server jsStreamInfoRequest lets members of
+// a leaderless group answer; Ensure then returns a plain, retryable error),
+// and a leader just elected may still be applying entries. Callers retry
+// for a while and only then refuse the bucket.
+var ErrBelowHighWater = errors.New("stream last sequence below the token high-water mark")
+
 // BucketConfig describes the lock-state bucket.
 type BucketConfig struct {
 	// Bucket is the KV bucket name. The default is "jetlock".
@@ -163,11 +173,17 @@ func (c BucketConfig) check(info *jetstream.StreamInfo, highWater uint64) error 
 	if sc.Discard != jetstream.DiscardNew {
 		problems = append(problems, "discard old policy could drop lease records")
 	}
-	if info.State.LastSeq < highWater {
-		problems = append(problems, fmt.Sprintf("last sequence %d below the high-water mark %d: tokens would go backwards", info.State.LastSeq, highWater))
-	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: stream %s: %v", ErrBucketConfig, sc.Name, problems)
+	}
+	if info.State.LastSeq < highWater {
+		if info.Cluster != nil && info.Cluster.Leader == "" {
+			// Answered by a replica of a leaderless stream: not evidence.
+			return fmt.Errorf("stream %s has no leader (a replica reports last sequence %d, below the high-water mark %d)",
+				sc.Name, info.State.LastSeq, highWater)
+		}
+		return fmt.Errorf("%w: stream %s reports last sequence %d, the high-water mark is %d: tokens would go backwards if it stays so",
+			ErrBelowHighWater, sc.Name, info.State.LastSeq, highWater)
 	}
 	return nil
 }
@@ -184,9 +200,10 @@ type Bucket struct {
 // it. It is idempotent and safe to call from many service instances at
 // once. It refuses (with ErrBucketConfig) a bucket whose configuration would
 // break the invariants: wrong history, fewer than 3 replicas without
-// AllowSingleReplica, a max age, or a sequence below the recorded
-// high-water mark. A stream created anew starts at the recorded high-water
-// mark plus RecreateGap (or MinFirstSeq), never at 1 again.
+// AllowSingleReplica, a max age; and (with ErrBelowHighWater) one that
+// reports a sequence below the recorded high-water mark. A stream created
+// anew starts at the recorded high-water mark plus RecreateGap (or
+// MinFirstSeq), never at 1 again.
 func Ensure(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Bucket, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -109,7 +109,7 @@ func TestRecreatedBucketNeverRestartsBelowHighWater(t *testing.T) {
 	if _, err := js.CreateStream(ctx, streams.BucketConfig{}.StreamConfig(1)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := streams.Ensure(ctx, js, streams.BucketConfig{}); !errors.Is(err, streams.ErrBucketConfig) {
+	if _, err := streams.Ensure(ctx, js, streams.BucketConfig{}); !errors.Is(err, streams.ErrBelowHighWater) {
 		t.Fatalf("stream restarted at 1: got %v", err)
 	}
 }
