@@ -57,7 +57,7 @@ func (s *Service) wakeHead(enc string) {
 
 // mayClaim reports whether request hash may take the free (or expired)
 // resource observed in o. The waiter k places behind the head may claim
-// once the resource has been free, and its place unchanged, for k
+// once the resource has been free, with no waiter leaving the queue, for k
 // reservation periods: the head claims at once, a dead head delays the
 // next by one period, and skips keep ticket order too. A request that is
 // not queued counts as behind every waiter. It also returns the number of
