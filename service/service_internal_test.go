@@ -49,7 +49,7 @@ func runInternal(t *testing.T, cfg Config) (*Service, func(op string, body any) 
 }
 
 // Beyond MaxInFlight requests in progress the service sheds load: it
-// answers unavailable at once and changes nothing; once a slot is free it
+// answers unavailable at once and changes nothing; once slots are free it
 // serves again.
 func TestLoadSheddingBeyondMaxInFlight(t *testing.T) {
 	cfg := DefaultConfig()
@@ -66,14 +66,16 @@ func TestLoadSheddingBeyondMaxInFlight(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &er); err != nil || er.Error.Code != streams.CodeUnavailable {
 		t.Fatalf("body %s, want code unavailable", m.Data)
 	}
-	<-s.sem
+	for range cfg.MaxInFlight {
+		<-s.sem // the four finish
+	}
 	m = req(streams.OpStatus, streams.StatusRequest{Resource: "shed"})
 	var st streams.StatusResponse
 	if m.Header.Get(streams.HeaderErrorCode) != "" || json.Unmarshal(m.Data, &st) != nil || st.Held {
-		t.Fatalf("status after a slot freed: %s, want a free resource (the shed acquire changed nothing)", m.Data)
+		t.Fatalf("status after the slots freed: %s, want a free resource (the shed acquire changed nothing)", m.Data)
 	}
 	m = req(streams.OpAcquire, streams.AcquireRequest{Resource: "shed", RequestID: "r"})
 	if m.Header.Get(streams.HeaderErrorCode) != "" {
-		t.Fatalf("acquire after a slot freed: %s", m.Data)
+		t.Fatalf("acquire after the slots freed: %s", m.Data)
 	}
 }
