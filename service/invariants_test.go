@@ -379,13 +379,17 @@ func TestBucketBelowHighWaterWaitsThenRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := b.Stream.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
+	// raise puts the high-water mark n above the stream's last sequence.
+	raise := func(n uint64) {
+		info, err := b.Stream.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.RecordHighWater(ctx, info.State.LastSeq+n); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := b.RecordHighWater(ctx, info.State.LastSeq+3); err != nil {
-		t.Fatal(err)
-	}
+	raise(3)
 	run := func(patience time.Duration) (*service.Service, <-chan error, context.CancelFunc) {
 		cfg := testenv.Config()
 		cfg.HighWaterPatience = patience
@@ -426,13 +430,7 @@ func TestBucketBelowHighWaterWaitsThenRefuses(t *testing.T) {
 	}
 
 	// Below for longer than the patience: refused.
-	info, err = b.Stream.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.RecordHighWater(ctx, info.State.LastSeq+1000); err != nil {
-		t.Fatal(err)
-	}
+	raise(1000)
 	start := time.Now()
 	_, done, cancel = run(time.Second)
 	defer cancel()
