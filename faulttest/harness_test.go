@@ -3,6 +3,9 @@ package faulttest
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -112,6 +115,16 @@ func (i *Instance) Stop() {
 func (h *Harness) Serve(node int, cfg service.Config) *Instance {
 	h.T.Helper()
 	nc, p := h.Connect(node, fmt.Sprintf("service@n%d", node+1))
+	if dir := os.Getenv("JETLOCK_TEST_LOGDIR"); dir != "" {
+		// Debugging aid: each instance logs at debug level to its own file.
+		name := fmt.Sprintf("%s-n%d-%d.log", strings.ReplaceAll(h.T.Name(), "/", "_"), node+1, time.Now().UnixNano())
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			h.T.Fatal(err)
+		}
+		h.T.Cleanup(func() { f.Close() })
+		cfg.Logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	svc, err := service.New(nc, cfg)
 	if err != nil {
 		h.T.Fatal(err)

@@ -137,16 +137,17 @@ func (s *Service) acquire(ctx context.Context, req *streams.AcquireRequest, sl *
 		return s.acquireWaiting(req, key, hash, ttl, time.Duration(req.WaitMs)*time.Millisecond, sl)
 	}
 	defer s.lockKey(key)()
-	return s.tryGrant(ctx, req, key, hash, ttl)
+	return s.tryGrant(ctx, req, key, hash, ttl, false)
 }
 
 // tryGrant makes one decision on an acquire: grant, return the request's
-// existing lease, or refuse. The caller holds the key's stripe lock.
-func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key, hash string, ttl time.Duration) (*streams.LeaseResponse, error) {
+// existing lease, or refuse. With fresh, it decides on a read from the
+// stream leader rather than on what the watcher last saw. The caller holds
+// the key's stripe lock.
+func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key, hash string, ttl time.Duration, fresh bool) (*streams.LeaseResponse, error) {
 	if s.tracker.hasEnded(key, req.RequestID) {
 		return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before, and that lease has ended", req.RequestID)
 	}
-	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := s.current(ctx, key, fresh)
 		if err != nil {
@@ -176,6 +177,7 @@ func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key
 			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before, and that lease has ended", req.RequestID)
 		}
 		if ok, ahead := s.mayClaim(streams.EncodeResource(req.Resource), hash, o); !ok {
+			s.log.Debug("free but reserved", "resource", req.Resource, "request_id", req.RequestID, "ahead", ahead)
 			return nil, newOpError(streams.CodeLocked, "resource is free but reserved for the %d waiters ahead", ahead)
 		}
 		now := s.cfg.Clock.Now()

@@ -48,6 +48,7 @@ func (s *Service) wakeHead(enc string) {
 	if !ok || w.wake == "" {
 		return
 	}
+	s.log.Debug("wake head", "resource", enc, "request_id", w.requestID, "ticket", w.ticket)
 	if err := s.nc.Publish(w.wake, nil); err != nil {
 		s.log.Warn("wake waiter", "err", err)
 		return
@@ -109,10 +110,12 @@ func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, 
 	defer recheck.Stop()
 	ends := time.NewTimer(wait)
 	defer ends.Stop()
+	woken := false
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
-		resp, err, done := s.waitStep(ctx, req, key, wkey, hash, grantTTL, &queued, &refresh)
+		resp, err, done := s.waitStep(ctx, req, key, wkey, hash, grantTTL, woken, &queued, &refresh)
 		cancel()
+		woken = false
 		if done {
 			return resp, err
 		}
@@ -123,9 +126,13 @@ func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, 
 			sl.release()
 		}
 
+		if queued.rec != nil {
+			s.log.Debug("waiting", "resource", req.Resource, "request_id", req.RequestID, "ticket", queued.rec.TokenAt(queued.rev), "answer", err)
+		}
 		recheck.Reset(s.cfg.Recheck)
 		select {
 		case <-wake:
+			woken = true
 		case <-recheck.C:
 		case <-ends.C:
 			return nil, s.leaveQueue(req, wkey, queued, lastErr)
@@ -144,7 +151,13 @@ func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, 
 // otherwise queue or refresh the waiter record. done reports a final
 // answer in resp and err; otherwise err is the "locked" answer to give if
 // the wait ends now.
-func (s *Service) waitStep(ctx context.Context, req *streams.AcquireRequest, key, wkey, hash string, ttl time.Duration, queued *observation, refresh *time.Time) (resp *streams.LeaseResponse, err error, done bool) {
+//
+// A woken waiter, and every waiter when its record is due for refresh,
+// decides on a read from the stream leader: after a leader change the
+// watcher can lag by seconds (its ordered consumer is recreated once it
+// misses heartbeats), and a waiter that trusted it would sit out a
+// release it was woken for.
+func (s *Service) waitStep(ctx context.Context, req *streams.AcquireRequest, key, wkey, hash string, ttl time.Duration, woken bool, queued *observation, refresh *time.Time) (resp *streams.LeaseResponse, err error, done bool) {
 	defer s.lockKey(key)()
 	if queued.rev != 0 {
 		// Our record gone: cancelled (stop, never queue again behind the
@@ -165,11 +178,12 @@ func (s *Service) waitStep(ctx context.Context, req *streams.AcquireRequest, key
 			*queued = observation{}
 		}
 		// Skip the store while the tracker says the lock is held.
-		if o, ok := s.tracker.get(key); ok && o.held() && !s.tracker.expired(o, time.Now()) && o.rec.RequestID != req.RequestID && time.Now().Before(*refresh) {
+		if o, ok := s.tracker.get(key); ok && !woken && o.held() && !s.tracker.expired(o, time.Now()) && o.rec.RequestID != req.RequestID && time.Now().Before(*refresh) {
 			return nil, lockedError(o), false
 		}
 	}
-	resp, err = s.tryGrant(ctx, req, key, hash, ttl)
+	fresh := queued.rev != 0 && (woken || !time.Now().Before(*refresh))
+	resp, err = s.tryGrant(ctx, req, key, hash, ttl, fresh)
 	var oe *opError
 	if err == nil || !errors.As(err, &oe) || oe.code != streams.CodeLocked {
 		if err == nil && queued.rev != 0 {

@@ -2,6 +2,7 @@ package service
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +105,65 @@ func TestClaimOrderFollowsTickets(t *testing.T) {
 	}
 	if ok, ahead := claims("w3", 5*res); ok || ahead != 1 {
 		t.Errorf("w3 right after the head left: may claim %v with %d ahead", ok, ahead)
+	}
+}
+
+// A woken waiter decides on a read from the stream leader, not on its
+// watcher's view: after a leader change the watcher can lag by seconds,
+// and a waiter that trusted it sat out the release it was woken for
+// (found by TestWaiterCancelDuringFailover in CI). The test makes the
+// tracker lag on purpose: after the release it puts back the holder's
+// lease, as a watcher that never saw the release would have it, and then
+// wakes the waiter. Re-checks and refreshes are an hour apart, so only
+// the wake can grant.
+func TestWokenWaiterReadsPastALaggingWatcher(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Recheck = time.Hour
+	cfg.WaiterLiveness = 3 * time.Hour
+	s, req := runInternal(t, cfg)
+	var holder streams.LeaseResponse
+	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "lag", RequestID: "h"}).Data, &holder)
+	key := streams.LeaseKey("lag")
+	held, ok := s.tracker.get(key)
+	if !ok || !held.held() {
+		t.Fatal("the holder's lease is not tracked")
+	}
+	got := make(chan *nats.Msg, 1)
+	go func() {
+		got <- req(streams.OpAcquire, streams.AcquireRequest{Resource: "lag", RequestID: "w", WaitMs: 30000})
+	}()
+	hash := requestHash("lag", "w")
+	var wake chan struct{}
+	deadline := time.Now().Add(10 * time.Second)
+	for wake == nil {
+		if n, _ := s.tracker.waiterCounts(streams.EncodeResource("lag"), ""); n == 1 {
+			s.waitMu.Lock()
+			wake = s.waiting[hash]
+			s.waiting[hash] = make(chan struct{}) // the release's own wake is dropped
+			s.waitMu.Unlock()
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("waiter never queued")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if m := req(streams.OpRelease, streams.ReleaseRequest{Resource: "lag", LeaseID: holder.LeaseID}); !strings.Contains(string(m.Data), `"released":true`) {
+		t.Fatalf("release: %s", m.Data)
+	}
+	time.Sleep(300 * time.Millisecond) // the watcher has delivered the release by now
+	s.tracker.mu.Lock()
+	s.tracker.keys[key] = &observation{entry: held.entry, seen: time.Now()} // as if it never had
+	s.tracker.mu.Unlock()
+	s.waitMu.Lock()
+	s.waiting[hash] = wake
+	s.waitMu.Unlock()
+	s.wakeHead(streams.EncodeResource("lag"))
+	select {
+	case m := <-got:
+		if m.Header.Get(streams.HeaderErrorCode) != "" {
+			t.Fatalf("waiter: %s", m.Data)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the woken waiter trusted its lagging watcher and was not granted")
 	}
 }
