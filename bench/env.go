@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -135,6 +136,58 @@ func (e *env) procs() []proc {
 		ps = append(ps, e.cluster.procs()...)
 	}
 	return ps
+}
+
+// placement returns the node the in-process service is connected to and
+// the node leading the lock stream; either is empty when unknown.
+func (e *env) placement(ctx context.Context) (service, leader string) {
+	if e.svc != nil {
+		service = e.svc.nc.ConnectedServerName()
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	leader, _ = streamLeader(lctx, e.js, streams.StreamName(e.cfg.bucket))
+	return service, leader
+}
+
+// placeLeader moves the lock stream's leader as --leader asks: onto the
+// in-process service's node, or away from it (a stream leader step-down
+// with a preferred successor).
+func (e *env) placeLeader(ctx context.Context) error {
+	if e.cfg.leader == "any" {
+		return nil
+	}
+	if e.svc == nil {
+		return fmt.Errorf("--leader %s needs --service inproc", e.cfg.leader)
+	}
+	stream := streams.StreamName(e.cfg.bucket)
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		svcNode, leader := e.placement(ctx)
+		if leader != "" && (leader == svcNode) == (e.cfg.leader == "service") {
+			return nil
+		}
+		want := svcNode
+		if e.cfg.leader == "away" {
+			for _, n := range []string{"n1", "n2", "n3"} {
+				if n != svcNode {
+					want = n
+					break
+				}
+			}
+		}
+		if leader != "" {
+			body, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": want}})
+			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := e.conns[0].RequestWithContext(sctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, body)
+			cancel()
+			if err != nil && ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	return fmt.Errorf("--leader %s: could not move the leader of %s in 60s", e.cfg.leader, stream)
 }
 
 // describe names the cluster and where the service runs, for reports.

@@ -33,6 +33,7 @@ import (
 type config struct {
 	url         string
 	serviceMode string
+	leader      string
 	scenario    string
 	target      string
 	duration    time.Duration
@@ -87,6 +88,7 @@ func parseFlags(args []string) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&c.url, "url", "", "NATS URL(s) of an existing deployment; the default starts a 3-node cluster of separate processes")
+	fs.StringVar(&c.leader, "leader", "any", "placement of the lock stream's leader with --service inproc: any (where JetStream put it), service (on the node the service is connected to: its writes cross no route), away (on another node)")
 	fs.StringVar(&c.serviceMode, "service", "", "where the jetlock service runs: inproc (in this process), proc (a child process, measured apart), none (already deployed). The default is inproc, or none with --url")
 	fs.StringVar(&c.scenario, "scenario", "steady", "one of "+strings.Join(scenarios, ", "))
 	fs.StringVar(&c.target, "target", "service", "steady and ramp: service, or raw (the same load as bare KV compare-and-set writes, no service)")
@@ -163,6 +165,11 @@ func (c *config) finish() error {
 		if c.url != "" {
 			c.serviceMode = "none"
 		}
+	}
+	switch c.leader {
+	case "any", "service", "away":
+	default:
+		return fmt.Errorf("--leader %q: want any, service or away", c.leader)
 	}
 	switch c.serviceMode {
 	case "inproc", "proc", "none":
@@ -267,6 +274,13 @@ func run(ctx context.Context, cfg *config) error {
 		Machine: machineInfo(), Settings: cfg.settings()}
 	sum.Machine.Cluster, sum.Machine.Service = e.describe()
 	fmt.Fprintf(e.out, "jetlock bench: scenario %s on %s; service %s; %d cores\n", cfg.scenario, sum.Machine.Cluster, sum.Machine.Service, sum.Machine.Cores)
+	if err := e.placeLeader(ctx); err != nil {
+		return err
+	}
+	sum.Machine.ServiceServer, sum.Machine.StreamLeader = e.placement(ctx)
+	if sum.Machine.ServiceServer != "" && sum.Machine.StreamLeader != "" {
+		fmt.Fprintf(e.out, "placement: service connected to %s, lock stream led by %s\n", sum.Machine.ServiceServer, sum.Machine.StreamLeader)
+	}
 	var serr error
 	switch cfg.scenario {
 	case "steady":
@@ -317,5 +331,6 @@ func (c *config) settings() map[string]string {
 		"ramp_step": fmt.Sprint(c.rampStep), "ramp_step_duration": c.rampStepDur.String(),
 		"hot_resources": fmt.Sprint(c.hotResources), "waiters": fmt.Sprint(c.waiters), "hold": c.hold.String(),
 		"wait": c.wait.String(), "service": c.serviceMode, "target": c.target, "retries": fmt.Sprint(c.retries), "failover_mode": c.failoverMode,
+		"leader": c.leader,
 	}
 }

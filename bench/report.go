@@ -46,6 +46,12 @@ type Machine struct {
 	Go      string `json:"go"`
 	Cluster string `json:"cluster"`
 	Service string `json:"service"`
+	// ServiceServer is the node the in-process service is connected to,
+	// and StreamLeader the node leading the lock stream when the run
+	// began: each write crosses a route when they differ, which costs
+	// CPU on a small machine.
+	ServiceServer string `json:"service_server,omitempty"`
+	StreamLeader  string `json:"stream_leader,omitempty"`
 }
 
 func machineInfo() Machine {
