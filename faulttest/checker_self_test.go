@@ -85,6 +85,15 @@ func TestCheckerCatchesViolations(t *testing.T) {
 			h: hist{}.add(grant("a", "A", 5, 0, 10, 100)).add(release("A", true, 20, 25, OK)).
 				add(grant("b", "B", 5, 100, 110, 100)),
 			want: []string{"token", "linearizability"}},
+		{name: "legal: tokens rise across resources",
+			h: hist{}.add(grant("a", "A", 5, 0, 10, 100)).add(grant("b", "B", 7, 20, 30, 100).on("s")).
+				add(grant("c", "C", 6, 5, 40, 100).on("t"))},
+		{name: "token shared across resources",
+			h:    hist{}.add(grant("a", "A", 5, 0, 10, 100)).add(grant("b", "B", 5, 20, 30, 100).on("s")),
+			want: []string{"stream-order"}},
+		{name: "token went back across resources",
+			h:    hist{}.add(grant("a", "A", 9, 0, 10, 100)).add(grant("b", "B", 7, 20, 30, 100).on("s")),
+			want: []string{"stream-order"}},
 		{name: "one request id, two leases",
 			h: hist{}.add(grant("a", "A", 5, 0, 10, 100)).add(release("A", true, 20, 25, OK)).
 				add(grant("a", "B", 7, 100, 110, 100)),
@@ -128,6 +137,12 @@ func TestCheckerCatchesViolations(t *testing.T) {
 			}
 		})
 	}
+}
+
+// on moves an operation to resource res.
+func (o Op) on(res string) Op {
+	o.Resource = res
+	return o
 }
 
 func (o Op) withFail(code string) Op {

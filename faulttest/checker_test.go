@@ -95,7 +95,9 @@ type reqKey struct{ res, req string }
 //     acknowledged renewal lost;
 //   - tokens: distinct leases have distinct tokens, a lease keeps its
 //     token, and a grant answered before another grant's request was first
-//     sent has the smaller token;
+//     sent has the smaller token, on one resource and across resources
+//     (tokens are revisions of one stream: a breach across resources means
+//     the stream lost an acknowledged write and reused its sequence);
 //   - the fenced register accepted tokens in non-decreasing order, and
 //     only tokens that were granted;
 //   - an acknowledged release or cancel is not undone: no renewal or
@@ -192,6 +194,7 @@ func Check(ops []Op, regLog map[string][]uint64, opt CheckOptions) *Report {
 
 	checkAfterEnd(ops, leases, rep)
 	checkLeases(leases, rep)
+	checkStreamOrder(leases, rep)
 	checkQuorum(ops, opt.NoQuorum, rep)
 	checkRegister(regLog, leases, rep)
 	rep.Linearizable = checkLinearizable(ops, leases, false, opt.Timeout, func(res string, n, culprit int) {
@@ -247,6 +250,42 @@ func checkAfterEnd(ops []Op, leases map[string]*lease, rep *Report) {
 		}
 		if c := cancelled[reqKey{o.Resource, req}]; c != nil && o.Invoke > c.Complete {
 			rep.add("cancel-lost", "request %s succeeded after its cancel was answered: %v after %v", req, o, c)
+		}
+	}
+}
+
+// checkStreamOrder checks tokens across resources. Every token is the
+// revision of a write to one stream, whose sequence only grows; so no two
+// leases share a token, and a grant answered before another grant was
+// first requested has the smaller token, whatever their resources. A
+// breach means the stream assigned a sequence twice or went back: an
+// acknowledged write was lost. Pairs on one resource are left to
+// checkLeases.
+func checkStreamOrder(leases map[string]*lease, rep *Report) {
+	byGrant := make([]*lease, 0, len(leases))
+	byToken := map[uint64]*lease{}
+	for _, l := range leases {
+		byGrant = append(byGrant, l)
+		if o := byToken[l.token]; o != nil && o.res != l.res {
+			rep.add("stream-order", "leases %s of %s and %s of %s share token %d: the stream assigned one sequence twice",
+				short(o.id), o.res, short(l.id), l.res, l.token)
+		}
+		byToken[l.token] = l
+	}
+	byInvoke := append([]*lease(nil), byGrant...)
+	sort.Slice(byGrant, func(i, j int) bool { return byGrant[i].granted < byGrant[j].granted })
+	sort.Slice(byInvoke, func(i, j int) bool { return byInvoke[i].firstInvoke < byInvoke[j].firstInvoke })
+	var top *lease // the largest token granted so far
+	next := 0
+	for _, b := range byInvoke {
+		for ; next < len(byGrant) && byGrant[next].granted < b.firstInvoke; next++ {
+			if top == nil || byGrant[next].token > top.token {
+				top = byGrant[next]
+			}
+		}
+		if top != nil && top.res != b.res && top.token > b.token {
+			rep.add("stream-order", "token went back across resources: %d granted on %s at %v, then %d on %s requested at %v: %v then %v",
+				top.token, top.res, top.granted, b.token, b.res, b.firstInvoke, top.grant, b.grant)
 		}
 	}
 }
