@@ -22,7 +22,8 @@
 // a resource valid at once (a lease is valid from its grant's reply until
 // the client's deadline, counted from the send time of its last
 // acknowledged grant or renewal, or until its holder released or
-// cancelled it); tokens unique and increasing in real-time order; the
+// cancelled it); tokens unique and increasing in real-time order, per
+// resource and across resources (they are revisions of one stream); the
 // register never accepting a smaller token after a larger one; no
 // acknowledged renewal, release or cancel lost; one lease at most per
 // request_id; nothing granted or renewed without a quorum; and, per
@@ -38,5 +39,7 @@
 //
 // A failed check writes the history of every resource, with the faults
 // interleaved, to a file under the system's temporary directory and logs
-// its path.
+// its path. To see what the service instances did, set JETLOCK_TEST_LOGDIR
+// to a directory: each instance then logs at debug level (waiter wakes,
+// reservations, store errors) to a file of its own there.
 package faulttest
