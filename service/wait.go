@@ -154,9 +154,8 @@ func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, 
 //
 // A woken waiter, and every waiter when its record is due for refresh,
 // decides on a read from the stream leader: after a leader change the
-// watcher can lag by seconds (its ordered consumer is recreated once it
-// misses heartbeats), and a waiter that trusted it would sit out a
-// release it was woken for.
+// watcher can lag by seconds (over 5 s was seen after a partition healed),
+// and a waiter that trusted it would sit out the release it was woken for.
 func (s *Service) waitStep(ctx context.Context, req *streams.AcquireRequest, key, wkey, hash string, ttl time.Duration, woken bool, queued *observation, refresh *time.Time) (resp *streams.LeaseResponse, err error, done bool) {
 	defer s.lockKey(key)()
 	if queued.rev != 0 {
