@@ -151,8 +151,8 @@ func (e *env) placement(ctx context.Context) (service, leader string) {
 }
 
 // placeLeader moves the lock stream's leader as --leader asks: onto the
-// in-process service's node, or away from it (a stream leader step-down
-// with a preferred successor).
+// in-process service's node (a stream leader step-down naming it as the
+// successor), or away from it (a plain step-down).
 func (e *env) placeLeader(ctx context.Context) error {
 	if e.cfg.leader == "any" {
 		return nil
@@ -167,17 +167,13 @@ func (e *env) placeLeader(ctx context.Context) error {
 		if leader != "" && (leader == svcNode) == (e.cfg.leader == "service") {
 			return nil
 		}
-		want := svcNode
-		if e.cfg.leader == "away" {
-			for _, n := range []string{"n1", "n2", "n3"} {
-				if n != svcNode {
-					want = n
-					break
-				}
-			}
-		}
 		if leader != "" {
-			body, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": want}})
+			// A step-down moves the leader away from where it is; "service"
+			// names the successor.
+			var body []byte
+			if e.cfg.leader == "service" {
+				body, _ = json.Marshal(map[string]any{"placement": map[string]string{"preferred": svcNode}})
+			}
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err := e.conns[0].RequestWithContext(sctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, body)
 			cancel()
