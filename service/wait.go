@@ -153,11 +153,15 @@ func (s *Service) acquireWaiting(req *streams.AcquireRequest, key, hash string, 
 // the wait ends now.
 //
 // A woken waiter, and every waiter when its record is due for refresh,
-// decides on a read from the stream leader: after a leader change the
-// watcher can lag by seconds (over 5 s was seen after a partition healed),
-// and a waiter that trusted it would sit out the release it was woken for.
+// that finds the lock held in the tracker decides on a read from the
+// stream leader: after a leader change the watcher behind the tracker can
+// lag by seconds (over 5 s was seen after a partition healed), and a
+// waiter that trusted it would sit out the release it was woken for. When
+// the tracker already shows the lock free (the release went through this
+// instance, or the watcher has seen it), no read is needed.
 func (s *Service) waitStep(ctx context.Context, req *streams.AcquireRequest, key, wkey, hash string, ttl time.Duration, woken bool, queued *observation, refresh *time.Time) (resp *streams.LeaseResponse, err error, done bool) {
 	defer s.lockKey(key)()
+	fresh := false
 	if queued.rev != 0 {
 		// Our record gone: cancelled (stop, never queue again behind the
 		// cancel), taken over by a retry elsewhere (stop; that one serves
@@ -176,12 +180,15 @@ func (s *Service) waitStep(ctx context.Context, req *streams.AcquireRequest, key
 			}
 			*queued = observation{}
 		}
-		// Skip the store while the tracker says the lock is held.
-		if o, ok := s.tracker.get(key); ok && !woken && o.held() && !s.tracker.expired(o, time.Now()) && o.rec.RequestID != req.RequestID && time.Now().Before(*refresh) {
-			return nil, lockedError(o), false
+		// Skip the store while the tracker says the lock is held, unless
+		// woken or due to refresh: then read it from the stream leader.
+		if o, ok := s.tracker.get(key); ok && o.held() && !s.tracker.expired(o, time.Now()) && o.rec.RequestID != req.RequestID {
+			if !woken && time.Now().Before(*refresh) {
+				return nil, lockedError(o), false
+			}
+			fresh = true
 		}
 	}
-	fresh := queued.rev != 0 && (woken || !time.Now().Before(*refresh))
 	resp, err = s.tryGrant(ctx, req, key, hash, ttl, fresh)
 	var oe *opError
 	if err == nil || !errors.As(err, &oe) || oe.code != streams.CodeLocked {
