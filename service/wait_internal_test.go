@@ -25,25 +25,7 @@ func TestLostWakeIsRecoveredByRecheck(t *testing.T) {
 	go func() {
 		got <- req(streams.OpAcquire, streams.AcquireRequest{Resource: "lw", RequestID: "w", WaitMs: 15000})
 	}()
-	hash := requestHash("lw", "w")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s.waitMu.Lock()
-		_, queued := s.waiting[hash]
-		if queued {
-			s.waiting[hash] = make(chan struct{}) // unbuffered, never read: wakes are dropped
-		}
-		s.waitMu.Unlock()
-		if queued && s.store != nil {
-			if n, _ := s.tracker.waiterCounts(streams.EncodeResource("lw"), ""); n == 1 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("waiter never queued")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	dropWakes(t, s, "lw", "w")
 	wakesBefore := testCounter(s.metrics.wakes)
 	released := time.Now()
 	req(streams.OpRelease, streams.ReleaseRequest{Resource: "lw", LeaseID: holder.LeaseID})
@@ -60,6 +42,33 @@ func TestLostWakeIsRecoveredByRecheck(t *testing.T) {
 	}
 	if testCounter(s.metrics.wakes) != wakesBefore+1 {
 		t.Fatal("the release sent no wake, so none was lost: the test proves nothing")
+	}
+}
+
+// dropWakes waits until the waiting acquire requestID is the only waiter
+// queued on res, then unhooks its wake channel: wake messages still arrive
+// and are dropped, exactly as if lost on the wire. It returns the channel
+// it unhooked.
+func dropWakes(t *testing.T, s *Service, res, requestID string) chan struct{} {
+	t.Helper()
+	hash := requestHash(res, requestID)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if n, _ := s.tracker.waiterCounts(streams.EncodeResource(res), ""); n == 1 {
+			s.waitMu.Lock()
+			wake := s.waiting[hash]
+			if wake != nil {
+				s.waiting[hash] = make(chan struct{}) // unbuffered, never read
+			}
+			s.waitMu.Unlock()
+			if wake != nil {
+				return wake
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("waiter never queued")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -133,20 +142,7 @@ func TestWokenWaiterReadsPastALaggingWatcher(t *testing.T) {
 		got <- req(streams.OpAcquire, streams.AcquireRequest{Resource: "lag", RequestID: "w", WaitMs: 30000})
 	}()
 	hash := requestHash("lag", "w")
-	var wake chan struct{}
-	deadline := time.Now().Add(10 * time.Second)
-	for wake == nil {
-		if n, _ := s.tracker.waiterCounts(streams.EncodeResource("lag"), ""); n == 1 {
-			s.waitMu.Lock()
-			wake = s.waiting[hash]
-			s.waiting[hash] = make(chan struct{}) // the release's own wake is dropped
-			s.waitMu.Unlock()
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("waiter never queued")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wake := dropWakes(t, s, "lag", "w") // the release's own wake is dropped
 	if m := req(streams.OpRelease, streams.ReleaseRequest{Resource: "lag", LeaseID: holder.LeaseID}); !strings.Contains(string(m.Data), `"released":true`) {
 		t.Fatalf("release: %s", m.Data)
 	}
