@@ -140,13 +140,18 @@ func (s *Service) acquire(ctx context.Context, req *streams.AcquireRequest, sl *
 	return s.tryGrant(ctx, req, key, hash, ttl, false)
 }
 
+// leaseEnded is the answer to a retry of an acquire whose lease has ended.
+func leaseEnded(requestID string) *opError {
+	return newOpError(streams.CodeLeaseLost, "request_id %q was granted before, and that lease has ended", requestID)
+}
+
 // tryGrant makes one decision on an acquire: grant, return the request's
 // existing lease, or refuse. With fresh, it decides on a read from the
 // stream leader rather than on what the watcher last saw. The caller holds
 // the key's stripe lock.
 func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key, hash string, ttl time.Duration, fresh bool) (*streams.LeaseResponse, error) {
 	if s.tracker.hasEnded(key, req.RequestID) {
-		return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before, and that lease has ended", req.RequestID)
+		return nil, leaseEnded(req.RequestID)
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := s.current(ctx, key, fresh)
@@ -174,7 +179,7 @@ func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key
 			// Expired by observation: take it over by compare-and-set on
 			// the revision that expired.
 		} else if o.end.Ended(req.RequestID, s.cfg.Clock.Now(), s.tracker.window) {
-			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before, and that lease has ended", req.RequestID)
+			return nil, leaseEnded(req.RequestID)
 		}
 		if ok, ahead := s.mayClaim(streams.EncodeResource(req.Resource), hash, o); !ok {
 			s.log.Debug("free but reserved", "resource", req.Resource, "request_id", req.RequestID, "ahead", ahead)
