@@ -20,6 +20,7 @@ type metrics struct {
 	expired   prometheus.Counter
 	conflicts prometheus.Counter
 	wakes     prometheus.Counter
+	following prometheus.Gauge
 
 	counts map[string][]atomic.Int64 // op -> index in resultCodes
 }
@@ -42,13 +43,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		wakes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetlock_wakes_total", Help: "Wake messages sent to head waiters.",
 		}),
+		following: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetlock_following_writes", Help: "1 while this instance follows every write to the bucket (another instance serves it too), else 0.",
+		}),
 		counts: map[string][]atomic.Int64{},
 	}
 	for _, op := range streams.Operations {
 		m.counts[op] = make([]atomic.Int64, len(resultCodes))
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency, m.expired, m.conflicts, m.wakes} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.expired, m.conflicts, m.wakes, m.following} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -60,9 +60,18 @@ type Service struct {
 	nWaiting   atomic.Int64
 	// watchSynced is set once the watcher has delivered every existing
 	// record: from then on a key the tracker does not know was never
-	// written (or is being written just now, which compare-and-set
-	// catches).
+	// written (or is being written just now, or by an instance not yet
+	// heard of, which compare-and-set catches).
 	watchSynced atomic.Bool
+
+	// id names the instance in heartbeats; lastPeer is when another
+	// instance was last heard (nanoseconds since epoch); see follow.go.
+	id         string
+	epoch      time.Time
+	lastPeer   atomic.Int64
+	peerSeen   chan struct{}
+	peerLinger time.Duration
+	following  atomic.Bool
 }
 
 // New returns a service that will serve on nc. It checks cfg (returning an
@@ -102,6 +111,9 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		done:       make(chan struct{}),
 		wakePrefix: cfg.Prefix + ".wake." + nuid.Next() + ".",
 		waiting:    make(map[string]chan struct{}),
+		id:         nuid.Next(),
+		peerSeen:   make(chan struct{}, 1),
+		peerLinger: peerLinger,
 	}, nil
 }
 
@@ -130,10 +142,19 @@ func (s *Service) Run(ctx context.Context) error {
 		stopBg()
 		bgWG.Wait()
 	}()
+	// Hear the other instances before following starts, and be heard.
+	s.epoch = time.Now()
+	hbSubj := HeartbeatSubject(b.Config().Bucket)
+	hbSub, err := s.nc.Subscribe(hbSubj, s.onHeartbeat)
+	if err != nil {
+		return fmt.Errorf("subscribe heartbeat subject: %w", err)
+	}
+	defer hbSub.Unsubscribe()
 	watchReady := make(chan struct{})
 	watchErr := make(chan error, 1)
-	bgWG.Add(3)
-	go func() { defer bgWG.Done(); watchErr <- s.watch(bg, watchReady) }()
+	bgWG.Add(4)
+	go func() { defer bgWG.Done(); s.heartbeat(bg, hbSubj) }()
+	go func() { defer bgWG.Done(); watchErr <- s.follow(bg, watchReady) }()
 	go func() { defer bgWG.Done(); s.sweep(bg) }()
 	go func() { defer bgWG.Done(); s.recordHighWater(bg) }()
 	select {
@@ -403,9 +424,10 @@ func (s *Service) lockKey(key string) func() {
 	return m.Unlock
 }
 
-// watch follows every lease write in the bucket and feeds the tracker, so
-// that any instance expires leases granted by instances that died.
-func (s *Service) watch(ctx context.Context, ready chan<- struct{}) error {
+// watch follows every lease and waiter write in the bucket and feeds the
+// tracker, so that any instance expires leases granted by instances that
+// died. It calls synced once it has delivered every existing record.
+func (s *Service) watch(ctx context.Context, synced func()) error {
 	w, err := s.bucket.KV.WatchFiltered(ctx, []string{streams.LeaseKeyPrefix + ">", streams.WaitKeyPrefix + ">"})
 	if err != nil {
 		return err
@@ -426,8 +448,7 @@ func (s *Service) watch(ctx context.Context, ready chan<- struct{}) error {
 			if kve == nil {
 				if initial {
 					initial = false
-					s.watchSynced.Store(true)
-					close(ready)
+					synced()
 				}
 				continue
 			}

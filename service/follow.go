@@ -1,0 +1,138 @@
+package service
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Following the bucket. An instance learns of its own writes from their
+// acknowledgements. The writes of other instances serving the same bucket
+// it learns by following the bucket with a watcher: that is how it expires
+// the leases of an instance that died, keeps the waiter queues in order
+// and keeps its view of who holds what fresh. The watcher costs the stream
+// leader one delivery per commit, and this instance the handling of each;
+// measured at the design load on two cores, those deliveries alone are the
+// difference between a service that keeps up and one that sheds.
+//
+// An instance that is alone needs none of it. So every instance announces
+// itself on a heartbeat subject every peerInterval, and follows the bucket
+// only while another instance has been heard within peerLinger. Every
+// decision commits by compare-and-set either way; what an instance that
+// does not follow misses makes its view staler, never a decision wrong.
+// When another instance appears, the watcher starts again and first
+// delivers the last write of every key, so nothing written meanwhile is
+// missed.
+const (
+	peerInterval = time.Second
+	peerLinger   = 5 * time.Second
+)
+
+// HeartbeatSubject is the subject on which the instances serving bucket
+// announce themselves.
+func HeartbeatSubject(bucket string) string { return "_jetlock.instances." + bucket }
+
+// heartbeat announces this instance every peerInterval until ctx ends.
+func (s *Service) heartbeat(ctx context.Context, subj string) {
+	t := time.NewTicker(peerInterval)
+	defer t.Stop()
+	for {
+		if err := s.nc.Publish(subj, []byte(s.id)); err != nil && ctx.Err() == nil {
+			s.log.Debug("heartbeat", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// onHeartbeat notes another instance.
+func (s *Service) onHeartbeat(m *nats.Msg) {
+	if string(m.Data) == s.id {
+		return
+	}
+	s.lastPeer.Store(time.Since(s.epoch).Nanoseconds())
+	select {
+	case s.peerSeen <- struct{}{}:
+	default:
+	}
+}
+
+// alone reports how long no other instance has been heard (or, before
+// any was, since Run began).
+func (s *Service) alone() time.Duration {
+	return time.Since(s.epoch) - time.Duration(s.lastPeer.Load())
+}
+
+// Following reports whether the instance follows every write to the
+// bucket, because another instance serves it too.
+func (s *Service) Following() bool { return s.following.Load() }
+
+// follow runs the watcher while another instance serves the bucket, and
+// from Run's start until it has been alone for peerLinger. It closes ready
+// once the first watcher has delivered every existing record, and returns
+// the error of a watcher that failed.
+func (s *Service) follow(ctx context.Context, ready chan<- struct{}) error {
+	var once sync.Once
+	synced := func() {
+		once.Do(func() {
+			s.watchSynced.Store(true)
+			close(ready)
+		})
+	}
+	check := time.NewTicker(peerInterval / 4)
+	defer check.Stop()
+	for {
+		wctx, stop := context.WithCancel(ctx)
+		errc := make(chan error, 1)
+		go func() { errc <- s.watch(wctx, synced) }()
+		s.setFollowing(true)
+	watching:
+		for {
+			select {
+			case <-ctx.Done():
+				stop()
+				<-errc
+				return nil
+			case err := <-errc:
+				stop()
+				return err
+			case <-check.C:
+				if s.watchSynced.Load() && s.alone() >= s.peerLinger {
+					stop()
+					if err := <-errc; err != nil {
+						return err
+					}
+					break watching
+				}
+			}
+		}
+		s.setFollowing(false)
+		select { // a heartbeat that came while following is not news
+		case <-s.peerSeen:
+		default:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.peerSeen:
+		}
+	}
+}
+
+func (s *Service) setFollowing(on bool) {
+	if s.following.Swap(on) == on {
+		return
+	}
+	if on {
+		s.metrics.following.Set(1)
+		s.log.Info("following every write to the bucket", "reason", "another instance serves it, or just started")
+	} else {
+		s.metrics.following.Set(0)
+		s.log.Info("alone: no longer following the bucket's writes", "alone_for", s.alone().Round(time.Millisecond))
+	}
+}

@@ -1,0 +1,143 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/streams"
+	"github.com/jetlock/jetlock/streams/devcluster"
+)
+
+// startInstance runs a service instance on its own connection to urls
+// until stop is called or the test ends. linger, when not zero, replaces
+// peerLinger.
+func startInstance(t *testing.T, urls string, cfg Config, linger time.Duration) (s *Service, stop func()) {
+	t.Helper()
+	nc, err := nats.Connect(urls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if s, err = New(nc, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if linger != 0 {
+		s.peerLinger = linger
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("instance stopped with %v", err)
+			}
+			nc.Close()
+		}
+	}
+	t.Cleanup(stop)
+	select {
+	case <-s.Ready():
+	case err := <-done:
+		t.Fatalf("instance ended before it was ready: %v", err)
+	}
+	return s, stop
+}
+
+// call runs one request on s itself, as its endpoint would, so that the
+// test knows which instance served it.
+func call(t *testing.T, s *Service, op string, body any) (any, error) {
+	t.Helper()
+	data, _ := json.Marshal(body)
+	s.sem <- struct{}{}
+	return s.handle(op, data, &slot{sem: s.sem})
+}
+
+func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// An instance that is alone stops following the bucket's writes, and
+// still decides right on a key written behind its back (compare-and-set
+// fails, it reads). When a second instance starts, the first follows
+// again and learns the second's leases; when the second dies holding one,
+// the first expires that lease.
+func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
+	cl, err := devcluster.Start(devcluster.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Shutdown)
+	cfg := DefaultConfig()
+	cfg.ExpiryGrace = 200 * time.Millisecond
+	a, _ := startInstance(t, cl.URLs(), cfg, 500*time.Millisecond)
+	if !a.Following() {
+		t.Fatal("a new instance does not follow the bucket before it knows it is alone")
+	}
+	waitFor(t, "the lone instance stops following", 10*time.Second, func() bool { return !a.Following() })
+
+	// A record written behind the lone instance's back: it must answer
+	// locked, not grant over it.
+	kv, err := a.js.KeyValue(context.Background(), "jetlock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(streams.Record{LeaseID: "l-x", Owner: "operator", RequestID: "x", TTLms: 1000})
+	if _, err := kv.Create(context.Background(), streams.LeaseKey("behind"), rec); err != nil {
+		t.Fatal(err)
+	}
+	_, err = call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "behind", RequestID: "r1"})
+	var oe *opError
+	if !errors.As(err, &oe) || oe.code != streams.CodeLocked || oe.holder == nil || oe.holder.Owner != "operator" {
+		t.Fatalf("acquire of a key written behind the lone instance's back: %v, want locked by operator", err)
+	}
+	// It learned the record by reading it, and expires it in time.
+	waitFor(t, "the lone instance expires the record it read", 10*time.Second, func() bool {
+		_, err := call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "behind", RequestID: "r2"})
+		return err == nil
+	})
+
+	b, stopB := startInstance(t, cl.URLs(), cfg, 0)
+	waitFor(t, "the first instance follows once a second one serves", 5*time.Second, a.Following)
+	if !b.Following() {
+		t.Fatal("the second instance does not follow though the first serves")
+	}
+	if _, err := call(t, b, streams.OpAcquire, streams.AcquireRequest{Resource: "b-held", RequestID: "rb", TTLms: 1000}); err != nil {
+		t.Fatalf("acquire on the second instance: %v", err)
+	}
+	key := streams.LeaseKey("b-held")
+	waitFor(t, "the first instance sees the second's lease", 5*time.Second, func() bool {
+		o, ok := a.tracker.get(key)
+		return ok && o.held()
+	})
+
+	// The second instance dies holding the lease: the first stops
+	// following, and still expires that lease.
+	stopB()
+	waitFor(t, "the first instance stops following once alone again", 10*time.Second, func() bool { return !a.Following() })
+	waitFor(t, "the dead instance's lease is expired", 10*time.Second, func() bool {
+		e, err := a.store.read(context.Background(), key)
+		return err == nil && !e.held()
+	})
+	if _, err := kv.Get(context.Background(), key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("lease key after expiry: %v, want deleted", err)
+	}
+}
