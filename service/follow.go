@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,6 +29,9 @@ import (
 const (
 	peerInterval = time.Second
 	peerLinger   = 5 * time.Second
+
+	followRetry    = 100 * time.Millisecond // first wait before a failed watcher starts again
+	followRetryMax = 2 * time.Second
 )
 
 // HeartbeatSubject is the subject on which the instances serving bucket
@@ -74,42 +78,65 @@ func (s *Service) Following() bool { return s.following.Load() }
 
 // follow runs the watcher while another instance serves the bucket, and
 // from Run's start until it has been alone for peerLinger. It closes ready
-// once the first watcher has delivered every existing record, and returns
-// the error of a watcher that failed.
-func (s *Service) follow(ctx context.Context, ready chan<- struct{}) error {
+// once the first watcher has delivered every existing record. A watcher
+// that fails (it cannot be created while the stream has no leader, as
+// right after a partition heals) is started again after a backoff; the
+// instance serves on meanwhile, on compare-and-set as ever.
+func (s *Service) follow(ctx context.Context, ready chan<- struct{}) {
 	var once sync.Once
-	synced := func() {
-		once.Do(func() {
-			s.watchSynced.Store(true)
-			close(ready)
-		})
-	}
 	check := time.NewTicker(peerInterval / 4)
 	defer check.Stop()
+	backoff := followRetry
 	for {
+		var synced atomic.Bool // this watcher has delivered every existing record
 		wctx, stop := context.WithCancel(ctx)
 		errc := make(chan error, 1)
-		go func() { errc <- s.watch(wctx, synced) }()
+		go func() {
+			errc <- s.watch(wctx, func() {
+				synced.Store(true)
+				once.Do(func() {
+					s.watchSynced.Store(true)
+					close(ready)
+				})
+			})
+		}()
 		s.setFollowing(true)
+		alone := false
 	watching:
 		for {
 			select {
 			case <-ctx.Done():
 				stop()
 				<-errc
-				return nil
+				return
 			case err := <-errc:
 				stop()
-				return err
+				if ctx.Err() != nil {
+					return
+				}
+				s.log.Warn("lease watcher failed; starting it again", "err", err, "in", backoff)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, followRetryMax)
+				break watching
 			case <-check.C:
-				if s.watchSynced.Load() && s.alone() >= s.peerLinger {
+				if !synced.Load() {
+					continue
+				}
+				backoff = followRetry
+				if s.alone() >= s.peerLinger {
 					stop()
-					if err := <-errc; err != nil {
-						return err
-					}
+					<-errc
+					alone = true
 					break watching
 				}
 			}
+		}
+		if !alone {
+			continue
 		}
 		s.setFollowing(false)
 		select { // a heartbeat that came while following is not news
@@ -118,7 +145,7 @@ func (s *Service) follow(ctx context.Context, ready chan<- struct{}) error {
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-s.peerSeen:
 		}
 	}

@@ -151,16 +151,13 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	defer hbSub.Unsubscribe()
 	watchReady := make(chan struct{})
-	watchErr := make(chan error, 1)
 	bgWG.Add(4)
 	go func() { defer bgWG.Done(); s.heartbeat(bg, hbSubj) }()
-	go func() { defer bgWG.Done(); watchErr <- s.follow(bg, watchReady) }()
+	go func() { defer bgWG.Done(); s.follow(bg, watchReady) }()
 	go func() { defer bgWG.Done(); s.sweep(bg) }()
 	go func() { defer bgWG.Done(); s.recordHighWater(bg) }()
 	select {
 	case <-watchReady:
-	case err := <-watchErr:
-		return fmt.Errorf("watch leases: %w", err)
 	case <-ctx.Done():
 		return nil
 	}
@@ -195,11 +192,7 @@ func (s *Service) Run(ctx context.Context) error {
 	close(s.ready)
 	s.log.Info("jetlock serving", "prefix", s.cfg.Prefix, "bucket", b.Config().Bucket, "instance", svc.Info().ID)
 
-	select {
-	case <-ctx.Done():
-	case err := <-watchErr:
-		s.log.Error("lease watcher stopped", "err", err)
-	}
+	<-ctx.Done()
 	// Stop taking requests (drains the endpoint subscriptions), end the
 	// waits (their callers retry elsewhere and keep their places), then wait
 	// for every request in flight to be answered.
