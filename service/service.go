@@ -383,7 +383,7 @@ func (s *Service) handle(op string, data []byte, sl *slot) (any, error) {
 // The price: micro's error counts stay zero (the Prometheus metrics and the
 // endpoint stats data count results).
 func (s *Service) replyJSON(r micro.Request, v any) {
-	body, err := json.Marshal(v)
+	body, err := marshal(v)
 	if err != nil {
 		s.replyError(r, newOpError(streams.CodeInternal, "encode reply: %v", err))
 		return

@@ -117,7 +117,7 @@ func isDeleteOp(hdrs []byte) bool {
 // the stream's duplicate window: a repeat answers dup=true and the sequence
 // of the original write, without writing.
 func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string) (seq uint64, dup bool, err error) {
-	data, err := json.Marshal(rec)
+	data, err := marshal(rec)
 	if err != nil {
 		return 0, false, err
 	}
@@ -135,7 +135,7 @@ func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect
 func (s *store) del(ctx context.Context, key string, expect uint64, end *streams.EndMark) (uint64, error) {
 	m := nats.NewMsg(s.subjPfx + key)
 	if end != nil {
-		m.Data, _ = json.Marshal(end)
+		m.Data, _ = marshal(end)
 	}
 	m.Header.Set("KV-Operation", "DEL")
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
@@ -167,6 +167,18 @@ func (s *store) tombstone(ctx context.Context, key, msgID string) (seq uint64, d
 	m.Header.Set(jetstream.MsgIDHeader, msgID)
 	m.Header.Set("Nats-TTL", s.ttlHeader)
 	return s.publish(ctx, m)
+}
+
+// marshal encodes v with the encoding/json/v2 prototype, which takes about
+// half the time of encoding/json on jetlock's records and replies. A value
+// it refuses (a string that is not valid UTF-8, which validation keeps out
+// of records and replies) goes through encoding/json, which replaces the
+// bad bytes.
+func marshal(v any) ([]byte, error) {
+	if b, err := jsonv2.Marshal(v); err == nil {
+		return b, nil
+	}
+	return json.Marshal(v)
 }
 
 // pubAck is JetStream's answer to a publish.
