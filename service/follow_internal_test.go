@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetlock/jetlock/streams"
-	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
 // startInstance runs a service instance on its own connection to urls
@@ -64,12 +63,15 @@ func call(t *testing.T, s *Service, op string, body any) (any, error) {
 	return s.handle(op, data, &slot{sem: s.sem})
 }
 
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
+// waitFor polls cond every 20ms until it holds or timeout passes; it is
+// testenv.Eventually for the package's internal tests, which cannot import
+// testenv (it imports service).
+func waitFor(t *testing.T, timeout time.Duration, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
+			t.Fatalf("condition not met in %v: %s", timeout, what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -81,18 +83,14 @@ func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) 
 // again and learns the second's leases; when the second dies holding one,
 // the first expires that lease.
 func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
-	cl, err := devcluster.Start(devcluster.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Shutdown)
+	cl := startCluster(t)
 	cfg := DefaultConfig()
 	cfg.ExpiryGrace = 200 * time.Millisecond
 	a, _ := startInstance(t, cl.URLs(), cfg, 500*time.Millisecond)
 	if !a.Following() {
 		t.Fatal("a new instance does not follow the bucket before it knows it is alone")
 	}
-	waitFor(t, "the lone instance stops following", 10*time.Second, func() bool { return !a.Following() })
+	waitFor(t, 10*time.Second, func() bool { return !a.Following() }, "the lone instance stops following")
 
 	// A record written behind the lone instance's back: it must answer
 	// locked, not grant over it.
@@ -110,13 +108,13 @@ func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
 		t.Fatalf("acquire of a key written behind the lone instance's back: %v, want locked by operator", err)
 	}
 	// It learned the record by reading it, and expires it in time.
-	waitFor(t, "the lone instance expires the record it read", 10*time.Second, func() bool {
+	waitFor(t, 10*time.Second, func() bool {
 		_, err := call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "behind", RequestID: "r2"})
 		return err == nil
-	})
+	}, "the lone instance expires the record it read")
 
 	b, stopB := startInstance(t, cl.URLs(), cfg, 0)
-	waitFor(t, "the first instance follows once a second one serves", 5*time.Second, a.Following)
+	waitFor(t, 5*time.Second, a.Following, "the first instance follows once a second one serves")
 	if !b.Following() {
 		t.Fatal("the second instance does not follow though the first serves")
 	}
@@ -124,19 +122,19 @@ func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
 		t.Fatalf("acquire on the second instance: %v", err)
 	}
 	key := streams.LeaseKey("b-held")
-	waitFor(t, "the first instance sees the second's lease", 5*time.Second, func() bool {
+	waitFor(t, 5*time.Second, func() bool {
 		o, ok := a.tracker.get(key)
 		return ok && o.held()
-	})
+	}, "the first instance sees the second's lease")
 
 	// The second instance dies holding the lease: the first stops
 	// following, and still expires that lease.
 	stopB()
-	waitFor(t, "the first instance stops following once alone again", 10*time.Second, func() bool { return !a.Following() })
-	waitFor(t, "the dead instance's lease is expired", 10*time.Second, func() bool {
+	waitFor(t, 10*time.Second, func() bool { return !a.Following() }, "the first instance stops following once alone again")
+	waitFor(t, 10*time.Second, func() bool {
 		e, err := a.store.read(context.Background(), key)
 		return err == nil && !e.held()
-	})
+	}, "the dead instance's lease is expired")
 	if _, err := kv.Get(context.Background(), key); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("lease key after expiry: %v, want deleted", err)
 	}

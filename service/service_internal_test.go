@@ -1,10 +1,7 @@
 package service
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -14,33 +11,25 @@ import (
 	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
-// runInternal runs a service with cfg on a fresh three-node cluster until
-// the test ends, and returns it with a function that sends one request.
-func runInternal(t *testing.T, cfg Config) (*Service, func(op string, body any) *nats.Msg) {
+// startCluster starts a fresh three-node cluster until the test ends.
+func startCluster(t *testing.T) *devcluster.Cluster {
 	t.Helper()
 	cl, err := devcluster.Start(devcluster.Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Shutdown)
-	nc, err := nats.Connect(cl.URLs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	s, err := New(nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	<-s.Ready()
+	return cl
+}
+
+// runInternal runs a service with cfg on a fresh three-node cluster until
+// the test ends, and returns it with a function that sends one request.
+func runInternal(t *testing.T, cfg Config) (*Service, func(op string, body any) *nats.Msg) {
+	t.Helper()
+	s, _ := startInstance(t, startCluster(t).URLs(), cfg, 0)
 	return s, func(op string, body any) *nats.Msg {
 		data, _ := json.Marshal(body)
-		m, err := nc.Request(streams.Subject("jetlock", op), data, 20*time.Second)
+		m, err := s.nc.Request(streams.Subject("jetlock", op), data, 20*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -52,24 +52,19 @@ func TestLostWakeIsRecoveredByRecheck(t *testing.T) {
 func dropWakes(t *testing.T, s *Service, res, requestID string) chan struct{} {
 	t.Helper()
 	hash := requestHash(res, requestID)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if n, _ := s.tracker.waiterCounts(streams.EncodeResource(res), ""); n == 1 {
-			s.waitMu.Lock()
-			wake := s.waiting[hash]
-			if wake != nil {
-				s.waiting[hash] = make(chan struct{}) // unbuffered, never read
-			}
-			s.waitMu.Unlock()
-			if wake != nil {
-				return wake
-			}
+	var wake chan struct{}
+	waitFor(t, 10*time.Second, func() bool {
+		if n, _ := s.tracker.waiterCounts(streams.EncodeResource(res), ""); n != 1 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("waiter never queued")
+		s.waitMu.Lock()
+		defer s.waitMu.Unlock()
+		if wake = s.waiting[hash]; wake != nil {
+			s.waiting[hash] = make(chan struct{}) // unbuffered, never read
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return wake != nil
+	}, "waiter never queued")
+	return wake
 }
 
 // The waiter k places behind the head may claim a free resource after k
