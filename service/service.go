@@ -64,8 +64,9 @@ type Service struct {
 	// heard of, which compare-and-set catches).
 	watchSynced atomic.Bool
 
-	// id names the instance in heartbeats; lastPeer is when another
-	// instance was last heard (nanoseconds since epoch); see follow.go.
+	// id names the instance in heartbeats and wake subjects; lastPeer is
+	// when another instance was last heard (nanoseconds since epoch); see
+	// follow.go.
 	id         string
 	epoch      time.Time
 	lastPeer   atomic.Int64
@@ -95,6 +96,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	id := nuid.Next()
 	return &Service{
 		cfg:     cfg,
 		nc:      nc,
@@ -109,9 +111,9 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		stopping:   make(chan struct{}),
 		work:       make(chan func()),
 		done:       make(chan struct{}),
-		wakePrefix: cfg.Prefix + ".wake." + nuid.Next() + ".",
+		wakePrefix: cfg.Prefix + ".wake." + id + ".",
 		waiting:    make(map[string]chan struct{}),
-		id:         nuid.Next(),
+		id:         id,
 		peerSeen:   make(chan struct{}, 1),
 		peerLinger: peerLinger,
 	}, nil
@@ -120,10 +122,10 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 // Ready is closed once Run has ensured the bucket and started serving.
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
-// Run ensures the bucket, starts the lease watcher and the sweeper,
-// registers the micro service and serves until ctx is cancelled. It then
-// stops taking requests, waits for those in flight to be answered, and
-// returns nil; any earlier failure is returned.
+// Run ensures the bucket, starts the heartbeats, the lease watcher (see
+// follow) and the sweeper, registers the micro service and serves until
+// ctx is cancelled. It then stops taking requests, waits for those in
+// flight to be answered, and returns nil; any earlier failure is returned.
 func (s *Service) Run(ctx context.Context) error {
 	defer close(s.done)
 	b, err := s.ensure(ctx)
