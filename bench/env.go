@@ -29,9 +29,10 @@ type env struct {
 	runID   string
 
 	cluster  *cluster
-	svc      *runningService // --service inproc
-	svcProc  *child          // --service proc
-	closeLog func()          // closes the in-process service's log
+	svc      *runningService   // --service inproc
+	moreSvcs []*runningService // --instances beyond the first
+	svcProc  *child            // --service proc
+	closeLog func()            // closes the in-process service's log
 
 	conns   []*nats.Conn
 	rq      *requester
@@ -80,6 +81,13 @@ func setup(ctx context.Context, cfg *config) (_ *env, err error) {
 			return nil, err
 		}
 		e.closeLog = closeLog
+		for range cfg.instances - 1 {
+			rs, err := startService(ctx, e.url, cfg.prefix, cfg.bucket, logger)
+			if err != nil {
+				return nil, err
+			}
+			e.moreSvcs = append(e.moreSvcs, rs)
+		}
 	case "proc":
 		e.svcProc = &child{name: "service", log: filepath.Join(e.dir, "service.log"),
 			args: []string{cmdService, "-servers", e.url, "-prefix", cfg.prefix, "-bucket", cfg.bucket,
@@ -195,6 +203,9 @@ func (e *env) describe() (clusterDesc, serviceDesc string) {
 	switch e.cfg.serviceMode {
 	case "inproc":
 		serviceDesc = "in the bench process (its CPU includes the load generator)"
+		if n := 1 + len(e.moreSvcs); n > 1 {
+			serviceDesc = fmt.Sprintf("%d instances in the bench process (its CPU includes the load generator; service times are the first instance's)", n)
+		}
 	case "proc":
 		serviceDesc = "separate process"
 	default:
@@ -212,8 +223,10 @@ func (e *env) close() {
 	for _, nc := range e.conns {
 		nc.Close()
 	}
-	if e.svc != nil {
-		e.svc.stop()
+	for _, rs := range append([]*runningService{e.svc}, e.moreSvcs...) {
+		if rs != nil {
+			rs.stop()
+		}
 	}
 	if e.closeLog != nil {
 		e.closeLog()

@@ -33,6 +33,7 @@ import (
 type config struct {
 	url         string
 	serviceMode string
+	instances   int
 	leader      string
 	scenario    string
 	target      string
@@ -90,6 +91,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.url, "url", "", "NATS URL(s) of an existing deployment; the default starts a 3-node cluster of separate processes")
 	fs.StringVar(&c.leader, "leader", "any", "placement of the lock stream's leader with --service inproc: any (where JetStream put it), service (on the node the service is connected to: its writes cross no route), away (on another node)")
 	fs.StringVar(&c.serviceMode, "service", "", "where the jetlock service runs: inproc (in this process), proc (a child process, measured apart), none (already deployed). The default is inproc, or none with --url")
+	fs.IntVar(&c.instances, "instances", 1, "with --service inproc: service instances in this process, each on its own connection (more than one makes every instance follow every write)")
 	fs.StringVar(&c.scenario, "scenario", "steady", "one of "+strings.Join(scenarios, ", "))
 	fs.StringVar(&c.target, "target", "service", "steady and ramp: service, or raw (the same load as bare KV compare-and-set writes, no service)")
 	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, failover and hotlock, and of each phase of raw")
@@ -178,6 +180,9 @@ func (c *config) finish() error {
 	}
 	if c.url == "" && c.serviceMode == "none" {
 		return fmt.Errorf("--service none needs --url")
+	}
+	if c.instances < 1 || (c.instances > 1 && c.serviceMode != "inproc") {
+		return fmt.Errorf("--instances %d: want 1, or more with --service inproc", c.instances)
 	}
 	if c.releaseRate < 0 {
 		c.releaseRate = c.acquireRate
@@ -331,6 +336,6 @@ func (c *config) settings() map[string]string {
 		"ramp_step": fmt.Sprint(c.rampStep), "ramp_step_duration": c.rampStepDur.String(),
 		"hot_resources": fmt.Sprint(c.hotResources), "waiters": fmt.Sprint(c.waiters), "hold": c.hold.String(),
 		"wait": c.wait.String(), "service": c.serviceMode, "target": c.target, "retries": fmt.Sprint(c.retries), "failover_mode": c.failoverMode,
-		"leader": c.leader,
+		"leader": c.leader, "instances": fmt.Sprint(c.instances),
 	}
 }
