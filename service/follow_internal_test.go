@@ -139,3 +139,31 @@ func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
 		t.Fatalf("lease key after expiry: %v, want deleted", err)
 	}
 }
+
+// While instances follow each other, an instance refuses an acquire as
+// locked only on a read: its watcher can lag behind a release made through
+// another instance. The test makes the watcher lag on purpose: once the
+// first instance has seen the release, it puts the released lease back.
+func TestFollowingInstanceRefusesOnlyOnARead(t *testing.T) {
+	cl := startCluster(t)
+	a, _ := startInstance(t, cl.URLs(), DefaultConfig(), 0)
+	b, _ := startInstance(t, cl.URLs(), DefaultConfig(), 0)
+	waitFor(t, 5*time.Second, func() bool { return a.Following() && b.Following() }, "the instances follow each other")
+	resp, err := call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "lagging", RequestID: "h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := resp.(*streams.LeaseResponse)
+	key := streams.LeaseKey("lagging")
+	held, _ := a.tracker.get(key)
+	if resp, err := call(t, b, streams.OpRelease, streams.ReleaseRequest{Resource: "lagging", LeaseID: lease.LeaseID}); err != nil || !resp.(*streams.ReleaseResponse).Released {
+		t.Fatalf("release through the other instance: %v %v", resp, err)
+	}
+	waitFor(t, 5*time.Second, func() bool { o, _ := a.tracker.get(key); return !o.held() }, "the first instance sees the release")
+	a.tracker.mu.Lock()
+	a.tracker.keys[key] = &observation{entry: held.entry, seen: time.Now()} // as if it had not
+	a.tracker.mu.Unlock()
+	if _, err := call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "lagging", RequestID: "n"}); err != nil {
+		t.Fatalf("acquire of a released resource through an instance whose watcher lags: %v", err)
+	}
+}

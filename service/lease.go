@@ -51,9 +51,10 @@ func (s *Service) ttl(ms int64) (time.Duration, error) {
 // current returns what is known of key. With fresh it reads from the
 // stream leader; otherwise it may answer from the tracker, whose view can
 // be stale. Callers commit only by compare-and-set on the revision they
-// got. A "locked" answer may rest on the tracker's view; the other negative
-// answers (lease_lost, released:false, cancelled:false) rest on a fresh
-// read proven by confirmNegative.
+// got. A "locked" answer may rest on the tracker's view of a lone instance
+// (see follow.go; an instance that follows others refuses only on a
+// read); the other negative answers (lease_lost, released:false,
+// cancelled:false) rest on a fresh read proven by confirmNegative.
 func (s *Service) current(ctx context.Context, key string, fresh bool) (observation, error) {
 	if !fresh {
 		if o, ok := s.tracker.get(key); ok {
@@ -171,9 +172,16 @@ func (s *Service) tryGrant(ctx context.Context, req *streams.AcquireRequest, key
 				return resp, err
 			}
 			if !s.tracker.expired(o, time.Now()) {
-				// Refused on what the watcher last saw, without a read:
-				// at worst a release a few milliseconds old is missed,
-				// and the caller tries again (a waiter is woken).
+				if !fresh && s.Following() {
+					// Another instance may have ended the lease since
+					// the watcher last delivered (it lags by
+					// milliseconds under load, by seconds after a
+					// leader change): refuse only on a read.
+					fresh = true
+					continue
+				}
+				// A lone instance refuses on its own view, without a
+				// read: it made every write but those behind its back.
 				return nil, lockedError(o)
 			}
 			// Expired by observation: take it over by compare-and-set on
