@@ -97,7 +97,7 @@ func TestParseFlagsDefaultsAreTheDesignWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.scenario != "steady" || c.resources != 100_000 || c.leases != 20_000 || c.acquireRate != 2000 ||
-		c.releaseRate != 2000 || c.renewRate != 2000 || c.serviceMode != "inproc" {
+		c.releaseRate != 2000 || c.renewRate != 2000 || c.serviceMode != "inproc" || c.instances != 1 {
 		t.Fatalf("defaults %+v", c)
 	}
 	for _, args := range [][]string{
@@ -106,6 +106,8 @@ func TestParseFlagsDefaultsAreTheDesignWorkload(t *testing.T) {
 		{"--scenario", "failover", "--url", "nats://127.0.0.1:4222"},
 		{"--service", "none"},
 		{"--target", "etcd"},
+		{"--instances", "0"},
+		{"--instances", "2", "--service", "proc"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v accepted", args)
