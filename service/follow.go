@@ -15,8 +15,8 @@ import (
 // the leases of an instance that died, keeps the waiter queues in order
 // and keeps its view of who holds what fresh. The watcher costs the stream
 // leader one delivery per commit, and this instance the handling of each;
-// measured at the design load on two cores, those deliveries alone are the
-// difference between a service that keeps up and one that sheds.
+// measured at the design load on two cores, a lone instance that followed
+// had zero errors in 3 of 10 runs, one that did not in 14 of 15.
 //
 // An instance that is alone needs none of it. So every instance announces
 // itself on a heartbeat subject every peerInterval, and follows the bucket

@@ -169,8 +169,8 @@ func (s *store) tombstone(ctx context.Context, key, msgID string) (seq uint64, d
 	return s.publish(ctx, m)
 }
 
-// marshal encodes v with the encoding/json/v2 prototype, which takes about
-// half the time of encoding/json on jetlock's records and replies. A value
+// marshal encodes v with the encoding/json/v2 prototype, which took about
+// a quarter less time than encoding/json on a lease record (measured). A value
 // it refuses (a string that is not valid UTF-8, which validation keeps out
 // of records and replies) goes through encoding/json, which replaces the
 // bad bytes.
