@@ -75,16 +75,27 @@ type Config struct {
 	// OpTimeout bounds the store work of one request. The default is 3s,
 	// below the client's default request timeout of 5s.
 	OpTimeout time.Duration
-	// MaxInFlight bounds the requests processed at once; beyond it the
-	// service sheds load, answering unavailable at once. The bound keeps
-	// the queue in front of the stream well below OpTimeout: requests that
-	// time out inside the service have used the stream for nothing, and
-	// goodput collapses (measured with the bench's design workload: 16384
-	// let latency reach OpTimeout and commits fall to 4,000-5,200/s, with
-	// 4096 the service shed 0-5% and kept 5,700-5,950 commits/s; offered
-	// 8,100 ops/s, 8192 kept 6,688 commits/s and 4096 kept 7,616). The
-	// default is 4096.
+	// MaxInFlight bounds the requests processed at once; the next
+	// MaxQueued wait in arrival order, and beyond those the service sheds
+	// load, answering unavailable at once. The bound keeps the queue in
+	// front of the stream well below OpTimeout: requests that time out
+	// inside the service have used the stream for nothing, and goodput
+	// collapses (measured with the bench's design workload, before the
+	// queue existed: 16384 let latency reach OpTimeout and commits fall to
+	// 4,000-5,200/s; offered 8,100 ops/s, 8192 kept 6,688 commits/s and
+	// 4096 kept 7,616). The default is 4096.
 	MaxInFlight int
+	// MaxQueued bounds the requests waiting for one of the MaxInFlight
+	// places; 0 sheds every request beyond MaxInFlight. The default is
+	// 16384.
+	MaxQueued int
+	// QueueWait is how long a request may wait for its place: one whose
+	// turn comes later is answered unavailable then, without store work.
+	// The queue lets the service ride out a stall of the stream without
+	// shedding; QueueWait plus OpTimeout should stay below the clients'
+	// request timeout, so that every answer still finds its caller. The
+	// default is 1s.
+	QueueWait time.Duration
 	// HighWaterPatience is how long Run keeps re-checking a bucket whose
 	// stream reports a last sequence below the token high-water mark
 	// (streams.ErrBelowHighWater: a replica that is behind answered while
@@ -116,6 +127,8 @@ func DefaultConfig() Config {
 		SweepInterval: 200 * time.Millisecond,
 		OpTimeout:     3 * time.Second,
 		MaxInFlight:   4096,
+		MaxQueued:     16384,
+		QueueWait:     time.Second,
 
 		HighWaterPatience: time.Minute,
 
@@ -162,6 +175,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxInFlight < 1 {
 		return bad("max in flight %d < 1", c.MaxInFlight)
+	}
+	if c.MaxQueued < 0 || c.QueueWait < 0 {
+		return bad("max queued %d and queue wait %v must not be negative", c.MaxQueued, c.QueueWait)
 	}
 	if c.Clock == nil {
 		return bad("clock is nil")

@@ -308,6 +308,8 @@ func TestConfigValidate(t *testing.T) {
 		"r1":             mod(func(c *service.Config) { c.Bucket.Replicas = 1 }),
 		"no clock":       mod(func(c *service.Config) { c.Clock = nil }),
 		"in flight 0":    mod(func(c *service.Config) { c.MaxInFlight = 0 }),
+		"queued -1":      mod(func(c *service.Config) { c.MaxQueued = -1 }),
+		"queue wait -1s": mod(func(c *service.Config) { c.QueueWait = -time.Second }),
 		"no patience":    mod(func(c *service.Config) { c.HighWaterPatience = 0 }),
 	}
 	for name, cfg := range bad {
@@ -317,6 +319,9 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := service.DefaultConfig().Validate(); err != nil {
 		t.Fatal(err)
+	}
+	if err := mod(func(c *service.Config) { c.MaxQueued = 0 }).Validate(); err != nil {
+		t.Fatalf("no queue (shed beyond MaxInFlight): %v", err)
 	}
 }
 

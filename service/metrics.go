@@ -21,6 +21,8 @@ type metrics struct {
 	conflicts prometheus.Counter
 	wakes     prometheus.Counter
 	following prometheus.Gauge
+	shedCount *prometheus.CounterVec
+	queued    prometheus.Gauge
 
 	counts map[string][]atomic.Int64 // op -> index in resultCodes
 }
@@ -46,13 +48,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		following: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetlock_following_writes", Help: "1 while this instance follows every write to the bucket (another instance serves it too), else 0.",
 		}),
+		shedCount: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetlock_requests_shed_total", Help: "Requests answered unavailable without being processed, by operation and reason: queue_full (MaxQueued were waiting) or waited (longer than QueueWait).",
+		}, []string{"op", "reason"}),
+		queued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetlock_requests_queued", Help: "Requests waiting for one of the MaxInFlight places.",
+		}),
 		counts: map[string][]atomic.Int64{},
 	}
 	for _, op := range streams.Operations {
 		m.counts[op] = make([]atomic.Int64, len(resultCodes))
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency, m.expired, m.conflicts, m.wakes, m.following} {
+		for _, c := range []prometheus.Collector{m.requests, m.latency, m.expired, m.conflicts, m.wakes, m.following, m.shedCount, m.queued} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -74,6 +82,13 @@ func (m *metrics) observe(op, code string, d time.Duration) {
 			}
 		}
 	}
+}
+
+// shed counts a request answered unavailable by the gate, after waiting
+// for waited.
+func (m *metrics) shed(op, reason string, waited time.Duration) {
+	m.shedCount.WithLabelValues(op, reason).Inc()
+	m.observe(op, streams.CodeUnavailable, waited)
 }
 
 // endpointStats returns the result counts of one endpoint, keyed by code.

@@ -44,7 +44,7 @@ type Service struct {
 	seed    maphash.Seed
 	stripes [lockStripes]sync.Mutex
 
-	sem        chan struct{}
+	gate       *gate
 	inflight   sync.WaitGroup
 	dispatched atomic.Int64
 	ready      chan struct{}
@@ -97,7 +97,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	id := nuid.Next()
-	return &Service{
+	s := &Service{
 		cfg:     cfg,
 		nc:      nc,
 		js:      js,
@@ -105,7 +105,6 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		metrics: m,
 		tracker: newTracker(cfg.ExpiryGrace, cmp.Or(cfg.Bucket.RetryWindow, streams.DefaultRetryWindow)),
 		seed:    maphash.MakeSeed(),
-		sem:     make(chan struct{}, cfg.MaxInFlight),
 		ready:   make(chan struct{}),
 
 		stopping:   make(chan struct{}),
@@ -116,7 +115,15 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		id:         id,
 		peerSeen:   make(chan struct{}, 1),
 		peerLinger: peerLinger,
-	}, nil
+	}
+	s.gate = &gate{
+		limit:       cfg.MaxInFlight,
+		maxQueued:   cfg.MaxQueued,
+		maxWait:     cfg.QueueWait,
+		spawn:       s.spawn,
+		queuedGauge: func(n int) { m.queued.Set(float64(n)) },
+	}
+	return s, nil
 }
 
 // Ready is closed once Run has ensured the bucket and started serving.
@@ -263,49 +270,48 @@ func (s *Service) awaitDrained() {
 	s.inflight.Wait()
 }
 
-// slot is a request's place among the MaxInFlight requests processed at
-// once. A waiting acquire gives it back while it waits.
-type slot struct {
-	once sync.Once
-	sem  chan struct{}
-}
-
-func (sl *slot) release() { sl.once.Do(func() { <-sl.sem }) }
-
-// dispatch runs a request in a goroutine of its own, so that one slow store
-// round trip never holds up the subscription; MaxInFlight bounds them.
-// Beyond the bound the service sheds load: it answers unavailable at once
-// rather than letting requests queue until their callers have given up.
+// dispatch answers a request in a worker goroutine, so that one slow store
+// round trip never holds up the subscription. The gate bounds the requests
+// processed at once (MaxInFlight) and queues the next MaxQueued; beyond
+// those, or after QueueWait in the queue, the service sheds load: it answers
+// unavailable rather than letting requests queue until their callers have
+// given up.
 func (s *Service) dispatch(op string, r micro.Request) {
 	s.dispatched.Add(1)
-	select {
-	case s.sem <- struct{}{}:
-	default:
-		s.replyError(r, newOpError(streams.CodeUnavailable, "service overloaded (%d requests in flight); retry with backoff", s.cfg.MaxInFlight))
-		s.metrics.observe(op, streams.CodeUnavailable, 0)
-		return
-	}
 	s.inflight.Add(1)
-	sl := &slot{sem: s.sem}
-	s.spawn(func() {
-		defer func() {
-			sl.release()
-			s.inflight.Done()
-		}()
-		start := time.Now()
-		resp, err := s.handle(op, r.Data(), sl)
-		code := ""
-		if err != nil {
-			oe := toOpError(err)
-			code = oe.code
-			if oe.code == streams.CodeInternal {
-				s.log.Error("internal error", "op", op, "err", err)
+	s.gate.enter(pending{
+		at: time.Now(),
+		run: func(sl *slot) {
+			defer func() {
+				sl.release()
+				s.inflight.Done()
+			}()
+			start := time.Now()
+			resp, err := s.handle(op, r.Data(), sl)
+			code := ""
+			if err != nil {
+				oe := toOpError(err)
+				code = oe.code
+				if oe.code == streams.CodeInternal {
+					s.log.Error("internal error", "op", op, "err", err)
+				}
+				s.replyError(r, oe)
+			} else {
+				s.replyJSON(r, resp)
+			}
+			s.metrics.observe(op, code, time.Since(start))
+		},
+		shed: func(reason string, waited time.Duration) {
+			defer s.inflight.Done()
+			var oe *opError
+			if reason == shedWaited {
+				oe = newOpError(streams.CodeUnavailable, "service overloaded: the request waited %v for one of %d places; retry with backoff", waited.Round(time.Millisecond), s.cfg.MaxInFlight)
+			} else {
+				oe = newOpError(streams.CodeUnavailable, "service overloaded: %d requests in progress and %d queued; retry with backoff", s.cfg.MaxInFlight, s.cfg.MaxQueued)
 			}
 			s.replyError(r, oe)
-		} else {
-			s.replyJSON(r, resp)
-		}
-		s.metrics.observe(op, code, time.Since(start))
+			s.metrics.shed(op, reason, waited)
+		},
 	})
 }
 

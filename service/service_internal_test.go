@@ -37,34 +37,87 @@ func runInternal(t *testing.T, cfg Config) (*Service, func(op string, body any) 
 	}
 }
 
-// Beyond MaxInFlight requests in progress the service sheds load: it
-// answers unavailable at once and changes nothing; once slots are free it
-// serves again.
+// hold takes one of g's places, as a request being processed does, and
+// returns it; release gives it back.
+func hold(g *gate) *slot {
+	g.mu.Lock()
+	g.running++
+	g.mu.Unlock()
+	return &slot{g: g}
+}
+
+// Beyond MaxInFlight requests in progress the service queues MaxQueued
+// more and serves them as places free; beyond those, or after QueueWait in
+// the queue, it sheds load: it answers unavailable and changes nothing.
 func TestLoadSheddingBeyondMaxInFlight(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MaxInFlight = 4
+	cfg.MaxQueued = 1
+	cfg.QueueWait = 300 * time.Millisecond
 	s, req := runInternal(t, cfg)
+	var held []*slot
 	for range cfg.MaxInFlight {
-		s.sem <- struct{}{} // four requests in progress
+		held = append(held, hold(s.gate)) // four requests in progress
 	}
-	m := req(streams.OpAcquire, streams.AcquireRequest{Resource: "shed", RequestID: "r"})
-	if code := m.Header.Get(streams.HeaderErrorCode); code != "503" {
-		t.Fatalf("acquire beyond the bound answered %q %s, want 503 unavailable", code, m.Data)
+	queued := func() int { _, q := s.gate.load(); return q }
+	unavailable := func(m *nats.Msg, what string) {
+		t.Helper()
+		var er streams.ErrorResponse
+		if code := m.Header.Get(streams.HeaderErrorCode); code != "503" || json.Unmarshal(m.Data, &er) != nil || er.Error.Code != streams.CodeUnavailable {
+			t.Fatalf("%s answered %q %s, want 503 unavailable", what, code, m.Data)
+		}
 	}
-	var er streams.ErrorResponse
-	if err := json.Unmarshal(m.Data, &er); err != nil || er.Error.Code != streams.CodeUnavailable {
-		t.Fatalf("body %s, want code unavailable", m.Data)
+	free := func(resource string) {
+		t.Helper()
+		var st streams.StatusResponse
+		m := req(streams.OpStatus, streams.StatusRequest{Resource: resource})
+		if m.Header.Get(streams.HeaderErrorCode) != "" || json.Unmarshal(m.Data, &st) != nil || st.Held {
+			t.Fatalf("status of %s: %s, want a free resource (the shed acquire changed nothing)", resource, m.Data)
+		}
 	}
-	for range cfg.MaxInFlight {
-		<-s.sem // the four finish
+	acquireAsync := func(resource string) <-chan *nats.Msg {
+		ch := make(chan *nats.Msg, 1)
+		data, _ := json.Marshal(streams.AcquireRequest{Resource: resource, RequestID: resource})
+		go func() {
+			m, err := s.nc.Request(streams.Subject("jetlock", streams.OpAcquire), data, 20*time.Second)
+			if err != nil { // no reply: make it an answer the checks refuse
+				m = &nats.Msg{Data: []byte(err.Error()), Header: nats.Header{}}
+				m.Header.Set(streams.HeaderErrorCode, "no reply")
+			}
+			ch <- m
+		}()
+		return ch
 	}
-	m = req(streams.OpStatus, streams.StatusRequest{Resource: "shed"})
-	var st streams.StatusResponse
-	if m.Header.Get(streams.HeaderErrorCode) != "" || json.Unmarshal(m.Data, &st) != nil || st.Held {
-		t.Fatalf("status after the slots freed: %s, want a free resource (the shed acquire changed nothing)", m.Data)
+
+	// One more waits in the queue; the next finds the queue full.
+	first := acquireAsync("queued")
+	waitFor(t, 5*time.Second, func() bool { return queued() == 1 }, "the first acquire beyond the bound queues")
+	unavailable(req(streams.OpAcquire, streams.AcquireRequest{Resource: "shed", RequestID: "shed"}), "an acquire beyond bound and queue")
+	held[0].release()
+	if m := <-first; m.Header.Get(streams.HeaderErrorCode) != "" {
+		t.Fatalf("the queued acquire, once a place freed: %s", m.Data)
 	}
-	m = req(streams.OpAcquire, streams.AcquireRequest{Resource: "shed", RequestID: "r"})
-	if m.Header.Get(streams.HeaderErrorCode) != "" {
-		t.Fatalf("acquire after the slots freed: %s", m.Data)
+
+	// A request that waits longer than QueueWait is shed when its turn comes.
+	held[0] = hold(s.gate)
+	late := acquireAsync("late")
+	waitFor(t, 5*time.Second, func() bool { return queued() == 1 }, "the acquire queues")
+	time.Sleep(cfg.QueueWait + 100*time.Millisecond)
+	held[1].release()
+	unavailable(<-late, "an acquire that waited beyond QueueWait")
+
+	for _, sl := range held {
+		sl.release()
+	}
+	free("shed")
+	free("late")
+	if got := testCounter(s.metrics.shedCount.WithLabelValues(streams.OpAcquire, shedQueueFull)); got != 1 {
+		t.Errorf("%v acquires counted shed for a full queue, want 1", got)
+	}
+	if got := testCounter(s.metrics.shedCount.WithLabelValues(streams.OpAcquire, shedWaited)); got != 1 {
+		t.Errorf("%v acquires counted shed for waiting, want 1", got)
+	}
+	if m := req(streams.OpAcquire, streams.AcquireRequest{Resource: "shed", RequestID: "shed"}); m.Header.Get(streams.HeaderErrorCode) != "" {
+		t.Fatalf("acquire after the places freed: %s", m.Data)
 	}
 }

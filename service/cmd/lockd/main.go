@@ -54,6 +54,11 @@ type cli struct {
 	MaxWait     time.Duration `help:"Largest wait_ms accepted." default:"5m" env:"JETLOCK_MAX_WAIT"`
 	ExpiryGrace time.Duration `help:"Added to a lease's TTL before the service expires it." default:"2s" env:"JETLOCK_EXPIRY_GRACE"`
 
+	MaxInFlight int           `help:"Requests processed at once." default:"4096" env:"JETLOCK_MAX_IN_FLIGHT"`
+	MaxQueued   int           `help:"Requests waiting for a place beyond --max-in-flight; more are answered unavailable." default:"16384" env:"JETLOCK_MAX_QUEUED"`
+	QueueWait   time.Duration `help:"How long a request may wait for a place before it is answered unavailable." default:"1s" env:"JETLOCK_QUEUE_WAIT"`
+	OpTimeout   time.Duration `help:"Bound on the store work of one request; with --queue-wait keep it below the clients' request timeout." default:"3s" env:"JETLOCK_OP_TIMEOUT"`
+
 	Metrics  string `help:"Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090); empty disables." env:"JETLOCK_METRICS"`
 	LogLevel string `help:"Log level: debug, info, warn, error." default:"info" enum:"debug,info,warn,error" env:"JETLOCK_LOG_LEVEL"`
 }
@@ -121,6 +126,7 @@ func run(c cli) error {
 	cfg.Bucket = streams.BucketConfig{Bucket: c.Bucket, Replicas: c.Replicas, AllowSingleReplica: c.AllowR1, RetryWindow: c.RetryWindow}
 	cfg.DefaultTTL, cfg.MinTTL, cfg.MaxTTL, cfg.MaxWait = c.DefaultTTL, c.MinTTL, c.MaxTTL, c.MaxWait
 	cfg.ExpiryGrace = c.ExpiryGrace
+	cfg.MaxInFlight, cfg.MaxQueued, cfg.QueueWait, cfg.OpTimeout = c.MaxInFlight, c.MaxQueued, c.QueueWait, c.OpTimeout
 	cfg.Logger = log
 	if c.Metrics != "" {
 		reg := prometheus.NewRegistry()

@@ -1,0 +1,164 @@
+package service
+
+import (
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// gateLog records what a gate did with the requests it was given.
+type gateLog struct {
+	mu      sync.Mutex
+	started []string
+	shed    []string // name:reason
+	slots   map[string]*slot
+}
+
+func newGateLog() *gateLog {
+	return &gateLog{slots: map[string]*slot{}}
+}
+
+// pending returns a request named name, received at at, whose processing
+// only records its slot: the test releases it.
+func (l *gateLog) pending(name string, at time.Time) pending {
+	return pending{
+		at: at,
+		run: func(sl *slot) {
+			l.mu.Lock()
+			l.started = append(l.started, name)
+			l.slots[name] = sl
+			l.mu.Unlock()
+		},
+		shed: func(reason string, _ time.Duration) {
+			l.mu.Lock()
+			l.shed = append(l.shed, name+":"+reason)
+			l.mu.Unlock()
+		},
+	}
+}
+
+func (l *gateLog) finish(name string) {
+	l.mu.Lock()
+	sl := l.slots[name]
+	l.mu.Unlock()
+	sl.release()
+}
+
+func (l *gateLog) state() (started, shed []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.started), slices.Clone(l.shed)
+}
+
+// spawnNow runs f in the caller's goroutine, so that the order of starts is
+// the order the gate chose.
+func spawnNow(f func()) { f() }
+
+// Beyond limit the gate queues requests and starts them in arrival order as
+// places free; beyond the queue it sheds at once.
+func TestGateQueuesInArrivalOrder(t *testing.T) {
+	l := newGateLog()
+	var gauge []int
+	g := &gate{limit: 2, maxQueued: 3, maxWait: time.Hour, spawn: spawnNow, queuedGauge: func(n int) { gauge = append(gauge, n) }}
+	now := time.Now()
+	for _, n := range []string{"a", "b", "c", "d", "e", "f"} {
+		g.enter(l.pending(n, now))
+	}
+	started, shed := l.state()
+	if !slices.Equal(started, []string{"a", "b"}) || !slices.Equal(shed, []string{"f:" + shedQueueFull}) {
+		t.Fatalf("after six arrivals: started %v, shed %v; want a b started and f shed (queue full)", started, shed)
+	}
+	if r, q := g.load(); r != 2 || q != 3 {
+		t.Fatalf("load %d running %d queued, want 2 and 3", r, q)
+	}
+	l.finish("b")
+	l.finish("a")
+	l.finish("c")
+	started, _ = l.state()
+	if !slices.Equal(started, []string{"a", "b", "c", "d", "e"}) {
+		t.Fatalf("started %v, want the queued ones in arrival order c d e", started)
+	}
+	l.finish("c") // a second release of one slot changes nothing
+	if r, q := g.load(); r != 2 || q != 0 {
+		t.Fatalf("load %d running %d queued, want 2 (d, e) and 0", r, q)
+	}
+	l.finish("d")
+	l.finish("e")
+	if r, q := g.load(); r != 0 || q != 0 {
+		t.Fatalf("load after all finished: %d running %d queued, want 0 and 0", r, q)
+	}
+	if !slices.Equal(gauge, []int{1, 2, 3, 2, 1, 0}) {
+		t.Fatalf("queue gauge went %v, want 1 2 3 2 1 0", gauge)
+	}
+}
+
+// A request whose turn comes after it waited longer than maxWait is shed
+// then, without running, and its place goes to the next in line.
+func TestGateShedsRequestsThatWaitedTooLong(t *testing.T) {
+	l := newGateLog()
+	g := &gate{limit: 1, maxQueued: 10, maxWait: time.Second, spawn: spawnNow}
+	now := time.Now()
+	g.enter(l.pending("a", now))
+	g.enter(l.pending("old1", now.Add(-2*time.Second)))
+	g.enter(l.pending("old2", now.Add(-1500*time.Millisecond)))
+	g.enter(l.pending("fresh", now))
+	l.finish("a")
+	started, shed := l.state()
+	if !slices.Equal(started, []string{"a", "fresh"}) || !slices.Equal(shed, []string{"old1:" + shedWaited, "old2:" + shedWaited}) {
+		t.Fatalf("started %v, shed %v; want fresh to run after a, and both old ones shed for waiting", started, shed)
+	}
+	// With nothing left to run, the place is given back.
+	g.enter(l.pending("late", now.Add(-time.Minute)))
+	l.finish("fresh")
+	if r, q := g.load(); r != 0 || q != 0 {
+		t.Fatalf("load %d running %d queued, want 0 and 0", r, q)
+	}
+	if _, shed = l.state(); !slices.Contains(shed, "late:"+shedWaited) {
+		t.Fatalf("shed %v: the late request should be among them", shed)
+	}
+}
+
+// With no queue the gate sheds every request beyond limit, as the service
+// did before it had a queue.
+func TestGateWithoutQueue(t *testing.T) {
+	l := newGateLog()
+	g := &gate{limit: 1, maxQueued: 0, maxWait: time.Second, spawn: spawnNow}
+	g.enter(l.pending("a", time.Now()))
+	g.enter(l.pending("b", time.Now()))
+	if started, shed := l.state(); !slices.Equal(started, []string{"a"}) || !slices.Equal(shed, []string{"b:" + shedQueueFull}) {
+		t.Fatalf("started %v, shed %v", started, shed)
+	}
+}
+
+// In a queue that never empties the backing array is reused, not grown
+// with every request that ever passed through.
+func TestGateQueueCompacts(t *testing.T) {
+	l := newGateLog()
+	g := &gate{limit: 1, maxQueued: 100, maxWait: time.Hour, spawn: spawnNow}
+	now := time.Now()
+	name := func(i int) string { return "r" + strconv.Itoa(i) }
+	for i := range 51 {
+		g.enter(l.pending(name(i), now)) // r0 runs, 50 wait
+	}
+	for i := 51; i < 10051; i++ {
+		g.enter(l.pending(name(i), now))
+		l.finish(name(i - 51)) // the oldest running finishes; the next starts
+		if r, q := g.load(); r != 1 || q != 50 {
+			t.Fatalf("after %d arrivals: %d running, %d queued; want 1 and 50", i+1, r, q)
+		}
+	}
+	g.mu.Lock()
+	capacity := cap(g.queue)
+	g.mu.Unlock()
+	if capacity > 4096 {
+		t.Fatalf("queue array has room for %d after 10,000 passed with 50 waiting: it is not reused", capacity)
+	}
+	started, _ := l.state()
+	for i, n := range started {
+		if n != name(i) {
+			t.Fatalf("start %d was %s, want %s: arrival order lost", i, n, name(i))
+		}
+	}
+}
