@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/jetlock/jetlock/service"
 )
@@ -158,30 +159,42 @@ type opTime struct {
 	sum   float64 // seconds
 }
 
-// opTimes reads the service's request-duration histogram.
-func (rs *runningService) opTimes() map[string]opTime {
-	out := map[string]opTime{}
+// svcStats is a reading of the in-process service's metrics: its own time
+// per operation, and the requests it shed by reason (see
+// jetlock_requests_shed_total).
+type svcStats struct {
+	ops  map[string]opTime
+	shed map[string]float64
+}
+
+// stats reads the service's request-duration histogram and shed counters.
+func (rs *runningService) stats() svcStats {
+	st := svcStats{ops: map[string]opTime{}, shed: map[string]float64{}}
 	mfs, err := rs.reg.Gather()
 	if err != nil {
-		return out
+		return st
+	}
+	label := func(m *dto.Metric, name string) string {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == name {
+				return l.GetValue()
+			}
+		}
+		return ""
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "jetlock_request_duration_seconds" {
-			continue
-		}
 		for _, m := range mf.GetMetric() {
-			op := ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "op" {
-					op = l.GetValue()
+			switch mf.GetName() {
+			case "jetlock_request_duration_seconds":
+				if h, op := m.GetHistogram(), label(m, "op"); h != nil && op != "" {
+					st.ops[op] = opTime{count: h.GetSampleCount(), sum: h.GetSampleSum()}
 				}
-			}
-			if h := m.GetHistogram(); h != nil && op != "" {
-				out[op] = opTime{count: h.GetSampleCount(), sum: h.GetSampleSum()}
+			case "jetlock_requests_shed_total":
+				st.shed[label(m, "reason")] += m.GetCounter().GetValue()
 			}
 		}
 	}
-	return out
+	return st
 }
 
 // startService connects to url, makes sure the bucket exists (retrying

@@ -125,6 +125,10 @@ func printPhase(w io.Writer, ph *phase) {
 		}
 		fmt.Fprintf(w, "service's own mean time, receipt to reply: %s\n", strings.Join(parts, ", "))
 	}
+	if ph.ServiceShed != nil {
+		fmt.Fprintf(w, "service shed (answered unavailable unprocessed): %d after waiting in its queue, %d with its queue full\n",
+			ph.ServiceShed["waited"], ph.ServiceShed["queue_full"])
+	}
 	printProcs(w, ph.Processes)
 	for _, e := range ph.Events {
 		fmt.Fprintf(w, "event at %.1fs: %s\n", e.T, e.What)

@@ -56,6 +56,10 @@ type phase struct {
 	// ServiceMs is the service's own mean time per operation, receipt to
 	// reply, from its metrics (only with the service in this process).
 	ServiceMs map[string]float64 `json:"service_mean_ms,omitempty"`
+	// ServiceShed counts the requests the service answered unavailable
+	// without processing them, by reason: waited (longer than its queue
+	// wait) or queue_full (only with the service in this process).
+	ServiceShed map[string]int64 `json:"service_shed,omitempty"`
 
 	rec     *recorders
 	sched   time.Duration // scheduled length: rates are counted over it

@@ -13,23 +13,31 @@ import (
 )
 
 // measure samples ph while f runs.
-// With the service in this process, it also takes the service's own mean
-// time per operation (receipt to reply) from its metrics, which tells time
-// spent inside the service from time spent getting to it.
+// With the service in this process, it also takes from the service's
+// metrics its own mean time per operation (receipt to reply), which tells
+// time spent inside the service from time spent getting to it, and the
+// requests it shed without processing them, which tells its overload from
+// the store's unavailability.
 func (e *env) measure(ctx context.Context, ph *phase, stream string, f func()) {
-	var before map[string]opTime
-	if e.svc != nil && ph.Target == "service" {
-		before = e.svc.opTimes()
+	var before svcStats
+	inproc := e.svc != nil && ph.Target == "service"
+	if inproc {
+		before = e.svc.stats()
 	}
 	stop := e.sampler.start(ctx, ph, stream)
 	f()
 	stop()
-	if before != nil {
+	if inproc {
+		after := e.svc.stats()
 		ph.ServiceMs = map[string]float64{}
-		for op, t := range e.svc.opTimes() {
-			if n := t.count - before[op].count; n > 0 {
-				ph.ServiceMs[op] = round2(1000 * (t.sum - before[op].sum) / float64(n))
+		for op, t := range after.ops {
+			if n := t.count - before.ops[op].count; n > 0 {
+				ph.ServiceMs[op] = round2(1000 * (t.sum - before.ops[op].sum) / float64(n))
 			}
+		}
+		ph.ServiceShed = map[string]int64{}
+		for reason, n := range after.shed {
+			ph.ServiceShed[reason] = int64(n - before.shed[reason])
 		}
 	}
 }
