@@ -158,3 +158,64 @@ func (t *procTracker) summary(now time.Time) map[string]ProcSummary {
 	}
 	return out
 }
+
+// machineSample is one reading of the first line of /proc/stat: the
+// machine's CPU time in ticks, summed over all cores, by state.
+type machineSample struct {
+	idle, iowait, steal, total int64
+}
+
+// readMachine reads /proc/stat.
+func readMachine() (machineSample, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return machineSample{}, err
+	}
+	return parseMachineStat(string(b))
+}
+
+// parseMachineStat reads the "cpu" line of /proc/stat: user nice system
+// idle iowait irq softirq steal (guest time is already in user).
+func parseMachineStat(stat string) (machineSample, error) {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return machineSample{}, fmt.Errorf("malformed /proc/stat line %q", line)
+	}
+	var v [8]int64
+	for i := range v {
+		n, err := strconv.ParseInt(f[i+1], 10, 64)
+		if err != nil {
+			return machineSample{}, fmt.Errorf("bad /proc/stat field %q", f[i+1])
+		}
+		v[i] = n
+	}
+	s := machineSample{idle: v[3], iowait: v[4], steal: v[7]}
+	for _, n := range v {
+		s.total += n
+	}
+	return s, nil
+}
+
+// MachineCPU is how the whole machine's CPU time went during a phase, in
+// percent of all its cores: busy (running anything), iowait, idle, and
+// steal (taken by the hypervisor for other guests: a virtual machine that
+// is slower than usual shows it here).
+type MachineCPU struct {
+	Cores     int     `json:"cores"`
+	BusyPct   float64 `json:"busy_pct"`
+	IOWaitPct float64 `json:"iowait_pct"`
+	IdlePct   float64 `json:"idle_pct"`
+	StealPct  float64 `json:"steal_pct"`
+}
+
+// machineCPU returns the shares of the time between a and b.
+func machineCPU(a, b machineSample, cores int) *MachineCPU {
+	d := b.total - a.total
+	if d <= 0 {
+		return nil
+	}
+	pct := func(n int64) float64 { return round2(100 * float64(n) / float64(d)) }
+	idle, iow, steal := b.idle-a.idle, b.iowait-a.iowait, b.steal-a.steal
+	return &MachineCPU{Cores: cores, BusyPct: pct(d - idle - iow - steal), IOWaitPct: pct(iow), IdlePct: pct(idle), StealPct: pct(steal)}
+}

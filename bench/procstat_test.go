@@ -44,3 +44,28 @@ func TestProcTrackerCountsRestartApart(t *testing.T) {
 		t.Fatal("restart counted without a new pid")
 	}
 }
+
+func TestMachineCPUShares(t *testing.T) {
+	a, err := parseMachineStat("cpu  1000 0 200 5000 100 0 50 20 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 200 ticks pass: 120 user, 20 system, 40 idle, 10 iowait, 10 steal.
+	b, err := parseMachineStat("cpu  1120 0 220 5040 110 0 50 30 0 0\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := machineCPU(a, b, 2)
+	want := MachineCPU{Cores: 2, BusyPct: 70, IOWaitPct: 5, IdlePct: 20, StealPct: 5}
+	if m == nil || *m != want {
+		t.Fatalf("shares %+v, want %+v", m, want)
+	}
+	if machineCPU(b, b, 2) != nil {
+		t.Fatal("no time passed, yet shares were computed")
+	}
+	for _, bad := range []string{"", "intr 1 2 3", "cpu 1 2 x 4 5 6 7 8"} {
+		if _, err := parseMachineStat(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}

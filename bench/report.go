@@ -130,6 +130,10 @@ func printPhase(w io.Writer, ph *phase) {
 			ph.ServiceShed["waited"], ph.ServiceShed["queue_full"])
 	}
 	printProcs(w, ph.Processes)
+	if m := ph.Machine; m != nil {
+		fmt.Fprintf(w, "machine (%d cores): %.0f%% busy, %.0f%% iowait, %.0f%% idle, %.1f%% stolen by the hypervisor\n",
+			m.Cores, m.BusyPct, m.IOWaitPct, m.IdlePct, m.StealPct)
+	}
 	for _, e := range ph.Events {
 		fmt.Fprintf(w, "event at %.1fs: %s\n", e.T, e.What)
 	}

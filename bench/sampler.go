@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -60,6 +61,8 @@ type phase struct {
 	// without processing them, by reason: waited (longer than its queue
 	// wait) or queue_full (only with the service in this process).
 	ServiceShed map[string]int64 `json:"service_shed,omitempty"`
+	// Machine is how the whole machine's CPU time went.
+	Machine *MachineCPU `json:"machine_cpu,omitempty"`
 
 	rec     *recorders
 	sched   time.Duration // scheduled length: rates are counted over it
@@ -121,6 +124,7 @@ func (s *sampler) start(ctx context.Context, ph *phase, stream string) (stop fun
 	first, firstOK := s.lastSeq(ctx, stream)
 	pt := newProcTracker(ph.start)
 	pt.sample(s.procs(), 0)
+	m0, m0err := readMachine()
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	var last seqReading = first
@@ -172,6 +176,9 @@ func (s *sampler) start(ctx context.Context, ph *phase, stream string) (stop fun
 				ph.end = now
 				ph.DurationS = round2(now.Sub(ph.start).Seconds())
 				ph.Processes = pt.summary(now)
+				if m1, err := readMachine(); err == nil && m0err == nil {
+					ph.Machine = machineCPU(m0, m1, runtime.NumCPU())
+				}
 				if firstOK && lastOK && last.at.After(first.at) {
 					ph.CommitsPerSec = round2(float64(last.seq-first.seq) / last.at.Sub(first.at).Seconds())
 				}
