@@ -1,0 +1,68 @@
+package service
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// quickAck reads exactly the acknowledgements it knows and leaves every
+// other body to the JSON decoder.
+func TestQuickAck(t *testing.T) {
+	s := newStore(nil, "jetlock", 0)
+	for body, want := range map[string]struct {
+		seq     uint64
+		dup, ok bool
+	}{
+		`{"stream":"KV_jetlock","seq":42}`:                                               {42, false, true},
+		`{"stream":"KV_jetlock","seq":7,"duplicate": true}`:                              {7, true, true},
+		`{"stream":"KV_jetlock","seq":7,"duplicate":true}`:                               {7, true, true},
+		`{"stream":"KV_jetlock","seq":0}`:                                                {},
+		`{"stream":"KV_jetlock","seq":}`:                                                 {},
+		`{"stream":"KV_jetlock","seq":18446744073709551616}`:                             {},
+		`{"stream":"KV_jetlock","seq":5,"duplicate": false}`:                             {},
+		`{"stream":"KV_jetlock","seq":5 }`:                                               {},
+		`{"stream":"KV_other","seq":5}`:                                                  {},
+		`{"stream":"KV_jetlock","domain":"hub","seq":5}`:                                 {},
+		`{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"}}`: {},
+		``: {},
+	} {
+		seq, dup, ok := s.quickAck([]byte(body))
+		if seq != want.seq || dup != want.dup || ok != want.ok {
+			t.Errorf("%s: seq %d dup %v ok %v, want %d %v %v", body, seq, dup, ok, want.seq, want.dup, want.ok)
+		}
+	}
+}
+
+// The acknowledgements of the nats-server in use take the quick path: a
+// write and a repeat of it with the same message id.
+func TestQuickAckReadsTheServersAcks(t *testing.T) {
+	cl := startCluster(t)
+	nc, err := nats.Connect(cl.URLs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := t.Context()
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "acks", Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(nc, "acks", 0)
+	for i, wantDup := range []bool{false, true} {
+		m := nats.NewMsg(streams.SubjectPrefix("acks") + "k")
+		m.Data = []byte("v")
+		m.Header.Set(jetstream.MsgIDHeader, "same-id")
+		reply, err := nc.RequestMsgWithContext(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq, dup, ok := s.quickAck(reply.Data)
+		if !ok || seq != 1 || dup != wantDup {
+			t.Fatalf("write %d acknowledged %s: quick path seq %d dup %v ok %v, want 1 %v true", i+1, reply.Data, seq, dup, ok, wantDup)
+		}
+	}
+}
