@@ -279,14 +279,14 @@ func (s *Service) awaitDrained() {
 func (s *Service) dispatch(op string, r micro.Request) {
 	s.dispatched.Add(1)
 	s.inflight.Add(1)
+	received := time.Now()
 	s.gate.enter(pending{
-		at: time.Now(),
+		at: received,
 		run: func(sl *slot) {
 			defer func() {
 				sl.release()
 				s.inflight.Done()
 			}()
-			start := time.Now()
 			resp, err := s.handle(op, r.Data(), sl)
 			code := ""
 			if err != nil {
@@ -299,7 +299,7 @@ func (s *Service) dispatch(op string, r micro.Request) {
 			} else {
 				s.replyJSON(r, resp)
 			}
-			s.metrics.observe(op, code, time.Since(start))
+			s.metrics.observe(op, code, time.Since(received))
 		},
 		shed: func(reason string, waited time.Duration) {
 			defer s.inflight.Done()

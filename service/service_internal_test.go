@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/jetlock/jetlock/streams"
 	"github.com/jetlock/jetlock/streams/devcluster"
@@ -93,9 +95,16 @@ func TestLoadSheddingBeyondMaxInFlight(t *testing.T) {
 	first := acquireAsync("queued")
 	waitFor(t, 5*time.Second, func() bool { return queued() == 1 }, "the first acquire beyond the bound queues")
 	unavailable(req(streams.OpAcquire, streams.AcquireRequest{Resource: "shed", RequestID: "shed"}), "an acquire beyond bound and queue")
+	time.Sleep(150 * time.Millisecond) // within QueueWait
 	held[0].release()
 	if m := <-first; m.Header.Get(streams.HeaderErrorCode) != "" {
 		t.Fatalf("the queued acquire, once a place freed: %s", m.Data)
+	}
+	// Its time in the metrics counts from receipt, the wait included.
+	var hm dto.Metric
+	_ = s.metrics.latency.WithLabelValues(streams.OpAcquire).(prometheus.Histogram).Write(&hm)
+	if sum := hm.GetHistogram().GetSampleSum(); sum < 0.15 {
+		t.Errorf("acquire time in the metrics %.3fs, want at least the 0.15s the queued one waited", sum)
 	}
 
 	// A request that waits longer than QueueWait is shed when its turn comes.
