@@ -26,6 +26,7 @@ type env struct {
 	url     string
 	dir     string
 	tempDir bool
+	failed  bool // the run failed: keep its data directory for the logs
 	runID   string
 
 	cluster  *cluster
@@ -50,6 +51,7 @@ func setup(ctx context.Context, cfg *config) (_ *env, err error) {
 	e := &env{cfg: cfg, out: os.Stdout, url: cfg.url, runID: newRunID()}
 	defer func() {
 		if err != nil {
+			e.failed = true
 			e.close()
 		}
 	}()
@@ -215,7 +217,8 @@ func (e *env) describe() (clusterDesc, serviceDesc string) {
 }
 
 // close stops everything the bench started, in order: load, service,
-// nodes; and removes a temporary data directory unless --keep.
+// nodes; and removes a temporary data directory unless --keep or the run
+// failed (its logs tell why).
 func (e *env) close() {
 	if e.rq != nil {
 		e.rq.close()
@@ -238,7 +241,7 @@ func (e *env) close() {
 		e.cluster.stop()
 	}
 	if e.dir != "" {
-		if e.tempDir && !e.cfg.keep {
+		if e.tempDir && !e.cfg.keep && !e.failed {
 			os.RemoveAll(e.dir)
 		} else {
 			fmt.Fprintf(e.out, "data and logs kept in %s\n", e.dir)

@@ -269,12 +269,15 @@ func writeAllocProfile(path string) {
 }
 
 // run sets up the environment, runs the scenario and writes the reports.
-func run(ctx context.Context, cfg *config) error {
+func run(ctx context.Context, cfg *config) (err error) {
 	e, err := setup(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer e.close()
+	defer func() {
+		e.failed = err != nil
+		e.close()
+	}()
 	sum := &Summary{Scenario: cfg.scenario, Started: time.Now().UTC(), Command: strings.Join(os.Args, " "),
 		Machine: machineInfo(), Settings: cfg.settings()}
 	sum.Machine.Cluster, sum.Machine.Service = e.describe()

@@ -179,3 +179,24 @@ func TestWriteHTMLSelfContained(t *testing.T) {
 		t.Fatal("event label not escaped or missing")
 	}
 }
+
+// A temporary data directory is removed after a run, but kept, with its
+// logs, after a failed one.
+func TestCloseKeepsTheDataOfAFailedRun(t *testing.T) {
+	for _, failed := range []bool{false, true} {
+		dir := t.TempDir() + "/run"
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		e := &env{cfg: &config{}, out: &out, dir: dir, tempDir: true, failed: failed}
+		e.close()
+		_, err := os.Stat(dir)
+		if kept := err == nil; kept != failed {
+			t.Fatalf("failed %v: directory kept %v; output %q", failed, kept, out.String())
+		}
+		if failed && !strings.Contains(out.String(), dir) {
+			t.Fatalf("a failed run's output %q does not say where its logs are", out.String())
+		}
+	}
+}
