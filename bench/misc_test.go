@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetlock/jetlock/streams"
 )
@@ -198,5 +199,30 @@ func TestCloseKeepsTheDataOfAFailedRun(t *testing.T) {
 		if failed && !strings.Contains(out.String(), dir) {
 			t.Fatalf("a failed run's output %q does not say where its logs are", out.String())
 		}
+	}
+}
+
+// The service figures of a phase cover every in-process instance.
+func TestServiceStatsSumInstances(t *testing.T) {
+	instance := func(acquires int, seconds float64, waited, full float64) *runningService {
+		reg := prometheus.NewRegistry()
+		lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "jetlock_request_duration_seconds"}, []string{"op"})
+		shed := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "jetlock_requests_shed_total"}, []string{"op", "reason"})
+		reg.MustRegister(lat, shed)
+		for range acquires {
+			lat.WithLabelValues("acquire").Observe(seconds)
+		}
+		shed.WithLabelValues("acquire", "waited").Add(waited)
+		shed.WithLabelValues("renew", "waited").Add(waited)
+		shed.WithLabelValues("acquire", "queue_full").Add(full)
+		return &runningService{reg: reg}
+	}
+	e := &env{svc: instance(3, 0.5, 1, 0), moreSvcs: []*runningService{instance(1, 2, 4, 7)}}
+	st := e.serviceStats()
+	if got := st.ops["acquire"]; got.count != 4 || got.sum != 3.5 {
+		t.Errorf("acquire time %+v, want 4 requests in 3.5 s", got)
+	}
+	if st.shed["waited"] != 10 || st.shed["queue_full"] != 7 {
+		t.Errorf("shed %v, want waited 10 and queue_full 7", st.shed)
 	}
 }

@@ -22,13 +22,13 @@ func (e *env) measure(ctx context.Context, ph *phase, stream string, f func()) {
 	var before svcStats
 	inproc := e.svc != nil && ph.Target == "service"
 	if inproc {
-		before = e.svc.stats()
+		before = e.serviceStats()
 	}
 	stop := e.sampler.start(ctx, ph, stream)
 	f()
 	stop()
 	if inproc {
-		after := e.svc.stats()
+		after := e.serviceStats()
 		ph.ServiceMs = map[string]float64{}
 		for op, t := range after.ops {
 			if n := t.count - before.ops[op].count; n > 0 {
@@ -40,6 +40,21 @@ func (e *env) measure(ctx context.Context, ph *phase, stream string, f func()) {
 			ph.ServiceShed[reason] = int64(n - before.shed[reason])
 		}
 	}
+}
+
+// serviceStats sums the metrics of the in-process service instances.
+func (e *env) serviceStats() svcStats {
+	sum := svcStats{ops: map[string]opTime{}, shed: map[string]float64{}}
+	for _, rs := range append([]*runningService{e.svc}, e.moreSvcs...) {
+		st := rs.stats()
+		for op, t := range st.ops {
+			sum.ops[op] = opTime{count: sum.ops[op].count + t.count, sum: sum.ops[op].sum + t.sum}
+		}
+		for reason, n := range st.shed {
+			sum.shed[reason] += n
+		}
+	}
+	return sum
 }
 
 // designRates returns the rates of the flags.
