@@ -216,6 +216,14 @@ func (e *env) describe() (clusterDesc, serviceDesc string) {
 	return
 }
 
+// instances returns the in-process service instances, the first first.
+func (e *env) instances() []*runningService {
+	if e.svc == nil {
+		return nil
+	}
+	return append([]*runningService{e.svc}, e.moreSvcs...)
+}
+
 // close stops everything the bench started, in order: load, service,
 // nodes; and removes a temporary data directory unless --keep or the run
 // failed (its logs tell why).
@@ -226,10 +234,8 @@ func (e *env) close() {
 	for _, nc := range e.conns {
 		nc.Close()
 	}
-	for _, rs := range append([]*runningService{e.svc}, e.moreSvcs...) {
-		if rs != nil {
-			rs.stop()
-		}
+	for _, rs := range e.instances() {
+		rs.stop()
 	}
 	if e.closeLog != nil {
 		e.closeLog()

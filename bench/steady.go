@@ -45,7 +45,7 @@ func (e *env) measure(ctx context.Context, ph *phase, stream string, f func()) {
 // serviceStats sums the metrics of the in-process service instances.
 func (e *env) serviceStats() svcStats {
 	sum := svcStats{ops: map[string]opTime{}, shed: map[string]float64{}}
-	for _, rs := range append([]*runningService{e.svc}, e.moreSvcs...) {
+	for _, rs := range e.instances() {
 		st := rs.stats()
 		for op, t := range st.ops {
 			sum.ops[op] = opTime{count: sum.ops[op].count + t.count, sum: sum.ops[op].sum + t.sum}
