@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +32,7 @@ type child struct {
 	name string
 	args []string
 	log  string // file receiving its stdout/stderr after "ready"
+	logs string // where to look when it fails: log, and any log of its own
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -90,10 +92,10 @@ func (c *child) start(timeout time.Duration) error {
 	case <-ready:
 		return nil
 	case <-exited:
-		return fmt.Errorf("%s exited before it was ready (see %s)", c.name, c.log)
+		return fmt.Errorf("%s %w (see %s)", c.name, errNodeExited, cmp.Or(c.logs, c.log))
 	case <-time.After(timeout):
 		c.kill()
-		return fmt.Errorf("%s not ready after %v (see %s)", c.name, timeout, c.log)
+		return fmt.Errorf("%s not ready after %v (see %s)", c.name, timeout, cmp.Or(c.logs, c.log))
 	}
 }
 
@@ -157,17 +159,49 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// startAttempts bounds the starts of the cluster: a node can fail to bind
+// a port that freePort found free, since freePort closes its listener
+// before the node listens and every outgoing connection on the machine
+// (the nodes' own route dials among them) draws its local port from the
+// same range.
+const startAttempts = 3
+
+// errNodeExited marks a node that exited before it was ready.
+var errNodeExited = errors.New("exited before it was ready")
+
 // startCluster starts the three nodes with data under dir and waits until
-// JetStream answers.
-func startCluster(ctx context.Context, dir string) (*cluster, error) {
+// JetStream answers. When a node exits before it is ready, it moves that
+// attempt's node directories (with their logs) to dir/failed-start-N, says
+// so on out and starts again on fresh ports, at most startAttempts times.
+func startCluster(ctx context.Context, dir string, out io.Writer, ports func() (int, error)) (*cluster, error) {
+	for attempt := 1; ; attempt++ {
+		c, err := startClusterOnce(ctx, dir, ports)
+		if err == nil || attempt == startAttempts || ctx.Err() != nil || !errors.Is(err, errNodeExited) {
+			return c, err
+		}
+		kept := filepath.Join(dir, fmt.Sprintf("failed-start-%d", attempt))
+		if merr := os.MkdirAll(kept, 0o755); merr != nil {
+			return nil, errors.Join(err, merr)
+		}
+		for i := 0; i < clusterSize; i++ {
+			name := fmt.Sprintf("n%d", i+1)
+			if merr := os.Rename(filepath.Join(dir, name), filepath.Join(kept, name)); merr != nil && !errors.Is(merr, os.ErrNotExist) {
+				return nil, errors.Join(err, merr)
+			}
+		}
+		fmt.Fprintf(out, "cluster start failed: %v; its logs are in %s; starting again on fresh ports\n", err, kept)
+	}
+}
+
+func startClusterOnce(ctx context.Context, dir string, ports func() (int, error)) (*cluster, error) {
 	c := &cluster{dir: dir}
 	var routePorts [clusterSize]int
 	for i := 0; i < clusterSize; i++ {
 		var err error
-		if c.ports[i], err = freePort(); err != nil {
+		if c.ports[i], err = ports(); err != nil {
 			return nil, err
 		}
-		if routePorts[i], err = freePort(); err != nil {
+		if routePorts[i], err = ports(); err != nil {
 			return nil, err
 		}
 	}
@@ -183,9 +217,10 @@ func startCluster(ctx context.Context, dir string) (*cluster, error) {
 		if err := os.MkdirAll(ndir, 0o755); err != nil {
 			return nil, err
 		}
-		c.nodes[i] = &child{name: name, log: filepath.Join(ndir, "process.log"), args: []string{cmdNode,
-			"-name", name, "-port", fmt.Sprint(c.ports[i]), "-cluster-port", fmt.Sprint(routePorts[i]),
-			"-routes", strings.Join(routes, ","), "-tag", zones[i], "-dir", ndir}}
+		c.nodes[i] = &child{name: name, log: filepath.Join(ndir, "process.log"),
+			logs: filepath.Join(ndir, "process.log") + " and " + filepath.Join(ndir, "node.log"), args: []string{cmdNode,
+				"-name", name, "-port", fmt.Sprint(c.ports[i]), "-cluster-port", fmt.Sprint(routePorts[i]),
+				"-routes", strings.Join(routes, ","), "-tag", zones[i], "-dir", ndir}}
 	}
 	// Start the nodes together: each waits for the others' routes.
 	errs := make(chan error, clusterSize)

@@ -66,7 +66,7 @@ func setup(ctx context.Context, cfg *config) (_ *env, err error) {
 	}
 	if cfg.url == "" {
 		fmt.Fprintf(e.out, "starting 3-node cluster (separate processes, sync always) in %s\n", e.dir)
-		if e.cluster, err = startCluster(ctx, e.dir); err != nil {
+		if e.cluster, err = startCluster(ctx, e.dir, e.out, freePort); err != nil {
 			return nil, err
 		}
 		e.url = e.cluster.URLs()
