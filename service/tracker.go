@@ -1,7 +1,6 @@
 package service
 
 import (
-	"container/heap"
 	"strings"
 	"sync"
 	"time"
@@ -96,7 +95,7 @@ func (t *tracker) observe(key string, e entry) observation {
 		t.indexWaiter(key, e)
 	}
 	if e.held() {
-		heap.Push(&t.due, dueItem{at: t.deadline(o), key: key, rev: e.rev})
+		t.due.push(dueItem{at: t.deadline(o), key: key, rev: e.rev})
 	}
 	return *o
 }
@@ -251,8 +250,8 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []dueItem
-	for t.due.Len() > 0 && len(out) < limit && !t.due[0].at.After(now) {
-		it := heap.Pop(&t.due).(dueItem)
+	for len(t.due) > 0 && len(out) < limit && !t.due[0].at.After(now) {
+		it := t.due.pop()
 		if o := t.keys[it.key]; o != nil && o.rev == it.rev && o.held() {
 			out = append(out, it)
 		}
@@ -264,19 +263,49 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 func (t *tracker) retryAt(it dueItem, at time.Time) {
 	t.mu.Lock()
 	it.at = at
-	heap.Push(&t.due, it)
+	t.due.push(it)
 	t.mu.Unlock()
 }
 
+// dueHeap is a min-heap of due items by time. Its own push and pop, rather
+// than container/heap's, keep an item from being boxed into an interface
+// (an allocation on every write the tracker observes).
 type dueHeap []dueItem
 
-func (h dueHeap) Len() int           { return len(h) }
-func (h dueHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *dueHeap) Push(x any)        { *h = append(*h, x.(dueItem)) }
-func (h *dueHeap) Pop() any {
-	old := *h
-	it := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return it
+func (h *dueHeap) push(it dueItem) {
+	*h = append(*h, it)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !q[i].at.Before(q[p].at) {
+			break
+		}
+		q[i], q[p] = q[p], q[i]
+		i = p
+	}
+}
+
+func (h *dueHeap) pop() dueItem {
+	q := *h
+	top := q[0]
+	n := len(q) - 1
+	q[0] = q[n]
+	q[n] = dueItem{}
+	q = q[:n]
+	for i := 0; ; {
+		l, m := 2*i+1, i
+		if l < n && q[l].at.Before(q[m].at) {
+			m = l
+		}
+		if r := l + 1; r < n && q[r].at.Before(q[m].at) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		q[i], q[m] = q[m], q[i]
+		i = m
+	}
+	*h = q
+	return top
 }
