@@ -2,6 +2,9 @@ package service
 
 import (
 	"encoding/json"
+	"runtime/pprof"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,4 +132,59 @@ func TestLoadSheddingBeyondMaxInFlight(t *testing.T) {
 	if m := req(streams.OpAcquire, streams.AcquireRequest{Resource: "shed", RequestID: "shed"}); m.Header.Get(streams.HeaderErrorCode) != "" {
 		t.Fatalf("acquire after the places freed: %s", m.Data)
 	}
+}
+
+// Workers are reused, and exit after one to two workerIdle periods without
+// requests.
+func TestWorkersAreReusedAndExitWhenIdle(t *testing.T) {
+	const idle = 100 * time.Millisecond
+	s := &Service{work: make(chan func()), done: make(chan struct{}), workerIdle: idle}
+	defer close(s.done)
+	// workers counts the worker goroutines, and those waiting for work.
+	workers := func() (all, waiting int) {
+		var b strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
+		for _, g := range strings.Split(b.String(), "\n\n") {
+			if strings.Contains(g, "service.(*Service).worker(") {
+				all++
+				if strings.Contains(g, "[select") {
+					waiting++
+				}
+			}
+		}
+		return all, waiting
+	}
+	eventually := func(cond func() bool, format string, args ...any) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf(format, args...)
+			}
+		}
+	}
+
+	// Five at once: five workers.
+	release := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(5)
+	for range 5 {
+		s.spawn(func() { started.Done(); <-release })
+	}
+	started.Wait()
+	if n, _ := workers(); n != 5 {
+		t.Fatalf("%d workers for 5 concurrent requests, want 5", n)
+	}
+	close(release)
+	eventually(func() bool { _, w := workers(); return w == 5 }, "the 5 workers did not go back to waiting")
+
+	// The next request goes to one of them.
+	ran := make(chan struct{})
+	s.spawn(func() { close(ran) })
+	<-ran
+	if n, _ := workers(); n != 5 {
+		t.Fatalf("%d workers after one more request, want the same 5", n)
+	}
+
+	// No requests: every worker exits, one to two idle periods later.
+	eventually(func() bool { n, _ := workers(); return n == 0 }, "workers left after idling")
 }

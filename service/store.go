@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -120,12 +121,10 @@ func isDeleteOp(hdrs []byte) bool {
 // the stream's duplicate window: a repeat answers dup=true and the sequence
 // of the original write, without writing.
 func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string) (seq uint64, dup bool, err error) {
-	data, err := marshal(rec)
-	if err != nil {
-		return 0, false, err
-	}
+	buf := encode(rec)
+	defer buf.free()
 	m := nats.NewMsg(s.subjPfx + key)
-	m.Data = data
+	m.Data = buf.b
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	if msgID != "" {
 		m.Header.Set(jetstream.MsgIDHeader, msgID)
@@ -138,7 +137,9 @@ func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect
 func (s *store) del(ctx context.Context, key string, expect uint64, end *streams.EndMark) (uint64, error) {
 	m := nats.NewMsg(s.subjPfx + key)
 	if end != nil {
-		m.Data, _ = marshal(end)
+		buf := encode(end)
+		defer buf.free()
+		m.Data = buf.b
 	}
 	m.Header.Set("KV-Operation", "DEL")
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
@@ -175,17 +176,35 @@ func (s *store) tombstone(ctx context.Context, key, msgID string) (seq uint64, d
 // appender is a body with a hand-written encoder (see streams/encode.go).
 type appender interface{ AppendJSON([]byte) []byte }
 
-// marshal encodes v: the bodies written on every request through their
-// own encoders, which take about a quarter of json/v2's time (measured:
-// streams.BenchmarkEncodeRecord); anything else with the encoding/json/v2
-// prototype, which took about a quarter less time than encoding/json on a
-// lease record. A value json/v2 refuses (a string that is not valid UTF-8,
-// which validation keeps out of records and replies) goes through
-// encoding/json, which replaces the bad bytes.
-func marshal(v any) ([]byte, error) {
-	if a, ok := v.(appender); ok {
-		return a.AppendJSON(make([]byte, 0, 256)), nil
+// encoded is a body encoded into a pooled buffer. The writes and replies
+// built on every request encode into these: nats.go copies a message into
+// its write buffer before PublishMsg or RequestMsg returns, so the buffer
+// is free again once the message has been sent.
+type encoded struct{ b []byte }
+
+var encodedPool = sync.Pool{New: func() any { return &encoded{b: make([]byte, 0, 512)} }}
+
+// encode encodes v into a pooled buffer; free returns the buffer.
+func encode(v appender) *encoded {
+	e := encodedPool.Get().(*encoded)
+	e.b = v.AppendJSON(e.b[:0])
+	return e
+}
+
+func (e *encoded) free() {
+	if cap(e.b) <= 64<<10 {
+		encodedPool.Put(e)
 	}
+}
+
+// marshal encodes a body that has no hand-written encoder (the bodies
+// written on every request have theirs, about four times faster than
+// json/v2: streams.BenchmarkEncodeRecord; see encode) with the
+// encoding/json/v2 prototype, which took about a quarter less time than
+// encoding/json on a lease record. A value json/v2 refuses (a string that
+// is not valid UTF-8, which validation keeps out of records and replies)
+// goes through encoding/json, which replaces the bad bytes.
+func marshal(v any) ([]byte, error) {
 	if b, err := jsonv2.Marshal(v); err == nil {
 		return b, nil
 	}
