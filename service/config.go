@@ -72,8 +72,9 @@ type Config struct {
 	// MaxWaiting caps the waiting acquires one instance serves at once
 	// (waits do not count toward MaxInFlight). The default is 10000.
 	MaxWaiting int
-	// OpTimeout bounds the store work of one request. The default is 3s,
-	// below the client's default request timeout of 5s.
+	// OpTimeout bounds the store work of one request (counted from the
+	// start of its processing, rounded up to the next 10ms). The default
+	// is 3s, below the client's default request timeout of 5s.
 	OpTimeout time.Duration
 	// MaxInFlight bounds the requests processed at once; the next
 	// MaxQueued wait in arrival order, and beyond those the service sheds
