@@ -89,8 +89,13 @@ func (t *tracker) observe(key string, e entry) observation {
 	if o != nil && o.held() && o.rec.LeaseID != "" && (!e.held() || e.rec.RequestID != o.rec.RequestID) {
 		t.noteEnded(key, o.rec.RequestID)
 	}
-	o = &observation{entry: e, seen: time.Now()}
-	t.keys[key] = o
+	if o == nil {
+		o = new(observation)
+		t.keys[key] = o
+	}
+	// In place: every use of an observation's pointer holds t.mu, and
+	// callers get copies.
+	*o = observation{entry: e, seen: time.Now()}
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 		t.indexWaiter(key, e)
 	}
