@@ -154,14 +154,6 @@ func TestWorkersAreReusedAndExitWhenIdle(t *testing.T) {
 		}
 		return all, waiting
 	}
-	eventually := func(cond func() bool, format string, args ...any) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf(format, args...)
-			}
-		}
-	}
 
 	// Five at once: five workers.
 	release := make(chan struct{})
@@ -175,7 +167,7 @@ func TestWorkersAreReusedAndExitWhenIdle(t *testing.T) {
 		t.Fatalf("%d workers for 5 concurrent requests, want 5", n)
 	}
 	close(release)
-	eventually(func() bool { _, w := workers(); return w == 5 }, "the 5 workers did not go back to waiting")
+	waitFor(t, 5*time.Second, func() bool { _, w := workers(); return w == 5 }, "the 5 workers to go back to waiting")
 
 	// The next request goes to one of them.
 	ran := make(chan struct{})
@@ -186,5 +178,5 @@ func TestWorkersAreReusedAndExitWhenIdle(t *testing.T) {
 	}
 
 	// No requests: every worker exits, one to two idle periods later.
-	eventually(func() bool { n, _ := workers(); return n == 0 }, "workers left after idling")
+	waitFor(t, 5*time.Second, func() bool { n, _ := workers(); return n == 0 }, "every worker to exit")
 }
