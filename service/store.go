@@ -45,7 +45,7 @@ type store struct {
 	subjPfx   string // "$KV.<bucket>."
 	stream    string // "KV_<bucket>"
 	getSubj   string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
-	ackPrefix string // `{"stream":"KV_<bucket>","seq":`, how nats-server starts an ack
+	ackPrefix []byte // `{"stream":"KV_<bucket>","seq":`, how nats-server starts an ack
 	ttlHeader string // Nats-TTL of cancel tombstones
 }
 
@@ -56,7 +56,7 @@ func newStore(nc *nats.Conn, bucket string, retryWindow time.Duration) *store {
 		subjPfx:   streams.SubjectPrefix(bucket),
 		stream:    streams.StreamName(bucket),
 		getSubj:   "$JS.API.STREAM.MSG.GET." + streams.StreamName(bucket),
-		ackPrefix: `{"stream":"` + streams.StreamName(bucket) + `","seq":`,
+		ackPrefix: []byte(`{"stream":"` + streams.StreamName(bucket) + `","seq":`),
 		ttlHeader: strconv.FormatInt(int64((retryWindow+time.Second-1)/time.Second), 10) + "s",
 	}
 }
@@ -266,7 +266,7 @@ func (s *store) publish(ctx context.Context, m *nats.Msg) (uint64, bool, error) 
 // {"stream":"KV_b","seq":N} and {"stream":"KV_b","seq":N,"duplicate": true}.
 // Anything else (an error, a domain) is left to the decoder.
 func (s *store) quickAck(b []byte) (seq uint64, dup, ok bool) {
-	rest, found := bytes.CutPrefix(b, []byte(s.ackPrefix))
+	rest, found := bytes.CutPrefix(b, s.ackPrefix)
 	if !found {
 		return 0, false, false
 	}
