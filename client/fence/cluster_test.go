@@ -53,8 +53,24 @@ func newBucket(t *testing.T, js jetstream.JetStream) jetstream.KeyValue {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// A new R3 stream answers direct gets only once its replicas are up;
-	// until then a read fails with "no responders".
+	// The tests read back what they have just written. A direct get may
+	// be answered by a replica a moment behind the leader, so the test
+	// buckets answer reads from the leader only; the guard's handling of
+	// lagging reads is tested with laggingKV, which lags on purpose.
+	stream, err := js.Stream(ctx, "KV_"+cfg.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg := stream.CachedInfo().Config
+	scfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, scfg); err != nil {
+		t.Fatalf("bucket %s: leader-only reads: %v", cfg.Bucket, err)
+	}
+	if kv, err = js.KeyValue(ctx, cfg.Bucket); err != nil {
+		t.Fatal(err)
+	}
+	// A new R3 stream answers reads only once its leader is up; until
+	// then a read fails with "no responders".
 	for {
 		_, err := kv.Get(ctx, "probe")
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
