@@ -43,11 +43,13 @@ func StartHarness(t testing.TB) *Harness {
 }
 
 // ServiceConfig is the service configuration of the fault tests: the test
-// defaults (sweep every 50ms, expiry grace 500ms) with a store timeout
-// short enough that an answer comes before the callers' 2.5s timeout.
+// defaults (sweep every 50ms, expiry grace 500ms) with a request budget
+// (QueueWait+OpTimeout, from receipt) of 1.5s, short enough that an answer
+// comes before the callers' 2.5s timeout.
 func ServiceConfig() service.Config {
 	cfg := testenv.Config()
-	cfg.OpTimeout = 1500 * time.Millisecond
+	cfg.QueueWait = 500 * time.Millisecond
+	cfg.OpTimeout = time.Second
 	return cfg
 }
 

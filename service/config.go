@@ -72,9 +72,12 @@ type Config struct {
 	// MaxWaiting caps the waiting acquires one instance serves at once
 	// (waits do not count toward MaxInFlight). The default is 10000.
 	MaxWaiting int
-	// OpTimeout bounds the store work of one request (counted from the
-	// start of its processing, rounded up to the next 10ms). The default
-	// is 3s, below the client's default request timeout of 5s.
+	// OpTimeout bounds the store work of one request: it must end within
+	// QueueWait+OpTimeout of the request's receipt (rounded up to the next
+	// 10ms), so a request that did not wait in the queue has the unused
+	// part of QueueWait as well, for a slow stretch of the stream. The
+	// default is 3s; with QueueWait's 1s that is 4s, below the client's
+	// default request timeout of 5s.
 	OpTimeout time.Duration
 	// MaxInFlight bounds the requests processed at once; the next
 	// MaxQueued wait in arrival order, and beyond those the service sheds
@@ -93,9 +96,9 @@ type Config struct {
 	// QueueWait is how long a request may wait for its place: one whose
 	// turn comes later is answered unavailable then, without store work.
 	// The queue lets the service ride out a stall of the stream without
-	// shedding; QueueWait plus OpTimeout should stay below the clients'
-	// request timeout, so that every answer still finds its caller. The
-	// default is 1s.
+	// shedding; QueueWait plus OpTimeout, the whole budget of a request
+	// from its receipt, should stay below the clients' request timeout, so
+	// that every answer still finds its caller. The default is 1s.
 	QueueWait time.Duration
 	// HighWaterPatience is how long Run keeps re-checking a bucket whose
 	// stream reports a last sequence below the token high-water mark

@@ -59,7 +59,7 @@ func startInstance(t *testing.T, urls string, cfg Config, linger time.Duration) 
 func call(t *testing.T, s *Service, op string, body any) (any, error) {
 	t.Helper()
 	data, _ := json.Marshal(body)
-	return s.handle(op, data, hold(s.gate))
+	return s.handle(op, data, time.Now(), hold(s.gate))
 }
 
 // waitFor polls cond every 20ms until it holds or timeout passes; it is

@@ -244,7 +244,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 func TestNoQuorumAnswersUnavailable(t *testing.T) {
 	env := testenv.Start(t)
 	cfg := testenv.Config()
-	cfg.OpTimeout = 2 * time.Second
+	cfg.OpTimeout = time.Second // a budget of 2s with QueueWait's 1s
 	env.Serve(cfg)
 	c := caller{t: t, nc: env.Connect()}
 	l := c.mustAcquire("q/1", "a", 30000)

@@ -119,7 +119,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		peerSeen:   make(chan struct{}, 1),
 		peerLinger: peerLinger,
 		workerIdle: workerIdle,
-		deadlines:  newDeadlines(cfg.OpTimeout),
+		deadlines:  newDeadlines(cfg.QueueWait + cfg.OpTimeout),
 	}
 	s.gate = &gate{
 		limit:       cfg.MaxInFlight,
@@ -292,7 +292,7 @@ func (s *Service) dispatch(op string, r micro.Request) {
 				sl.release()
 				s.inflight.Done()
 			}()
-			resp, err := s.handle(op, r.Data(), sl)
+			resp, err := s.handle(op, r.Data(), received, sl)
 			code := ""
 			if err != nil {
 				oe := toOpError(err)
@@ -361,8 +361,10 @@ func (s *Service) worker(f func()) {
 	}
 }
 
-func (s *Service) handle(op string, data []byte, sl *slot) (any, error) {
-	ctx := s.deadlines.get()
+// handle decodes and processes one request received at received; its
+// store work must end within QueueWait+OpTimeout of that.
+func (s *Service) handle(op string, data []byte, received time.Time, sl *slot) (any, error) {
+	ctx := s.deadlines.get(received)
 	switch op {
 	case streams.OpAcquire:
 		var req streams.AcquireRequest

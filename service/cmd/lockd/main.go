@@ -57,7 +57,7 @@ type cli struct {
 	MaxInFlight int           `help:"Requests processed at once." default:"4096" env:"JETLOCK_MAX_IN_FLIGHT"`
 	MaxQueued   int           `help:"Requests waiting for a place beyond --max-in-flight; more are answered unavailable." default:"16384" env:"JETLOCK_MAX_QUEUED"`
 	QueueWait   time.Duration `help:"How long a request may wait for a place before it is answered unavailable." default:"1s" env:"JETLOCK_QUEUE_WAIT"`
-	OpTimeout   time.Duration `help:"Bound on the store work of one request; with --queue-wait keep it below the clients' request timeout." default:"3s" env:"JETLOCK_OP_TIMEOUT"`
+	OpTimeout   time.Duration `help:"Bound on the store work of one request: it ends within --queue-wait plus this of the request's receipt; keep that sum below the clients' request timeout." default:"3s" env:"JETLOCK_OP_TIMEOUT"`
 
 	Metrics  string `help:"Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090); empty disables." env:"JETLOCK_METRICS"`
 	LogLevel string `help:"Log level: debug, info, warn, error." default:"info" enum:"debug,info,warn,error" env:"JETLOCK_LOG_LEVEL"`
