@@ -54,34 +54,23 @@ func countWakes(t *testing.T, nc *nats.Conn) *atomic.Int64 {
 // replica a moment behind the leader, so the last deletes may show late.
 func noWaiterRecordsLeft(t *testing.T, env *testenv.Env) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		keys := waiterKeys(t, env)
-		if len(keys) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiter records left behind: %v", keys)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func waiterKeys(t *testing.T, env *testenv.Env) []string {
 	js, _ := jetstream.New(env.Connect())
 	kv, err := js.KeyValue(context.Background(), streams.DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lister, err := kv.ListKeysFiltered(context.Background(), streams.WaitKeyPrefix+">")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
-	}
-	return keys
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		lister, err := kv.ListKeysFiltered(context.Background(), streams.WaitKeyPrefix+">")
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = keys[:0]
+		for k := range lister.Keys() {
+			keys = append(keys, k)
+		}
+		return len(keys) == 0
+	}, "waiter records left behind: %v", &keys) // printed as they were last listed
 }
 
 // 50 waiters on one hot resource are granted in ticket order, and every
