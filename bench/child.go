@@ -110,6 +110,8 @@ func serviceMain(args []string) int {
 	prefix := fs.String("prefix", "jetlock", "subject prefix")
 	bucket := fs.String("bucket", "jetlock", "bucket")
 	logFile := fs.String("log", "", "log file (default stderr)")
+	var tune tuning
+	tune.register(fs, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -121,7 +123,7 @@ func serviceMain(args []string) int {
 		return 1
 	}
 	defer closeLog()
-	svc, err := startService(ctx, *url, *prefix, *bucket, logger)
+	svc, err := startService(ctx, *url, *prefix, *bucket, tune, logger)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -199,7 +201,7 @@ func (rs *runningService) stats() svcStats {
 
 // startService connects to url, makes sure the bucket exists (retrying
 // while the cluster settles), starts the service and waits until it serves.
-func startService(ctx context.Context, url, prefix, bucket string, logger *slog.Logger) (*runningService, error) {
+func startService(ctx context.Context, url, prefix, bucket string, tune tuning, logger *slog.Logger) (*runningService, error) {
 	nc, err := nats.Connect(url, nats.Name("jetlock-bench-service"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(64<<20))
 	if err != nil {
@@ -209,6 +211,7 @@ func startService(ctx context.Context, url, prefix, bucket string, logger *slog.
 	cfg.Prefix = prefix
 	cfg.Bucket.Bucket = bucket
 	cfg.Logger = logger
+	tune.apply(&cfg)
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	if err := ensureBucket(ctx, nc, cfg.Bucket); err != nil {

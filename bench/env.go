@@ -77,14 +77,14 @@ func setup(ctx context.Context, cfg *config) (_ *env, err error) {
 		if err != nil {
 			return nil, err
 		}
-		e.svc, err = startService(ctx, e.url, cfg.prefix, cfg.bucket, logger)
+		e.svc, err = startService(ctx, e.url, cfg.prefix, cfg.bucket, cfg.tune, logger)
 		if err != nil {
 			closeLog()
 			return nil, err
 		}
 		e.closeLog = closeLog
 		for range cfg.instances - 1 {
-			rs, err := startService(ctx, e.url, cfg.prefix, cfg.bucket, logger)
+			rs, err := startService(ctx, e.url, cfg.prefix, cfg.bucket, cfg.tune, logger)
 			if err != nil {
 				return nil, err
 			}
@@ -92,8 +92,8 @@ func setup(ctx context.Context, cfg *config) (_ *env, err error) {
 		}
 	case "proc":
 		e.svcProc = &child{name: "service", log: filepath.Join(e.dir, "service.log"),
-			args: []string{cmdService, "-servers", e.url, "-prefix", cfg.prefix, "-bucket", cfg.bucket,
-				"-log", filepath.Join(e.dir, "service.log")}}
+			args: append([]string{cmdService, "-servers", e.url, "-prefix", cfg.prefix, "-bucket", cfg.bucket,
+				"-log", filepath.Join(e.dir, "service.log")}, cfg.tune.args()...)}
 		if err := e.svcProc.start(90 * time.Second); err != nil {
 			return nil, err
 		}

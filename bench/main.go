@@ -27,6 +27,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jetlock/jetlock/service"
 )
 
 // config is the parsed command line.
@@ -34,6 +36,8 @@ type config struct {
 	url         string
 	serviceMode string
 	instances   int
+	tune        tuning // of the service the bench starts
+	tuned       bool   // a --service-* flag was given
 	leader      string
 	scenario    string
 	target      string
@@ -91,6 +95,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.url, "url", "", "NATS URL(s) of an existing deployment; the default starts a 3-node cluster of separate processes")
 	fs.StringVar(&c.leader, "leader", "any", "placement of the lock stream's leader with --service inproc: any (where JetStream put it), service (on the node the service is connected to: its writes cross no route), away (on another node)")
 	fs.StringVar(&c.serviceMode, "service", "", "where the jetlock service runs: inproc (in this process), proc (a child process, measured apart), none (already deployed). The default is inproc, or none with --url")
+	c.tune.register(fs, "service-")
 	fs.IntVar(&c.instances, "instances", 1, "with --service inproc: service instances in this process, each on its own connection (more than one makes every instance follow every write)")
 	fs.StringVar(&c.scenario, "scenario", "steady", "one of "+strings.Join(scenarios, ", "))
 	fs.StringVar(&c.target, "target", "service", "steady and ramp: service, or raw (the same load as bare KV compare-and-set writes, no service)")
@@ -147,6 +152,7 @@ func parseFlags(args []string) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	fs.Visit(func(f *flag.Flag) { c.tuned = c.tuned || strings.HasPrefix(f.Name, "service-") })
 	return c, c.finish()
 }
 
@@ -180,6 +186,14 @@ func (c *config) finish() error {
 	}
 	if c.url == "" && c.serviceMode == "none" {
 		return fmt.Errorf("--service none needs --url")
+	}
+	if c.tuned && c.serviceMode == "none" {
+		return fmt.Errorf("the --service-* flags tune the service the bench starts; with --service none (the default with --url) set them on lockd")
+	}
+	scfg := service.DefaultConfig()
+	c.tune.apply(&scfg)
+	if err := scfg.Validate(); err != nil {
+		return err
 	}
 	if c.instances < 1 || (c.instances > 1 && c.serviceMode != "inproc") {
 		return fmt.Errorf("--instances %d: want 1, or more with --service inproc", c.instances)
@@ -330,7 +344,7 @@ func run(ctx context.Context, cfg *config) (err error) {
 
 // settings lists the flags that shape the load, for the reports.
 func (c *config) settings() map[string]string {
-	return map[string]string{
+	m := map[string]string{
 		"duration": c.duration.String(), "resources": fmt.Sprint(c.resources), "leases": fmt.Sprint(c.leases),
 		"acquire_rate": fmt.Sprint(c.acquireRate), "release_rate": fmt.Sprint(c.releaseRate),
 		"renew_rate": fmt.Sprint(c.renewRate), "renew_interval": c.renewInterval.String(),
@@ -341,4 +355,8 @@ func (c *config) settings() map[string]string {
 		"wait": c.wait.String(), "service": c.serviceMode, "target": c.target, "retries": fmt.Sprint(c.retries), "failover_mode": c.failoverMode,
 		"leader": c.leader, "instances": fmt.Sprint(c.instances),
 	}
+	if c.serviceMode != "none" {
+		c.tune.settings(m)
+	}
+	return m
 }

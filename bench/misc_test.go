@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -109,6 +111,9 @@ func TestParseFlagsDefaultsAreTheDesignWorkload(t *testing.T) {
 		{"--target", "etcd"},
 		{"--instances", "0"},
 		{"--instances", "2", "--service", "proc"},
+		{"--url", "nats://127.0.0.1:4222", "--service-queue-wait", "2s"},
+		{"--service-max-in-flight", "0"},
+		{"--service-queue-wait", "-1s"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v accepted", args)
@@ -117,6 +122,38 @@ func TestParseFlagsDefaultsAreTheDesignWorkload(t *testing.T) {
 	c, err = parseFlags([]string{"--url", "nats://127.0.0.1:4222"})
 	if err != nil || c.serviceMode != "none" {
 		t.Fatalf("--url: service %q err %v", c.serviceMode, err)
+	}
+}
+
+// The service's overload settings default to the service's own, and reach
+// the service child (--service proc) through its flags unchanged.
+func TestServiceTuningFlags(t *testing.T) {
+	c, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg service.Config
+	c.tune.apply(&cfg)
+	d := service.DefaultConfig()
+	if cfg.MaxInFlight != d.MaxInFlight || cfg.MaxQueued != d.MaxQueued || cfg.QueueWait != d.QueueWait || cfg.OpTimeout != d.OpTimeout {
+		t.Fatalf("default tuning %+v, want the service's defaults", c.tune)
+	}
+	c, err = parseFlags([]string{"--service-max-in-flight", "100", "--service-max-queued", "7", "--service-queue-wait", "1.5s", "--service-op-timeout", "2500ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := tuning{maxInFlight: 100, maxQueued: 7, queueWait: 1500 * time.Millisecond, opTimeout: 2500 * time.Millisecond}
+	if c.tune != want {
+		t.Fatalf("tuning %+v, want %+v", c.tune, want)
+	}
+	if s := c.settings(); s["service_queue_wait"] != "1.5s" || s["service_max_in_flight"] != "100" {
+		t.Fatalf("settings %v", s)
+	}
+	fs := flag.NewFlagSet(cmdService, flag.ContinueOnError)
+	var child tuning
+	child.register(fs, "")
+	if err := fs.Parse(c.tune.args()); err != nil || child != want {
+		t.Fatalf("child's tuning %+v (%v), want %+v", child, err, want)
 	}
 }
 
