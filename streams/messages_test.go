@@ -2,6 +2,8 @@ package streams_test
 
 import (
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,5 +47,19 @@ func TestEndMark(t *testing.T) {
 	}
 	if !(&streams.EndMark{RequestID: "r1", EndedAt: "garbage"}).Ended("r1", now, window) {
 		t.Error("a mark with an unreadable time must count as recent")
+	}
+}
+
+// A misspelt field is named in the refusal, and other decoding errors
+// still say what is wrong with the JSON.
+func TestDecodeNamesAnUnknownField(t *testing.T) {
+	var req streams.AcquireRequest
+	err := streams.Decode([]byte(`{"resource":"a","request_id":"r","ttl":5000}`), &req)
+	if !errors.Is(err, streams.ErrInvalid) || err.Error() != `invalid request: unknown field "ttl"` {
+		t.Fatalf("unknown field: %v", err)
+	}
+	err = streams.Decode([]byte(`{"resource":5,"request_id":"r"}`), &req)
+	if !errors.Is(err, streams.ErrInvalid) || !strings.Contains(err.Error(), "malformed JSON") {
+		t.Fatalf("wrong type: %v", err)
 	}
 }

@@ -38,6 +38,12 @@ func Decode(data []byte, v any) error {
 		return invalidf("body must be a JSON object")
 	}
 	if err := json.Unmarshal(data, v, json.RejectUnknownMembers(true)); err != nil {
+		var serr *json.SemanticError
+		if errors.As(err, &serr) && errors.Is(serr.Err, json.ErrUnknownName) {
+			// json/v2 says "cannot unmarshal JSON string into Go
+			// streams.AcquireRequest: unknown object member name".
+			return invalidf("unknown field %q", serr.JSONPointer.LastToken())
+		}
 		return invalidf("malformed JSON: %v", err)
 	}
 	return nil
