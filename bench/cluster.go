@@ -217,10 +217,10 @@ func startClusterOnce(ctx context.Context, dir string, ports func() (int, error)
 		if err := os.MkdirAll(ndir, 0o755); err != nil {
 			return nil, err
 		}
-		c.nodes[i] = &child{name: name, log: filepath.Join(ndir, "process.log"),
-			logs: filepath.Join(ndir, "process.log") + " and " + filepath.Join(ndir, "node.log"), args: []string{cmdNode,
-				"-name", name, "-port", fmt.Sprint(c.ports[i]), "-cluster-port", fmt.Sprint(routePorts[i]),
-				"-routes", strings.Join(routes, ","), "-tag", zones[i], "-dir", ndir}}
+		plog := filepath.Join(ndir, "process.log")
+		c.nodes[i] = &child{name: name, log: plog, logs: plog + " and " + filepath.Join(ndir, "node.log"), args: []string{cmdNode,
+			"-name", name, "-port", fmt.Sprint(c.ports[i]), "-cluster-port", fmt.Sprint(routePorts[i]),
+			"-routes", strings.Join(routes, ","), "-tag", zones[i], "-dir", ndir}}
 	}
 	// Start the nodes together: each waits for the others' routes.
 	errs := make(chan error, clusterSize)

@@ -26,7 +26,8 @@ func (t *tuning) register(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&t.opTimeout, prefix+"op-timeout", d.OpTimeout, "service: store work bound; a request's budget is --queue-wait plus this (lockd --op-timeout)")
 }
 
-// apply sets the settings in cfg; service.New validates them.
+// apply sets the settings in cfg; config.finish (before the cluster
+// starts) and service.New validate them.
 func (t tuning) apply(cfg *service.Config) {
 	cfg.MaxInFlight, cfg.MaxQueued, cfg.QueueWait, cfg.OpTimeout = t.maxInFlight, t.maxQueued, t.queueWait, t.opTimeout
 }
