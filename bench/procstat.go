@@ -15,6 +15,7 @@ const clockTicks = 100
 
 // procSample is one reading of a process's CPU time and memory.
 type procSample struct {
+	at  time.Time     // when cpu was read
 	cpu time.Duration // user + system time so far
 	rss int64         // resident set, bytes
 	hwm int64         // peak resident set, bytes
@@ -30,7 +31,7 @@ func readProc(pid int) (procSample, error) {
 	if err != nil {
 		return procSample{}, err
 	}
-	s := procSample{cpu: cpu}
+	s := procSample{at: time.Now(), cpu: cpu}
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return s, err
@@ -110,8 +111,10 @@ func newProcTracker(start time.Time) *procTracker {
 }
 
 // sample reads every process and returns each one's CPU use since the
-// previous sample, in percent of one core over iv.
-func (t *procTracker) sample(ps []proc, iv time.Duration) map[string]float64 {
+// previous sample, in percent of one core over the time between the two
+// readings (not the caller's tick: a reading that comes late, after a slow
+// stream info request, would otherwise count more CPU time into one tick).
+func (t *procTracker) sample(ps []proc) map[string]float64 {
 	out := map[string]float64{}
 	for _, p := range ps {
 		s, err := readProc(p.pid)
@@ -131,8 +134,8 @@ func (t *procTracker) sample(ps []proc, iv time.Duration) map[string]float64 {
 		if seen {
 			d := s.cpu - prev.cpu
 			t.cpu[p.name] += d
-			if iv > 0 {
-				out[p.name] = round2(100 * d.Seconds() / iv.Seconds())
+			if pct, ok := cpuShare(prev, s); ok {
+				out[p.name] = pct
 			}
 		}
 		t.last[p.name], t.prev[p.name] = p, s
@@ -143,6 +146,16 @@ func (t *procTracker) sample(ps []proc, iv time.Duration) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// cpuShare is the CPU a process used between two readings, in percent of
+// one core over the time between them.
+func cpuShare(prev, cur procSample) (float64, bool) {
+	iv := cur.at.Sub(prev.at)
+	if iv <= 0 {
+		return 0, false
+	}
+	return round2(100 * (cur.cpu - prev.cpu).Seconds() / iv.Seconds()), true
 }
 
 // summary returns the per-process summary, CPU averaged up to now.

@@ -34,14 +34,28 @@ func TestReadProcSelf(t *testing.T) {
 func TestProcTrackerCountsRestartApart(t *testing.T) {
 	pt := newProcTracker(time.Now())
 	self := proc{name: "me", pid: os.Getpid()}
-	pt.sample([]proc{self}, 0)
-	pt.sample([]proc{self}, time.Second)
+	pt.sample([]proc{self})
+	pt.sample([]proc{self})
 	sum := pt.summary(time.Now())
 	if _, ok := sum["me"]; !ok {
 		t.Fatalf("summary %v lacks me", sum)
 	}
 	if sum["me"].Restart != 0 {
 		t.Fatal("restart counted without a new pid")
+	}
+}
+
+// A reading that comes late (the sampler waited on a slow request before
+// reading) must not count the extra CPU time into a nominal interval.
+func TestCPUShareIsOverTheTimeBetweenReadings(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	prev := procSample{at: t0, cpu: 10 * time.Second}
+	late := procSample{at: t0.Add(1500 * time.Millisecond), cpu: 10*time.Second + 750*time.Millisecond}
+	if pct, ok := cpuShare(prev, late); !ok || pct != 50 {
+		t.Fatalf("750 ms of CPU over 1.5 s: %v %v, want 50", pct, ok)
+	}
+	if _, ok := cpuShare(late, late); ok {
+		t.Fatal("a share over no time")
 	}
 }
 

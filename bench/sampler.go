@@ -123,7 +123,7 @@ func (s *sampler) start(ctx context.Context, ph *phase, stream string) (stop fun
 	ph.start = time.Now()
 	first, firstOK := s.lastSeq(ctx, stream)
 	pt := newProcTracker(ph.start)
-	pt.sample(s.procs(), 0)
+	pt.sample(s.procs())
 	m0, m0err := readMachine()
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -162,7 +162,7 @@ func (s *sampler) start(ctx context.Context, ph *phase, stream string) (stop fun
 				}
 				last, lastOK = rd, true
 			}
-			cpu := pt.sample(s.procs(), iv)
+			cpu := pt.sample(s.procs())
 			for name, v := range cpu {
 				if !stub {
 					ph.cpu[name] = append(ph.cpu[name], seriesPoint{el, v})
