@@ -69,3 +69,28 @@ func TestStartClusterRetriesOnFreshPorts(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// --clients service connects every load connection to the node the
+// service is connected to, so that requests and replies cross no route.
+func TestClientsServiceConnectsTheLoadToTheServiceNode(t *testing.T) {
+	cfg, err := parseFlags([]string{"--clients", "service", "--conns", "4", "--data-dir", t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e, err := setup(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.close()
+	want := e.svc.nc.ConnectedServerName()
+	for i, nc := range e.conns {
+		if got := nc.ConnectedServerName(); got != want {
+			t.Errorf("load connection %d on %s, the service on %s", i, got, want)
+		}
+	}
+	if err := e.checkService(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

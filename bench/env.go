@@ -98,7 +98,12 @@ func setup(ctx context.Context, cfg *config) (_ *env, err error) {
 			return nil, err
 		}
 	}
-	if e.conns, err = connect(e.url, cfg.conns, "jetlock-bench"); err != nil {
+	loadURL := e.url
+	if cfg.clients == "service" {
+		// nats.go learns the other nodes from this one, for reconnects.
+		loadURL = e.svc.nc.ConnectedUrl()
+	}
+	if e.conns, err = connect(loadURL, cfg.conns, "jetlock-bench"); err != nil {
 		return nil, err
 	}
 	if e.rq, err = newRequester(e.conns, cfg.maxInFlight); err != nil {

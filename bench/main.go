@@ -39,6 +39,7 @@ type config struct {
 	tune        tuning // of the service the bench starts
 	tuned       bool   // a --service-* flag was given
 	leader      string
+	clients     string
 	scenario    string
 	target      string
 	duration    time.Duration
@@ -94,6 +95,7 @@ func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&c.url, "url", "", "NATS URL(s) of an existing deployment; the default starts a 3-node cluster of separate processes")
 	fs.StringVar(&c.leader, "leader", "any", "placement of the lock stream's leader with --service inproc: any (where JetStream put it), service (on the node the service is connected to: its writes cross no route), away (on another node)")
+	fs.StringVar(&c.clients, "clients", "any", "where the load connections connect, with --service inproc: any (each to a cluster node picked at random, as nats.go does) or service (to the node the service is connected to: requests and replies cross no route, like clients in the service's own zone)")
 	fs.StringVar(&c.serviceMode, "service", "", "where the jetlock service runs: inproc (in this process), proc (a child process, measured apart), none (already deployed). The default is inproc, or none with --url")
 	c.tune.register(fs, "service-")
 	fs.IntVar(&c.instances, "instances", 1, "with --service inproc: service instances in this process, each on its own connection (more than one makes every instance follow every write)")
@@ -183,6 +185,12 @@ func (c *config) finish() error {
 	case "inproc", "proc", "none":
 	default:
 		return fmt.Errorf("--service %q: want inproc, proc or none", c.serviceMode)
+	}
+	switch {
+	case c.clients != "any" && c.clients != "service":
+		return fmt.Errorf("--clients %q: want any or service", c.clients)
+	case c.clients == "service" && c.serviceMode != "inproc":
+		return fmt.Errorf("--clients service needs --service inproc (the bench knows only that service's node)")
 	}
 	if c.url == "" && c.serviceMode == "none" {
 		return fmt.Errorf("--service none needs --url")
@@ -353,7 +361,7 @@ func (c *config) settings() map[string]string {
 		"ramp_step": fmt.Sprint(c.rampStep), "ramp_step_duration": c.rampStepDur.String(),
 		"hot_resources": fmt.Sprint(c.hotResources), "waiters": fmt.Sprint(c.waiters), "hold": c.hold.String(),
 		"wait": c.wait.String(), "service": c.serviceMode, "target": c.target, "retries": fmt.Sprint(c.retries), "failover_mode": c.failoverMode,
-		"leader": c.leader, "instances": fmt.Sprint(c.instances),
+		"leader": c.leader, "clients": c.clients, "instances": fmt.Sprint(c.instances),
 	}
 	if c.serviceMode != "none" {
 		c.tune.settings(m)

@@ -100,7 +100,7 @@ func TestParseFlagsDefaultsAreTheDesignWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.scenario != "steady" || c.resources != 100_000 || c.leases != 20_000 || c.acquireRate != 2000 ||
-		c.releaseRate != 2000 || c.renewRate != 2000 || c.serviceMode != "inproc" || c.instances != 1 {
+		c.releaseRate != 2000 || c.renewRate != 2000 || c.serviceMode != "inproc" || c.instances != 1 || c.clients != "any" {
 		t.Fatalf("defaults %+v", c)
 	}
 	for _, args := range [][]string{
@@ -114,6 +114,9 @@ func TestParseFlagsDefaultsAreTheDesignWorkload(t *testing.T) {
 		{"--url", "nats://127.0.0.1:4222", "--service-queue-wait", "2s"},
 		{"--service-max-in-flight", "0"},
 		{"--service-queue-wait", "-1s"},
+		{"--clients", "nearby"},
+		{"--clients", "service", "--service", "proc"},
+		{"--clients", "service", "--url", "nats://127.0.0.1:4222"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v accepted", args)
