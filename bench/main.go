@@ -189,8 +189,10 @@ func (c *config) finish() error {
 	switch {
 	case c.clients != "any" && c.clients != "service":
 		return fmt.Errorf("--clients %q: want any or service", c.clients)
-	case c.clients == "service" && c.serviceMode != "inproc":
-		return fmt.Errorf("--clients service needs --service inproc (the bench knows only that service's node)")
+	case c.serviceMode != "inproc" && c.clients != "any":
+		return fmt.Errorf("--clients %s needs --service inproc (the bench knows only that service's node)", c.clients)
+	case c.serviceMode != "inproc" && c.leader != "any":
+		return fmt.Errorf("--leader %s needs --service inproc (the bench knows only that service's node)", c.leader)
 	}
 	if c.url == "" && c.serviceMode == "none" {
 		return fmt.Errorf("--service none needs --url")

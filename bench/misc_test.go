@@ -117,6 +117,8 @@ func TestParseFlagsDefaultsAreTheDesignWorkload(t *testing.T) {
 		{"--clients", "nearby"},
 		{"--clients", "service", "--service", "proc"},
 		{"--clients", "service", "--url", "nats://127.0.0.1:4222"},
+		{"--leader", "away", "--service", "proc"},
+		{"--leader", "service", "--url", "nats://127.0.0.1:4222"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v accepted", args)
