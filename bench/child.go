@@ -148,10 +148,11 @@ func serviceLogger(path string) (*slog.Logger, func(), error) {
 
 // runningService is a service started in this process.
 type runningService struct {
-	nc     *nats.Conn
-	cancel context.CancelFunc
-	done   chan error
-	reg    *prometheus.Registry
+	nc      *nats.Conn
+	storeNC *nats.Conn
+	cancel  context.CancelFunc
+	done    chan error
+	reg     *prometheus.Registry
 }
 
 // opTime is the service's own count and total time (receipt to reply) of
@@ -214,17 +215,25 @@ func startService(ctx context.Context, url, prefix, bucket string, tune tuning, 
 	tune.apply(&cfg)
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
-	if err := ensureBucket(ctx, nc, cfg.Bucket); err != nil {
-		nc.Close()
-		return nil, err
-	}
-	svc, err := service.New(nc, cfg)
+	storeNC, err := nats.Connect(url, nats.Name("jetlock-bench-store"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.ReconnectBufSize(64<<20))
 	if err != nil {
 		nc.Close()
+		return nil, fmt.Errorf("service store connect: %w", err)
+	}
+	if err := ensureBucket(ctx, storeNC, cfg.Bucket); err != nil {
+		nc.Close()
+		storeNC.Close()
+		return nil, err
+	}
+	svc, err := service.New(nc, storeNC, cfg)
+	if err != nil {
+		nc.Close()
+		storeNC.Close()
 		return nil, err
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	rs := &runningService{nc: nc, cancel: cancel, done: make(chan error, 1), reg: reg}
+	rs := &runningService{nc: nc, storeNC: storeNC, cancel: cancel, done: make(chan error, 1), reg: reg}
 	go func() { rs.done <- svc.Run(rctx) }()
 	select {
 	case <-svc.Ready():
@@ -232,6 +241,7 @@ func startService(ctx context.Context, url, prefix, bucket string, tune tuning, 
 	case err := <-rs.done:
 		cancel()
 		nc.Close()
+		storeNC.Close()
 		return nil, fmt.Errorf("service: %w", err)
 	case <-time.After(60 * time.Second):
 		rs.stop()
@@ -247,4 +257,5 @@ func (rs *runningService) stop() {
 	case <-time.After(15 * time.Second):
 	}
 	rs.nc.Close()
+	rs.storeNC.Close()
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetlock/jetlock/client"
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
-	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
 func Example() {
@@ -24,11 +24,15 @@ func Example() {
 		panic(err)
 	}
 	defer cluster.Shutdown()
-	nc, _ := nats.Connect(cluster.URLs())
-	defer nc.Close()
+	svcNC, storeNC, err := cluster.ConnectService()
+	if err != nil {
+		panic(err)
+	}
+	defer svcNC.Close()
+	defer storeNC.Close()
 	cfg := service.DefaultConfig()
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	svc, _ := service.New(nc, cfg)
+	svc, _ := service.New(svcNC, storeNC, cfg)
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	failed := make(chan error, 1)
@@ -39,6 +43,10 @@ func Example() {
 		panic(err)
 	}
 
+	// Your application connects as itself; it needs no rights on the
+	// bucket.
+	nc, _ := nats.Connect(cluster.URLs())
+	defer nc.Close()
 	c, _ := client.New(nc)
 	lease, err := c.Acquire(ctx, "lock:backup:user123", client.TTL(10*time.Second), client.Owner("backup-service"))
 	if err != nil {

@@ -11,13 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
-	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
 // lockStream is the stream behind the default lock bucket.
@@ -66,26 +65,36 @@ func (h *Harness) targets(first int) func() []string {
 	}
 }
 
-// Connect opens a connection to node (or, when it is down, the next one)
-// through a new proxy. Both are closed at cleanup.
+// Connect opens a caller's connection to node (or, when it is down, the
+// next one) through a new proxy. Both are closed at cleanup.
 func (h *Harness) Connect(node int, name string) (*nats.Conn, *Proxy) {
 	h.T.Helper()
 	p := NewProxy(h.T, h.targets(node))
-	nc, err := nats.Connect(p.URL(), nats.Name(name), nats.MaxReconnects(-1),
-		nats.ReconnectWait(50*time.Millisecond), nats.ReconnectJitter(50*time.Millisecond, 0),
-		nats.IgnoreDiscoveredServers(), nats.RetryOnFailedConnect(true))
+	return h.connectVia(p, name, devcluster.Caller), p
+}
+
+// connectVia opens a connection of role through proxy p, closed at
+// cleanup.
+func (h *Harness) connectVia(p *Proxy, name string, role devcluster.Role) *nats.Conn {
+	h.T.Helper()
+	opts := append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(50 * time.Millisecond), nats.ReconnectJitter(50*time.Millisecond, 0),
+		nats.IgnoreDiscoveredServers(), nats.RetryOnFailedConnect(true)}, h.C.ConnectOptions(role)...)
+	nc, err := nats.Connect(p.URL(), opts...)
 	if err != nil {
 		h.T.Fatal(err)
 	}
 	h.T.Cleanup(nc.Close)
-	return nc, p
+	return nc
 }
 
-// Instance is a service instance whose NATS connection runs through Proxy.
+// Instance is a service instance whose NATS connections (requests and
+// store) run through Proxy.
 type Instance struct {
-	Proxy *Proxy
-	Node  int
-	Conn  *nats.Conn
+	Proxy     *Proxy
+	Node      int
+	Conn      *nats.Conn
+	StoreConn *nats.Conn
 
 	once sync.Once
 	stop context.CancelFunc
@@ -109,6 +118,7 @@ func (i *Instance) Stop() {
 		case <-time.After(30 * time.Second):
 		}
 		i.Conn.Close()
+		i.StoreConn.Close()
 	})
 }
 
@@ -116,7 +126,9 @@ func (i *Instance) Stop() {
 // waits until it serves. It is stopped at cleanup.
 func (h *Harness) Serve(node int, cfg service.Config) *Instance {
 	h.T.Helper()
-	nc, p := h.Connect(node, fmt.Sprintf("service@n%d", node+1))
+	p := NewProxy(h.T, h.targets(node))
+	nc := h.connectVia(p, fmt.Sprintf("service@n%d", node+1), devcluster.Service)
+	storeNC := h.connectVia(p, fmt.Sprintf("store@n%d", node+1), devcluster.Store)
 	if dir := os.Getenv("JETLOCK_TEST_LOGDIR"); dir != "" {
 		// Debugging aid: each instance logs at debug level to its own file.
 		name := fmt.Sprintf("%s-n%d-%d.log", strings.ReplaceAll(h.T.Name(), "/", "_"), node+1, time.Now().UnixNano())
@@ -127,12 +139,12 @@ func (h *Harness) Serve(node int, cfg service.Config) *Instance {
 		h.T.Cleanup(func() { f.Close() })
 		cfg.Logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	svc, err := service.New(nc, cfg)
+	svc, err := service.New(nc, storeNC, cfg)
 	if err != nil {
 		h.T.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	inst := &Instance{Proxy: p, Node: node, Conn: nc, stop: cancel, done: make(chan error, 1)}
+	inst := &Instance{Proxy: p, Node: node, Conn: nc, StoreConn: storeNC, stop: cancel, done: make(chan error, 1)}
 	go func() { inst.done <- svc.Run(ctx) }()
 	h.T.Cleanup(inst.Stop)
 	select {
@@ -161,7 +173,7 @@ func (h *Harness) Instances() []*Instance {
 func (h *Harness) WaitReachable(timeout time.Duration) {
 	h.T.Helper()
 	for _, i := range h.C.Running() {
-		nc, err := nats.Connect(h.C.ClientURL(i), nats.IgnoreDiscoveredServers())
+		nc, err := nats.Connect(h.C.ClientURL(i), append(h.C.ConnectOptions(devcluster.Caller), nats.IgnoreDiscoveredServers())...)
 		if err != nil {
 			h.T.Fatal(err)
 		}
@@ -242,7 +254,7 @@ func (h *Harness) streamState() string {
 			fmt.Fprintf(&b, "n%d down; ", i)
 		} else {
 			fmt.Fprintf(&b, "n%d leader=%v current=%v; ", i,
-				s.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, lockStream), s.JetStreamIsStreamCurrent(server.DEFAULT_GLOBAL_ACCOUNT, lockStream))
+				s.JetStreamIsStreamLeader(devcluster.Account, lockStream), s.JetStreamIsStreamCurrent(devcluster.Account, lockStream))
 		}
 	}
 	return b.String()
@@ -257,8 +269,8 @@ func (h *Harness) WaitCurrent(timeout time.Duration) bool {
 		ok, leader := true, false
 		for _, i := range h.C.Running() {
 			if s := h.C.Server(i); s != nil {
-				ok = ok && s.JetStreamIsStreamCurrent(server.DEFAULT_GLOBAL_ACCOUNT, lockStream)
-				leader = leader || s.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, lockStream)
+				ok = ok && s.JetStreamIsStreamCurrent(devcluster.Account, lockStream)
+				leader = leader || s.JetStreamIsStreamLeader(devcluster.Account, lockStream)
 			}
 		}
 		if ok && leader {

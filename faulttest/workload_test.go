@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jetlock/jetlock/streams/devcluster"
+	"github.com/jetlock/jetlock/internal/devcluster"
 )
 
 // Workload drives many clients against the service while faults are

@@ -35,8 +35,10 @@ const (
 )
 
 // HeartbeatSubject is the subject on which the instances serving bucket
-// announce themselves.
-func HeartbeatSubject(bucket string) string { return "_jetlock.instances." + bucket }
+// under prefix announce themselves. It lies under the prefix, whose
+// subjects the service never publishes a reply on, so no caller can fake
+// an instance.
+func HeartbeatSubject(prefix, bucket string) string { return prefix + ".instances." + bucket }
 
 // heartbeat announces this instance every peerInterval until ctx ends.
 func (s *Service) heartbeat(ctx context.Context, subj string) {

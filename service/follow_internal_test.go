@@ -9,23 +9,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/streams"
 )
 
-// startInstance runs a service instance on its own connection to urls
+// startInstance runs a service instance on connections of its own to cl
 // until stop is called or the test ends. linger, when not zero, replaces
 // peerLinger.
-func startInstance(t *testing.T, urls string, cfg Config, linger time.Duration) (s *Service, stop func()) {
+func startInstance(t *testing.T, cl *devcluster.Cluster, cfg Config, linger time.Duration) (s *Service, stop func()) {
 	t.Helper()
-	nc, err := nats.Connect(urls)
+	nc, storeNC, err := cl.ConnectService()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	if s, err = New(nc, cfg); err != nil {
+	if s, err = New(nc, storeNC, cfg); err != nil {
 		t.Fatal(err)
 	}
 	if linger != 0 {
@@ -43,6 +43,7 @@ func startInstance(t *testing.T, urls string, cfg Config, linger time.Duration) 
 				t.Errorf("instance stopped with %v", err)
 			}
 			nc.Close()
+			storeNC.Close()
 		}
 	}
 	t.Cleanup(stop)
@@ -85,7 +86,7 @@ func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
 	cl := startCluster(t)
 	cfg := DefaultConfig()
 	cfg.ExpiryGrace = 200 * time.Millisecond
-	a, _ := startInstance(t, cl.URLs(), cfg, 500*time.Millisecond)
+	a, _ := startInstance(t, cl, cfg, 500*time.Millisecond)
 	if !a.Following() {
 		t.Fatal("a new instance does not follow the bucket before it knows it is alone")
 	}
@@ -112,7 +113,7 @@ func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
 		return err == nil
 	}, "the lone instance expires the record it read")
 
-	b, stopB := startInstance(t, cl.URLs(), cfg, 0)
+	b, stopB := startInstance(t, cl, cfg, 0)
 	waitFor(t, 5*time.Second, a.Following, "the first instance follows once a second one serves")
 	if !b.Following() {
 		t.Fatal("the second instance does not follow though the first serves")
@@ -148,8 +149,8 @@ func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
 // first instance has seen the release, it puts the released lease back.
 func TestFollowingInstanceRefusesOnlyOnARead(t *testing.T) {
 	cl := startCluster(t)
-	a, _ := startInstance(t, cl.URLs(), DefaultConfig(), 0)
-	b, _ := startInstance(t, cl.URLs(), DefaultConfig(), 0)
+	a, _ := startInstance(t, cl, DefaultConfig(), 0)
+	b, _ := startInstance(t, cl, DefaultConfig(), 0)
 	waitFor(t, 5*time.Second, func() bool { return a.Following() && b.Following() }, "the instances follow each other")
 	resp, err := call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "lagging", RequestID: "h"})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
@@ -160,7 +161,7 @@ func TestSkewedClocksNeverExpireEarly(t *testing.T) {
 func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	env, c := setup(t)
 	held := c.mustAcquire("valid/res", "holder", 5000)
-	js, err := jetstream.New(env.Connect())
+	js, err := jetstream.New(env.ConnectAs(devcluster.Operator))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +377,7 @@ func TestRequestIDRememberedAcrossClusterRestart(t *testing.T) {
 func TestBucketBelowHighWaterWaitsThenRefuses(t *testing.T) {
 	env := testenv.Start(t)
 	ctx := context.Background()
-	js, err := jetstream.New(env.Connect())
+	js, err := jetstream.New(env.ConnectAs(devcluster.Store))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +399,7 @@ func TestBucketBelowHighWaterWaitsThenRefuses(t *testing.T) {
 	run := func(patience time.Duration) (*service.Service, <-chan error, context.CancelFunc) {
 		cfg := testenv.Config()
 		cfg.HighWaterPatience = patience
-		svc, err := service.New(env.Connect(), cfg)
+		svc, err := service.New(env.ConnectAs(devcluster.Service), env.ConnectAs(devcluster.Store), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

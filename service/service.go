@@ -32,8 +32,9 @@ const lockStripes = 8192
 // so they never double-grant or lose a renewal.
 type Service struct {
 	cfg     Config
-	nc      *nats.Conn
-	js      jetstream.JetStream
+	nc      *nats.Conn          // requests, replies, wakes, heartbeats: no JetStream rights
+	storeNC *nats.Conn          // the bucket and the JetStream API
+	js      jetstream.JetStream // on storeNC
 	log     *slog.Logger
 	metrics *metrics
 
@@ -78,16 +79,24 @@ type Service struct {
 	deadlines  *deadlines    // of the requests' store work
 }
 
-// New returns a service that will serve on nc. It checks cfg (returning an
-// error wrapping ErrInvalidConfig) but touches nothing until Run.
-func New(nc *nats.Conn, cfg Config) (*Service, error) {
-	if nc == nil {
+// New returns a service that answers requests on nc and keeps lock state
+// in the bucket through store. The two must be different connections: a
+// request names the subject its reply is published on, so nc's credentials
+// should have no rights on $JS, $KV and $SYS (see deploy/), while store's
+// reach the bucket and the JetStream API and carry nothing a caller chose.
+// New checks cfg (returning an error wrapping ErrInvalidConfig) but
+// touches nothing until Run.
+func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
+	if nc == nil || store == nil {
 		return nil, fmt.Errorf("%w: nil connection", ErrInvalidConfig)
+	}
+	if nc == store {
+		return nil, fmt.Errorf("%w: requests and the bucket need two connections (the request connection must not be able to write the bucket)", ErrInvalidConfig)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(store)
 	if err != nil {
 		return nil, err
 	}
@@ -103,6 +112,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:     cfg,
 		nc:      nc,
+		storeNC: store,
 		js:      js,
 		log:     log,
 		metrics: m,
@@ -148,7 +158,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return nil // cancelled while waiting for the cluster
 	}
 	s.bucket = b
-	s.store = newStore(s.nc, b.Config().Bucket, b.Config().RetryWindow)
+	s.store = newStore(s.storeNC, b.Config().Bucket, b.Config().RetryWindow)
 
 	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	var bgWG sync.WaitGroup
@@ -158,7 +168,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}()
 	// Hear the other instances before following starts, and be heard.
 	s.epoch = time.Now()
-	hbSubj := HeartbeatSubject(b.Config().Bucket)
+	hbSubj := HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket)
 	hbSub, err := s.nc.Subscribe(hbSubj, s.onHeartbeat)
 	if err != nil {
 		return fmt.Errorf("subscribe heartbeat subject: %w", err)

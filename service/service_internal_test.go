@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/streams"
-	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
 // startCluster starts a fresh three-node cluster until the test ends.
@@ -31,7 +31,7 @@ func startCluster(t *testing.T) *devcluster.Cluster {
 // the test ends, and returns it with a function that sends one request.
 func runInternal(t *testing.T, cfg Config) (*Service, func(op string, body any) *nats.Msg) {
 	t.Helper()
-	s, _ := startInstance(t, startCluster(t).URLs(), cfg, 0)
+	s, _ := startInstance(t, startCluster(t), cfg, 0)
 	return s, func(op string, body any) *nats.Msg {
 		data, _ := json.Marshal(body)
 		m, err := s.nc.Request(streams.Subject("jetlock", op), data, 20*time.Second)

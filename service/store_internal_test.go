@@ -6,6 +6,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -41,7 +42,7 @@ func TestQuickAck(t *testing.T) {
 // write and a repeat of it with the same message id.
 func TestQuickAckReadsTheServersAcks(t *testing.T) {
 	cl := startCluster(t)
-	nc, err := nats.Connect(cl.URLs())
+	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Store)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
@@ -54,7 +55,7 @@ func countWakes(t *testing.T, nc *nats.Conn) *atomic.Int64 {
 // replica a moment behind the leader, so the last deletes may show late.
 func noWaiterRecordsLeft(t *testing.T, env *testenv.Env) {
 	t.Helper()
-	js, _ := jetstream.New(env.Connect())
+	js, _ := jetstream.New(env.ConnectAs(devcluster.Operator))
 	kv, err := js.KeyValue(context.Background(), streams.DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +80,7 @@ func TestWaitersFIFOAndOneWakePerRelease(t *testing.T) {
 	env := testenv.Start(t)
 	env.Serve(waitConfig())
 	c := caller{t: t, nc: env.Connect()}
-	wakes := countWakes(t, env.Connect())
+	wakes := countWakes(t, env.ConnectAs(devcluster.Service))
 	const res, n = "hot/1", 50
 	holder := c.mustAcquire(res, "holder", 30000)
 	var mu sync.Mutex

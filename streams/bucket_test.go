@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/streams"
-	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
 func startCluster(t *testing.T) (*devcluster.Cluster, jetstream.JetStream) {
@@ -20,7 +20,7 @@ func startCluster(t *testing.T) (*devcluster.Cluster, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Shutdown)
-	nc, err := nats.Connect(c.URLs())
+	nc, err := nats.Connect(c.URLs(), c.ConnectOptions(devcluster.Store)...)
 	if err != nil {
 		t.Fatal(err)
 	}

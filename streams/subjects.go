@@ -31,3 +31,13 @@ var Operations = []string{OpAcquire, OpRenew, OpRelease, OpCancel, OpStatus}
 func Subject(prefix, op string) string {
 	return prefix + "." + APIVersion + "." + op
 }
+
+// Inbox prefixes of the service's two connections (see service.New). A
+// deployment's permissions let each of the service's users subscribe only
+// under its own prefix, and no other user under either, so that nobody
+// else sees the replies they receive: a read of the bucket carries lease
+// ids.
+const (
+	ServiceInboxPrefix = "_INBOX_jetlock_service"
+	StoreInboxPrefix   = "_INBOX_jetlock_store"
+)

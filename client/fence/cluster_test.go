@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetlock/jetlock/client/fence"
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/testenv"
 )
 
@@ -19,7 +20,7 @@ import (
 // JetStream context on it.
 func startJS(t *testing.T) jetstream.JetStream {
 	t.Helper()
-	js, err := jetstream.New(testenv.Start(t).Connect())
+	js, err := jetstream.New(testenv.Start(t).ConnectAs(devcluster.App))
 	if err != nil {
 		t.Fatal(err)
 	}

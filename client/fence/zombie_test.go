@@ -12,6 +12,7 @@ import (
 
 	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/client/fence"
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/netlink"
 	"github.com/jetlock/jetlock/internal/testenv"
 )
@@ -36,16 +37,11 @@ func TestZombieHolder(t *testing.T) {
 	defer cancel()
 
 	const resource = "lock:backup:user123"
-	store := startUserStore(t, env.Connect())
+	store := startUserStore(t, env.ConnectAs(devcluster.App))
 
 	link := &netlink.Link{}
-	ncA, err := nats.Connect(env.Cluster.URLs(), nats.SetCustomDialer(link),
-		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ncA.Close)
-	ncB := env.Connect()
+	ncA := env.ConnectAs(devcluster.App, nats.SetCustomDialer(link), nats.ReconnectWait(50*time.Millisecond))
+	ncB := env.ConnectAs(devcluster.App)
 	clientA, err := client.New(ncA)
 	if err != nil {
 		t.Fatal(err)

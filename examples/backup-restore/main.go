@@ -24,9 +24,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
-	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
 func main() {
@@ -137,19 +137,20 @@ func run(ctx context.Context, out io.Writer) error {
 // returned function is called, and waits until it answers through every
 // node (interest in its subjects spreads between nodes asynchronously).
 func startService(ctx context.Context, cluster *devcluster.Cluster) (stop func(), err error) {
-	nc, err := nats.Connect(cluster.URLs(), nats.Name("jetlock-service"), nats.MaxReconnects(-1))
+	nc, storeNC, err := cluster.ConnectService()
 	if err != nil {
 		return nil, err
 	}
+	closeConns := func() { nc.Close(); storeNC.Close() }
 	cfg := service.DefaultConfig()
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	// The service lets another caller in once a lease has gone unrenewed
 	// for its TTL plus this grace (default 2s); shorter keeps the demo
 	// short.
 	cfg.ExpiryGrace = 500 * time.Millisecond
-	svc, err := service.New(nc, cfg)
+	svc, err := service.New(nc, storeNC, cfg)
 	if err != nil {
-		nc.Close()
+		closeConns()
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -158,13 +159,13 @@ func startService(ctx context.Context, cluster *devcluster.Cluster) (stop func()
 	stop = func() {
 		cancel()
 		<-done
-		nc.Close()
+		closeConns()
 	}
 	select {
 	case <-svc.Ready():
 	case err := <-done:
 		cancel()
-		nc.Close()
+		closeConns()
 		return nil, fmt.Errorf("lock service: %w", err)
 	case <-ctx.Done():
 		stop()

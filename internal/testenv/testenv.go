@@ -12,9 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
-	"github.com/jetlock/jetlock/streams/devcluster"
 )
 
 // Env is a running cluster.
@@ -34,10 +34,20 @@ func Start(t testing.TB) *Env {
 	return &Env{T: t, Cluster: c}
 }
 
-// Connect opens a connection to the cluster that reconnects forever.
+// Connect opens a caller's connection to the cluster that reconnects
+// forever.
 func (e *Env) Connect() *nats.Conn {
 	e.T.Helper()
-	nc, err := nats.Connect(e.Cluster.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	return e.ConnectAs(devcluster.Caller)
+}
+
+// ConnectAs opens a connection with the rights of role that reconnects
+// forever: devcluster.Store for tests that read or write the bucket (or
+// buckets of their own) directly.
+func (e *Env) ConnectAs(role devcluster.Role, opts ...nats.Option) *nats.Conn {
+	e.T.Helper()
+	opts = append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}, opts...)
+	nc, err := nats.Connect(e.Cluster.URLs(), append(opts, e.Cluster.ConnectOptions(role)...)...)
 	if err != nil {
 		e.T.Fatal(err)
 	}
@@ -57,10 +67,11 @@ func Config() service.Config {
 
 // Instance is a running service instance.
 type Instance struct {
-	Svc  *service.Service
-	Conn *nats.Conn
-	stop context.CancelFunc
-	done chan error
+	Svc       *service.Service
+	Conn      *nats.Conn // requests
+	StoreConn *nats.Conn // the bucket
+	stop      context.CancelFunc
+	done      chan error
 }
 
 // Stop drains the instance and waits for Run to return.
@@ -69,17 +80,18 @@ func (i *Instance) Stop() error {
 	return <-i.done
 }
 
-// Serve starts a service instance with cfg on its own connection and waits
-// until it serves. It is stopped at cleanup.
+// Serve starts a service instance with cfg on connections of its own (the
+// service's two users) and waits until it serves. It is stopped at
+// cleanup.
 func (e *Env) Serve(cfg service.Config) *Instance {
 	e.T.Helper()
-	nc := e.Connect()
-	svc, err := service.New(nc, cfg)
+	nc, store := e.ConnectAs(devcluster.Service), e.ConnectAs(devcluster.Store)
+	svc, err := service.New(nc, store, cfg)
 	if err != nil {
 		e.T.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	inst := &Instance{Svc: svc, Conn: nc, stop: cancel, done: make(chan error, 1)}
+	inst := &Instance{Svc: svc, Conn: nc, StoreConn: store, stop: cancel, done: make(chan error, 1)}
 	go func() { inst.done <- svc.Run(ctx) }()
 	select {
 	case <-svc.Ready():
@@ -109,7 +121,7 @@ func (e *Env) waitReachable() {
 		if e.Cluster.Server(i) == nil {
 			continue
 		}
-		nc, err := nats.Connect(e.Cluster.ClientURL(i))
+		nc, err := nats.Connect(e.Cluster.ClientURL(i), e.Cluster.ConnectOptions(devcluster.Caller)...)
 		if err != nil {
 			e.T.Fatal(err)
 		}

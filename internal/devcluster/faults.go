@@ -175,7 +175,7 @@ func (c *Cluster) WaitStreamLeader(stream string, timeout time.Duration, not ...
 			if slices.Contains(not, i) {
 				continue
 			}
-			if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
+			if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader(Account, stream) {
 				return i, nil
 			}
 		}

@@ -4,7 +4,8 @@
 // (sync_interval: always), carries the tag az:a, az:b or az:c and places
 // replicas with unique_tag "az:", so an R3 stream has one replica per
 // zone. Routes between nodes pass through cuttable TCP proxies, so tests
-// can partition the cluster.
+// can partition the cluster. Users and accounts follow deploy/'s
+// least-privilege model (see auth.go): connect with ConnectOptions.
 package devcluster
 
 import (
@@ -46,6 +47,9 @@ type Options struct {
 	// ReadyTimeout bounds the wait for the cluster (and a restarted node) to
 	// be ready. The default is 30s.
 	ReadyTimeout time.Duration
+	// Prefix is the service's subject prefix, whose request subjects the
+	// callers' account imports. The default is "jetlock".
+	Prefix string
 }
 
 // Cluster is a running dev cluster. Its methods are safe for concurrent
@@ -59,6 +63,7 @@ type Cluster struct {
 	// proxies[i][j] carries the route connections that node i opens to
 	// node j.
 	proxies [Size][Size]*tcpproxy.Proxy
+	creds   credentials
 
 	mu      sync.Mutex
 	servers [Size]*server.Server
@@ -75,7 +80,10 @@ func Start(opts Options) (*Cluster, error) {
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 30 * time.Second
 	}
-	c := &Cluster{opts: opts}
+	if opts.Prefix == "" {
+		opts.Prefix = "jetlock"
+	}
+	c := &Cluster{opts: opts, creds: newCredentials()}
 	if len(opts.ClientPorts) == Size {
 		copy(c.clientPorts[:], opts.ClientPorts)
 	}
@@ -107,7 +115,7 @@ func Start(opts Options) (*Cluster, error) {
 
 // NodeOptions returns the server options of node i.
 // A zero port in it means "any free port" (the server picks one).
-func (c *Cluster) NodeOptions(i int) *server.Options {
+func (c *Cluster) NodeOptions(i int) (*server.Options, error) {
 	var routes []string
 	for j := 0; j < Size; j++ {
 		if j != i {
@@ -115,7 +123,16 @@ func (c *Cluster) NodeOptions(i int) *server.Options {
 		}
 	}
 	name := fmt.Sprintf("n%d", i+1)
-	o := &server.Options{
+	o := &server.Options{}
+	if err := o.ProcessConfigString(authConfig(c.opts.Prefix, c.creds)); err != nil {
+		return nil, fmt.Errorf("devcluster: accounts: %w", err)
+	}
+	*o = server.Options{
+		Accounts:           o.Accounts,
+		Users:              o.Users,
+		Nkeys:              o.Nkeys,
+		NoAuthUser:         o.NoAuthUser,
+		SystemAccount:      o.SystemAccount,
 		ServerName:         name,
 		Host:               "127.0.0.1",
 		Port:               portOrRandom(c.clientPorts[i]),
@@ -138,7 +155,7 @@ func (c *Cluster) NodeOptions(i int) *server.Options {
 		Debug:    c.opts.Debug,
 		HTTPHost: "127.0.0.1",
 	}
-	return o
+	return o, nil
 }
 
 func portOrRandom(p int) int {
@@ -149,7 +166,10 @@ func portOrRandom(p int) int {
 }
 
 func (c *Cluster) startNode(i int) error {
-	o := c.NodeOptions(i)
+	o, err := c.NodeOptions(i)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(o.StoreDir, 0o755); err != nil {
 		return err
 	}
@@ -274,11 +294,11 @@ func (c *Cluster) Restart(i int) error {
 	return c.WaitReady()
 }
 
-// StreamLeader returns the index of the node leading stream (in the
-// global account), or -1 when no running node leads it.
+// StreamLeader returns the index of the node leading stream (in
+// Account), or -1 when no running node leads it.
 func (c *Cluster) StreamLeader(stream string) int {
 	for i := 0; i < Size; i++ {
-		if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
+		if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader(Account, stream) {
 			return i
 		}
 	}
@@ -292,7 +312,7 @@ func (c *Cluster) StepDown(stream string) error {
 	if old < 0 {
 		return fmt.Errorf("devcluster: stream %s has no leader", stream)
 	}
-	if err := c.Server(old).JetStreamStepdownStream(server.DEFAULT_GLOBAL_ACCOUNT, stream); err != nil {
+	if err := c.Server(old).JetStreamStepdownStream(Account, stream); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(c.opts.ReadyTimeout)

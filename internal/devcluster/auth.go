@@ -1,0 +1,216 @@
+package devcluster
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// The dev cluster runs with the least-privilege model of deploy/: lock
+// state lives in account Account, where the service's two users and the
+// operators are; callers live in account CallersAccount and reach the
+// service only through imports of its request subjects, which the server
+// stamps with the caller's identity (Nats-Request-Info). A caller can
+// therefore not see the bucket, call the JetStream API or subscribe to the
+// service's subjects, whatever reply subject it sets.
+const (
+	// Account holds the lock bucket, the service and the operators.
+	Account = "JETLOCK"
+	// CallersAccount holds the callers.
+	CallersAccount = "CALLERS"
+	// AppAccount is an application's own account: it imports the
+	// service like CallersAccount, and has JetStream and every right
+	// within itself, for tests whose protected resources live in NATS
+	// (client/fence's KV guard).
+	AppAccount = "APP"
+	// SystemAccount is the system account.
+	SystemAccount = "SYS"
+)
+
+// Role is a kind of NATS user of the dev cluster.
+type Role string
+
+// Roles of the dev cluster.
+const (
+	// Caller may send the contract's requests (not admin) and receive
+	// replies. A connection without credentials is a caller.
+	Caller Role = "caller"
+	// Operator may also call admin requests and inspect the bucket read
+	// only (nats kv get/ls/watch, nats stream info). Its user and
+	// password are both "operator" (loopback only).
+	Operator Role = "operator"
+	// Service is the service's request connection: it answers requests,
+	// publishes wake messages and heartbeats, and has no rights on $JS,
+	// $KV or $SYS.
+	Service Role = "service"
+	// Store is the service's bucket connection: the JetStream API and the
+	// KV subjects, nothing else.
+	Store Role = "store"
+	// App is an application with an account of its own (AppAccount):
+	// a caller of the service with every right in its own account.
+	App Role = "app"
+)
+
+// Roles lists every role.
+var Roles = []Role{Caller, Operator, Service, Store, App}
+
+// OperatorPassword is the dev operator's password.
+const OperatorPassword = "operator"
+
+// userNames maps each role to its NATS user name.
+var userNames = map[Role]string{
+	Caller:   "caller",
+	Operator: "operator",
+	Service:  "jetlock-service",
+	Store:    "jetlock-store",
+	App:      "app",
+}
+
+// InboxPrefix returns the inbox prefix a connection of role must use: the
+// service's connections have their own, so that no other user that may
+// subscribe to "_INBOX.>" sees their replies (a read of the bucket carries
+// lease ids).
+func InboxPrefix(r Role) string {
+	switch r {
+	case Service:
+		return streams.ServiceInboxPrefix
+	case Store:
+		return streams.StoreInboxPrefix
+	}
+	return nats.InboxPrefix[:len(nats.InboxPrefix)-1]
+}
+
+// credentials holds the passwords of a cluster's users. The service's users
+// get random passwords at each start; only this process knows them.
+type credentials map[Role]string
+
+func newCredentials() credentials {
+	return credentials{
+		Caller:   "",
+		Operator: OperatorPassword,
+		Service:  randomPassword(),
+		Store:    randomPassword(),
+		App:      randomPassword(),
+	}
+}
+
+func randomPassword() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// callerOps are the operations callers may request through the import.
+var callerOps = []string{"acquire", "renew", "release", "cancel", "status", "list"}
+
+// authConfig renders the accounts section of a node's configuration for
+// the request subjects under prefix.
+func authConfig(prefix string, creds credentials) string {
+	q := func(ss ...string) string {
+		out := make([]string, len(ss))
+		for i, s := range ss {
+			out[i] = fmt.Sprintf("%q", s)
+		}
+		return "[" + strings.Join(out, ", ") + "]"
+	}
+	var exports, imports, callerPub []string
+	for _, op := range callerOps {
+		subj := prefix + ".v1." + op
+		exports = append(exports, fmt.Sprintf("{service: %q}", subj))
+		imports = append(imports, fmt.Sprintf("{service: {account: %s, subject: %q}, share: true}", Account, subj))
+		callerPub = append(callerPub, subj)
+	}
+	readOnlyJS := []string{
+		"$JS.API.INFO", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
+		"$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>",
+		"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DELETE.>", "$JS.API.CONSUMER.INFO.>",
+		"$JS.API.CONSUMER.NAMES.>", "$JS.API.CONSUMER.LIST.>", "$JS.API.CONSUMER.MSG.NEXT.>",
+		"$JS.FC.>", "$JS.ACK.>",
+	}
+	return fmt.Sprintf(`
+accounts {
+  %[1]s {
+    jetstream: enabled
+    users: [
+      {user: %[2]q, password: %[3]q, permissions: {
+        publish: {allow: [">"], deny: ["$JS.>", "$KV.>", "$SYS.>", "$O.>", "$JSC.>", "$MQTT.>"]}
+        subscribe: {allow: [%[4]q, "$SRV.>", %[5]q]}
+      }}
+      {user: %[6]q, password: %[7]q, permissions: {
+        publish: {allow: ["$JS.API.>", "$KV.>", "$JS.ACK.>", "$JS.FC.>"]}
+        subscribe: {allow: [%[8]q]}
+      }}
+      {user: %[9]q, password: %[10]q, permissions: {
+        publish: {allow: %[11]s}
+        subscribe: {allow: ["_INBOX.>"]}
+      }}
+    ]
+    exports: [%[12]s]
+  }
+  %[13]s {
+    users: [
+      {user: %[14]q, permissions: {
+        publish: {allow: %[15]s}
+        subscribe: {allow: ["_INBOX.>"]}
+      }}
+    ]
+    imports: [%[16]s]
+  }
+  %[18]s {
+    jetstream: enabled
+    users: [{user: %[19]q, password: %[20]q}]
+    imports: [%[16]s]
+  }
+  %[17]s {}
+}
+system_account: %[17]s
+no_auth_user: %[14]q
+`,
+		Account,
+		userNames[Service], creds[Service], prefix+".>", InboxPrefix(Service)+".>",
+		userNames[Store], creds[Store], InboxPrefix(Store)+".>",
+		userNames[Operator], creds[Operator], q(append([]string{prefix + ".v1.>", "$SRV.>"}, readOnlyJS...)...),
+		strings.Join(exports, ", "),
+		CallersAccount, userNames[Caller], q(callerPub...), strings.Join(imports, ", "),
+		SystemAccount,
+		AppAccount, userNames[App], creds[App],
+	)
+}
+
+// ConnectOptions returns the options a connection of role needs: its user
+// and password (none for a caller) and its inbox prefix.
+func (c *Cluster) ConnectOptions(r Role) []nats.Option {
+	opts := []nats.Option{nats.CustomInboxPrefix(InboxPrefix(r))}
+	if r != Caller {
+		opts = append(opts, nats.UserInfo(userNames[r], c.creds[r]))
+	}
+	return opts
+}
+
+// User returns the user name and password of role (an empty password for
+// the caller, which needs none).
+func (c *Cluster) User(r Role) (user, password string) { return userNames[r], c.creds[r] }
+
+// ConnectService opens the service's two connections to the cluster, as
+// its users: one for requests and one for the bucket (see service.New).
+// Both reconnect forever; opts are added to both.
+func (c *Cluster) ConnectService(opts ...nats.Option) (requests, store *nats.Conn, err error) {
+	base := append([]nats.Option{nats.MaxReconnects(-1)}, opts...)
+	requests, err = nats.Connect(c.URLs(), append(append(base, nats.Name("jetlock-service")), c.ConnectOptions(Service)...)...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("devcluster: service connection: %w", err)
+	}
+	store, err = nats.Connect(c.URLs(), append(append(base, nats.Name("jetlock-store")), c.ConnectOptions(Store)...)...)
+	if err != nil {
+		requests.Close()
+		return nil, nil, fmt.Errorf("devcluster: store connection: %w", err)
+	}
+	return requests, store, nil
+}
