@@ -108,7 +108,7 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts ...AcquireOp
 func (c *Client) acquireOptions(resource string, opts []AcquireOption) (acquireOptions, error) {
 	var ao acquireOptions
 	if err := streams.ValidateResource(resource); err != nil {
-		return ao, fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		return ao, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	for _, opt := range opts {
 		if err := opt(&ao); err != nil {
@@ -130,6 +130,7 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		Owner:     ao.owner,
 		TTLms:     ao.ttl.Milliseconds(),
 		WaitMs:    wait.Milliseconds(),
+		MaxHoldMs: ao.maxHold.Milliseconds(),
 	}
 	var resp streams.LeaseResponse
 	var sent time.Time
@@ -182,6 +183,9 @@ type Status struct {
 	// not held.
 	ExpiresAt time.Time
 	Waiters   int
+	// HoldUntil is when the lease ends at the latest, renewals included,
+	// when a hold cap applies; zero otherwise.
+	HoldUntil time.Time
 }
 
 // Status returns the state of resource. A resource nobody holds answers
@@ -195,7 +199,7 @@ func (c *Client) Status(ctx context.Context, resource string) (*Status, error) {
 		return nil, err
 	}
 	return &Status{Resource: resp.Resource, Held: resp.Held, Owner: resp.Owner, Token: resp.Token,
-		ExpiresAt: parseTime(resp.ExpiresAt), Waiters: resp.Waiters}, nil
+		ExpiresAt: parseTime(resp.ExpiresAt), Waiters: resp.Waiters, HoldUntil: parseTime(resp.HoldUntil)}, nil
 }
 
 func parseTime(s string) time.Time {
@@ -241,13 +245,13 @@ func (c *Client) call(ctx context.Context, op string, req, resp any, extra time.
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
+		return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 	}
 	if code := msg.Header.Get(streams.HeaderErrorCode); code != "" {
 		return decodeError(code, msg)
 	}
 	if err := json.Unmarshal(msg.Data, resp); err != nil {
-		return fmt.Errorf("%w: %s: bad reply: %v", ErrInternal, op, err)
+		return fmt.Errorf("%w: %s: bad reply: %w", ErrInternal, op, err)
 	}
 	return nil
 }

@@ -325,3 +325,36 @@ func TestLeaseGrantedAfterLongWaitIsHeld(t *testing.T) {
 		t.Fatalf("status %+v %v", st, err)
 	}
 }
+
+// A Release whose request fails (no service answers) still ends the lease
+// for its holder: Lost closes and Context is cancelled as soon as renewing
+// stops, as etcd orphans a session before it revokes it.
+func TestFailedReleaseStillEndsTheLeaseLocally(t *testing.T) {
+	env := testenv.Start(t)
+	inst := env.Serve(testenv.Config())
+	c, err := client.New(env.Connect(), client.WithRetries(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 30*time.Second)
+	l, err := c.Acquire(ctx, "orders/unreachable", client.TTL(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inst.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := l.Release(rctx); err == nil {
+		t.Fatal("release answered with no service running")
+	}
+	select {
+	case <-l.Lost():
+	default:
+		t.Fatal("Lost still open after a failed release")
+	}
+	if cause := context.Cause(l.Context()); !errors.Is(cause, client.ErrReleased) {
+		t.Fatalf("lease context cause %v, want ErrReleased", cause)
+	}
+}

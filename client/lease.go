@@ -43,6 +43,11 @@ type Lease struct {
 	released bool
 	lostOnce sync.Once
 
+	// holdLimit is the client's own end of the hold cap (zero when none):
+	// the send time of the acquire plus the hold the service granted,
+	// minus the safety margin. No deadline lies beyond it.
+	holdLimit time.Time
+
 	stopCtx context.Context // cancelled to stop the renewer
 	stop    context.CancelFunc
 	done    chan struct{} // closed when the renewer has returned
@@ -56,8 +61,26 @@ func (c *Client) newLease(resource, owner string, want time.Duration, resp *stre
 		ctx: ctx, cancel: cancel, lost: make(chan struct{}),
 		stopCtx: stopCtx, stop: stop, done: make(chan struct{}),
 	}
+	if hold, ok := holdLeft(resp); ok {
+		l.holdLimit = sent.Add(hold - min(c.opts.safetyMargin, hold/4))
+	}
 	l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
 	return l
+}
+
+// holdLeft returns how much of the hold cap was left when the service
+// answered: hold_until minus expires_at plus ttl_ms. Both times come from
+// the service's clock, so no clock is compared with the client's.
+func holdLeft(resp *streams.LeaseResponse) (time.Duration, bool) {
+	if resp.HoldUntil == "" {
+		return 0, false
+	}
+	until, err1 := time.Parse(time.RFC3339Nano, resp.HoldUntil)
+	exp, err2 := time.Parse(time.RFC3339Nano, resp.ExpiresAt)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return until.Sub(exp) + time.Duration(resp.TTLms)*time.Millisecond, true
 }
 
 // start begins renewing. A lease granted after waiting in the queue is
@@ -132,8 +155,16 @@ func (l *Lease) setDeadline(sent time.Time, ttl time.Duration) {
 	l.mu.Lock()
 	l.ttl = ttl
 	l.deadline = sent.Add(ttl - margin)
+	if !l.holdLimit.IsZero() && l.deadline.After(l.holdLimit) {
+		l.deadline = l.holdLimit
+	}
 	l.mu.Unlock()
 }
+
+// HoldLimit returns the client's end of the lease's hold cap (see
+// MaxHold), or the zero time when no cap applies. Lost closes then at the
+// latest.
+func (l *Lease) HoldLimit() time.Time { return l.holdLimit }
 
 func (l *Lease) markLost(cause error) {
 	l.lostOnce.Do(func() {
@@ -153,6 +184,18 @@ func (l *Lease) renewLoop() {
 		l.mu.Lock()
 		ttl, deadline := l.ttl, l.deadline
 		l.mu.Unlock()
+		if !l.holdLimit.IsZero() && !deadline.Before(l.holdLimit) {
+			// No renewal can extend the lease any more: it ends at the
+			// hold limit.
+			timer.Reset(time.Until(l.holdLimit))
+			select {
+			case <-l.stopCtx.Done():
+				return
+			case <-timer.C:
+			}
+			l.markLost(fmt.Errorf("%w: held for the longest the hold cap allows (until %s)", ErrLeaseLost, l.holdLimit.Format(time.RFC3339Nano)))
+			return
+		}
 		// A third of the TTL, ±10%, and never later than halfway to the
 		// deadline, so that a failed renewal leaves time to retry.
 		wait := ttl/3 - ttl/30 + mrand.N(ttl/15+1)
@@ -188,7 +231,7 @@ func (l *Lease) renewUntilDeadline() error {
 			l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
 			return nil
 		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrInvalidRequest):
-			return fmt.Errorf("%w: renewal refused: %v", ErrLeaseLost, err)
+			return fmt.Errorf("%w: renewal refused: %w", ErrLeaseLost, err)
 		}
 		// Outcome unknown: try again soon, until the deadline.
 		select {
@@ -200,12 +243,17 @@ func (l *Lease) renewUntilDeadline() error {
 	}
 }
 
-// Release stops renewing and releases the lease. It is idempotent: after
-// a successful Release, further calls return nil. Releasing a lease that
-// the service no longer holds (expired, taken over) also returns nil: it
-// is not held either way. It returns ErrUnavailable if the service could
-// not be reached (the lease then expires after its TTL; Release may be
-// called again), or ctx.Err().
+// Release stops renewing and releases the lease. Lost closes and Context
+// is cancelled (with cause ErrReleased) as soon as renewing has stopped,
+// before the release request is sent and whatever its outcome: from then
+// on the caller must not use the lease.
+//
+// Release is idempotent: after a successful Release, further calls return
+// nil. Releasing a lease that the service no longer holds (expired, taken
+// over) also returns nil: it is not held either way. It returns
+// ErrUnavailable if the service could not be reached (the lease then ends
+// after its TTL unless Release is called again and gets through), or
+// ctx.Err().
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.released {
@@ -215,6 +263,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Unlock()
 	l.stop()
 	<-l.done
+	// Signal the end first, clean up second: a release that fails must
+	// not leave the caller believing it still holds the lease.
+	l.markLost(ErrReleased)
 
 	var resp streams.ReleaseResponse
 	err := l.c.retry(ctx, func() error {
@@ -226,6 +277,5 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	l.released = true
 	l.mu.Unlock()
-	l.markLost(ErrReleased)
 	return nil
 }

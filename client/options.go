@@ -83,6 +83,7 @@ type acquireOptions struct {
 	owner     string
 	requestID string
 	wait      time.Duration
+	maxHold   time.Duration
 }
 
 // TTL sets the lease's time to live. The default is the service's default
@@ -102,7 +103,7 @@ func TTL(d time.Duration) AcquireOption {
 func Owner(s string) AcquireOption {
 	return func(o *acquireOptions) error {
 		if err := streams.ValidateOwner(s); err != nil {
-			return fmt.Errorf("%w: %v", ErrInvalidOption, err)
+			return fmt.Errorf("%w: %w", ErrInvalidOption, err)
 		}
 		o.owner = s
 		return nil
@@ -112,13 +113,35 @@ func Owner(s string) AcquireOption {
 // RequestID sets the id of this logical acquire. The default is a random
 // id. Set it to make an acquire idempotent across process restarts: an
 // acquire retried with the same id returns the same lease while it is
-// current, and ErrLeaseLost once it has ended.
+// current, and ErrLeaseLost once it has ended. A retry that names another
+// Owner is not the same caller and gets ErrLocked.
+//
+// The id names one holder, not one program: two processes that acquire
+// with the same id (and owner) get the same lease and believe they both
+// hold it. During a rolling deploy the old and the new process run at
+// once; derive the id from something that differs between them (a pod
+// name, a job run id), or give each process its own owner.
 func RequestID(id string) AcquireOption {
 	return func(o *acquireOptions) error {
 		if err := streams.ValidateRequestID(id); err != nil {
-			return fmt.Errorf("%w: %v", ErrInvalidOption, err)
+			return fmt.Errorf("%w: %w", ErrInvalidOption, err)
 		}
 		o.requestID = id
+		return nil
+	}
+}
+
+// MaxHold bounds how long the lease may be held in total, renewals
+// included: the service refuses renewals past it and the lease's Lost
+// closes at the hold limit (minus the safety margin). The default is the
+// deployment's cap (lockd --max-hold, 24h unless configured otherwise); a
+// larger value is capped to it.
+func MaxHold(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) error {
+		if d < time.Second {
+			return fmt.Errorf("%w: max hold %v below 1s", ErrInvalidOption, d)
+		}
+		o.maxHold = d
 		return nil
 	}
 }

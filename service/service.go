@@ -13,6 +13,7 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -207,8 +208,10 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	grp := svc.AddGroup(s.cfg.Prefix + "." + streams.APIVersion)
 	for _, op := range streams.Operations {
-		op := op
-		if err := grp.AddEndpoint(op, micro.HandlerFunc(func(r micro.Request) { s.dispatch(op, r) })); err != nil {
+		// micro endpoint names allow no dots: "admin.revoke" is endpoint
+		// admin_revoke on subject <prefix>.v1.admin.revoke.
+		name := strings.ReplaceAll(op, ".", "_")
+		if err := grp.AddEndpoint(name, micro.HandlerFunc(func(r micro.Request) { s.dispatch(op, r) }), micro.WithEndpointSubject(op)); err != nil {
 			svc.Stop()
 			return fmt.Errorf("add endpoint %s: %w", op, err)
 		}

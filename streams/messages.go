@@ -20,6 +20,9 @@ type AcquireRequest struct {
 	Owner     string `json:"owner,omitempty"`
 	TTLms     int64  `json:"ttl_ms,omitempty"`
 	WaitMs    int64  `json:"wait_ms,omitempty"`
+	// MaxHoldMs bounds how long the lease may be held in total, renewals
+	// included; the deployment's cap applies when it is absent or larger.
+	MaxHoldMs int64 `json:"max_hold_ms,omitempty"`
 }
 
 // RenewRequest is the body of a renew request.
@@ -46,6 +49,28 @@ type StatusRequest struct {
 	Resource string `json:"resource"`
 }
 
+// ListRequest is the body of a list request: the held leases whose
+// resource starts with Prefix, in resource order, after the resource
+// After, at most Limit (default DefaultListLimit, at most MaxListLimit).
+type ListRequest struct {
+	Prefix string `json:"prefix,omitempty"`
+	After  string `json:"after,omitempty"`
+	Limit  int    `json:"limit,omitempty"`
+}
+
+// List bounds.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
+// RevokeRequest is the body of an admin revoke request. Reason is
+// required: it goes to the audit log.
+type RevokeRequest struct {
+	Resource string `json:"resource"`
+	Reason   string `json:"reason"`
+}
+
 // LeaseResponse answers a successful acquire or renew.
 type LeaseResponse struct {
 	Resource  string `json:"resource"`
@@ -53,6 +78,10 @@ type LeaseResponse struct {
 	Token     uint64 `json:"token"`
 	TTLms     int64  `json:"ttl_ms"`
 	ExpiresAt string `json:"expires_at"`
+	// HoldUntil is when the lease ends at the latest, renewals included,
+	// when a hold cap applies (the request's max_hold_ms or the
+	// deployment's cap).
+	HoldUntil string `json:"hold_until,omitempty"`
 }
 
 // ReleaseResponse answers a release. Released is false when the lease was
@@ -77,6 +106,33 @@ type StatusResponse struct {
 	Token     uint64 `json:"token"`
 	ExpiresAt string `json:"expires_at"`
 	Waiters   int    `json:"waiters"`
+	HoldUntil string `json:"hold_until,omitempty"`
+}
+
+// LeaseInfo is one held lease in a list reply. It never carries the lease
+// id.
+type LeaseInfo struct {
+	Resource  string `json:"resource"`
+	Owner     string `json:"owner"`
+	Token     uint64 `json:"token"`
+	ExpiresAt string `json:"expires_at"`
+	Waiters   int    `json:"waiters"`
+	HoldUntil string `json:"hold_until,omitempty"`
+}
+
+// ListResponse answers a list request. Next, when set, is the After of
+// the following page.
+type ListResponse struct {
+	Leases []LeaseInfo `json:"leases"`
+	Next   string      `json:"next,omitempty"`
+}
+
+// RevokeResponse answers a revoke. Revoked is false when nobody held the
+// resource; Token is the token of the lease it ended.
+type RevokeResponse struct {
+	Resource string `json:"resource"`
+	Revoked  bool   `json:"revoked"`
+	Token    uint64 `json:"token,omitempty"`
 }
 
 // Holder describes the current holder in a "locked" error.
@@ -91,6 +147,9 @@ type ErrorDetail struct {
 	Code    string  `json:"code"`
 	Message string  `json:"message"`
 	Holder  *Holder `json:"holder,omitempty"`
+	// RetryAfterMs, on an "unavailable" answer to a caller over its
+	// fair-use rate, is how long to wait before trying again.
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 }
 
 // ErrorResponse is the body of every error reply: {"error":{...}}.

@@ -14,17 +14,21 @@ const QueueGroup = "jetlock"
 // APIVersion is the version token of the request subjects.
 const APIVersion = "v1"
 
-// Operation names: the last token of each request subject.
+// Operation names: what follows the version token of each request subject.
 const (
 	OpAcquire = "acquire"
 	OpRenew   = "renew"
 	OpRelease = "release"
 	OpCancel  = "cancel"
 	OpStatus  = "status"
+	OpList    = "list"
+	// OpRevoke lies under "admin.", so that permissions can keep it to
+	// operators.
+	OpRevoke = "admin.revoke"
 )
 
 // Operations lists every operation of the contract in a fixed order.
-var Operations = []string{OpAcquire, OpRenew, OpRelease, OpCancel, OpStatus}
+var Operations = []string{OpAcquire, OpRenew, OpRelease, OpCancel, OpStatus, OpList, OpRevoke}
 
 // Subject returns the request subject of op under prefix, for example
 // Subject("jetlock", OpAcquire) == "jetlock.v1.acquire".
