@@ -1,6 +1,6 @@
 // Package devcluster runs a three-node NATS cluster with JetStream inside
-// the current process: the dev mode of lockd, the tests and the benchmark
-// use it. Every node listens on loopback only, fsyncs every write
+// the current process (Start: the dev mode of lockd and the tests use it),
+// or with each node a process of its own (StartProcs: the benchmark). Every node listens on loopback only, fsyncs every write
 // (sync_interval: always), carries the tag az:a, az:b or az:c and places
 // replicas with unique_tag "az:", so an R3 stream has one replica per
 // zone. Routes between nodes pass through cuttable TCP proxies, so tests
@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -113,7 +112,7 @@ func Start(opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-// NodeOptions returns the server options of node i.
+// NodeOptions returns the server options of node i (see nodeSpec.options).
 // A zero port in it means "any free port" (the server picks one).
 func (c *Cluster) NodeOptions(i int) (*server.Options, error) {
 	var routes []string
@@ -122,39 +121,12 @@ func (c *Cluster) NodeOptions(i int) (*server.Options, error) {
 			routes = append(routes, "nats://"+c.proxies[i][j].Addr())
 		}
 	}
-	name := fmt.Sprintf("n%d", i+1)
-	o := &server.Options{}
-	if err := o.ProcessConfigString(authConfig(c.opts.Prefix, c.creds)); err != nil {
-		return nil, fmt.Errorf("devcluster: accounts: %w", err)
+	o, err := nodeSpec{Index: i, Dir: c.opts.Dir, ClientPort: c.clientPorts[i], RoutePort: c.routePorts[i],
+		Routes: routes, Prefix: c.opts.Prefix, Creds: c.creds}.options()
+	if err != nil {
+		return nil, err
 	}
-	*o = server.Options{
-		Accounts:           o.Accounts,
-		Users:              o.Users,
-		Nkeys:              o.Nkeys,
-		NoAuthUser:         o.NoAuthUser,
-		SystemAccount:      o.SystemAccount,
-		ServerName:         name,
-		Host:               "127.0.0.1",
-		Port:               portOrRandom(c.clientPorts[i]),
-		JetStream:          true,
-		StoreDir:           filepath.Join(c.opts.Dir, name),
-		SyncAlways:         true,
-		JetStreamUniqueTag: "az:",
-		Tags:               []string{Zones[i]},
-		JetStreamMaxMemory: 256 << 20,
-		JetStreamMaxStore:  8 << 30,
-		Cluster: server.ClusterOpts{
-			Name:        ClusterName,
-			Host:        "127.0.0.1",
-			Port:        portOrRandom(c.routePorts[i]),
-			NoAdvertise: true,
-		},
-		Routes:   server.RoutesFromStr(strings.Join(routes, ",")),
-		NoSigs:   true,
-		NoLog:    c.opts.Logger == nil,
-		Debug:    c.opts.Debug,
-		HTTPHost: "127.0.0.1",
-	}
+	o.NoLog, o.Debug, o.HTTPHost = c.opts.Logger == nil, c.opts.Debug, "127.0.0.1"
 	return o, nil
 }
 
