@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -118,28 +120,33 @@ func metaBucket(bucket string) string { return bucket + "_meta" }
 
 // StreamConfig returns the stream configuration of the lock bucket, a
 // standard KV stream (readable with `nats kv`) with history 1, file
-// storage, message TTLs allowed (used only for cancel tombstones, never for
-// lease expiry) and the given first sequence.
+// storage, deletes and purges through the API denied (and so no roll-ups:
+// nothing but a compare-and-set write changes a key), atomic batches
+// allowed (a hand-over commits a grant and a waiter's removal together),
+// message TTLs allowed (for delete markers and cancel tombstones, which
+// leave the bucket after the retry window; never for lease expiry) and
+// the given first sequence.
 func (c BucketConfig) StreamConfig(firstSeq uint64) jetstream.StreamConfig {
 	c = c.withDefaults()
 	sc := jetstream.StreamConfig{
-		Name:              StreamName(c.Bucket),
-		Description:       "jetlock lock state",
-		Subjects:          []string{SubjectPrefix(c.Bucket) + ">"},
-		MaxMsgsPerSubject: 1,
-		MaxBytes:          -1,
-		MaxMsgSize:        -1,
-		MaxMsgs:           -1,
-		MaxConsumers:      -1,
-		Storage:           jetstream.FileStorage,
-		Replicas:          c.Replicas,
-		AllowRollup:       true,
-		DenyDelete:        true,
-		Duplicates:        c.RetryWindow,
-		AllowDirect:       true,
-		Discard:           jetstream.DiscardNew,
-		AllowMsgTTL:       true,
-		FirstSeq:          firstSeq,
+		Name:               StreamName(c.Bucket),
+		Description:        "jetlock lock state",
+		Subjects:           []string{SubjectPrefix(c.Bucket) + ">"},
+		MaxMsgsPerSubject:  1,
+		MaxBytes:           -1,
+		MaxMsgSize:         -1,
+		MaxMsgs:            -1,
+		MaxConsumers:       -1,
+		Storage:            jetstream.FileStorage,
+		Replicas:           c.Replicas,
+		DenyDelete:         true,
+		DenyPurge:          true,
+		AllowAtomicPublish: true,
+		Duplicates:         c.RetryWindow,
+		AllowDirect:        true,
+		Discard:            jetstream.DiscardNew,
+		AllowMsgTTL:        true,
+		FirstSeq:           firstSeq,
 	}
 	if len(c.PlacementTags) > 0 {
 		sc.Placement = &jetstream.Placement{Tags: c.PlacementTags}
@@ -147,43 +154,85 @@ func (c BucketConfig) StreamConfig(firstSeq uint64) jetstream.StreamConfig {
 	return sc
 }
 
+// Drift is one way a stream's live configuration or state differs from
+// what the lock bucket requires.
+type Drift struct {
+	Setting string `json:"setting"`
+	Want    string `json:"want"`
+	Have    string `json:"have"`
+	// Fixable drift can be put right by a stream update that only
+	// tightens (lockd check --fix); the rest needs the operator.
+	Fixable bool `json:"fixable"`
+}
+
+func (d Drift) String() string { return fmt.Sprintf("%s: %s, want %s", d.Setting, d.Have, d.Want) }
+
+// Drift compares a live stream configuration, its last sequence and the
+// recorded token high-water mark with the definition, and returns every
+// difference that matters to jetlock's invariants: replicas, placement,
+// history, storage, max age, discard policy, the duplicate window, denied
+// deletes and purges, roll-ups, atomic batches, message TTLs, and a last
+// sequence below the high-water mark.
+func (c BucketConfig) Drift(sc jetstream.StreamConfig, lastSeq, highWater uint64) []Drift {
+	c = c.withDefaults()
+	want := c.StreamConfig(0)
+	var out []Drift
+	add := func(cond bool, setting string, w, h any, fixable bool) {
+		if cond {
+			out = append(out, Drift{Setting: setting, Want: fmt.Sprint(w), Have: fmt.Sprint(h), Fixable: fixable})
+		}
+	}
+	add(sc.Replicas < want.Replicas && !(c.AllowSingleReplica && sc.Replicas >= 1), "replicas", want.Replicas, sc.Replicas, false)
+	add(!slices.Equal(placementTags(sc.Placement), c.PlacementTags), "placement tags", c.PlacementTags, placementTags(sc.Placement), false)
+	add(sc.MaxMsgsPerSubject != 1, "history", 1, sc.MaxMsgsPerSubject, false)
+	add(sc.Storage != jetstream.FileStorage, "storage", jetstream.FileStorage, sc.Storage, false)
+	add(sc.MaxAge != 0, "max age", "none (expiry without compare-and-set)", sc.MaxAge, false)
+	add(sc.Discard != jetstream.DiscardNew, "discard", jetstream.DiscardNew, sc.Discard, false)
+	add(sc.Duplicates < c.RetryWindow, "duplicate window", fmt.Sprintf(">= %v (the retry window)", c.RetryWindow), sc.Duplicates, false)
+	add(!sc.DenyDelete, "deny delete", true, false, true)
+	add(!sc.DenyPurge, "deny purge", true, false, true)
+	add(sc.AllowRollup, "allow roll-up", false, true, true)
+	add(!sc.AllowAtomicPublish, "allow atomic publish", true, false, true)
+	add(!sc.AllowMsgTTL, "allow message TTL", true, false, true)
+	add(lastSeq < highWater, "last sequence", fmt.Sprintf(">= %d (the token high-water mark)", highWater), lastSeq, false)
+	return out
+}
+
+func placementTags(p *jetstream.Placement) []string {
+	if p == nil {
+		return nil
+	}
+	return p.Tags
+}
+
+// Fixed returns sc with every fixable drift put right.
+func (c BucketConfig) Fixed(sc jetstream.StreamConfig) jetstream.StreamConfig {
+	sc.DenyDelete, sc.DenyPurge, sc.AllowRollup, sc.AllowAtomicPublish, sc.AllowMsgTTL = true, true, false, true, true
+	return sc
+}
+
 // check reports why an existing stream cannot serve as the lock bucket.
 func (c BucketConfig) check(info *jetstream.StreamInfo, highWater uint64) error {
-	c = c.withDefaults()
-	sc := info.Config
 	var problems []string
-	if sc.MaxMsgsPerSubject != 1 {
-		problems = append(problems, fmt.Sprintf("history %d, want 1", sc.MaxMsgsPerSubject))
-	}
-	if sc.Replicas < 3 && !c.AllowSingleReplica {
-		problems = append(problems, fmt.Sprintf("%d replicas, want 3", sc.Replicas))
-	}
-	if sc.Storage != jetstream.FileStorage {
-		problems = append(problems, "memory storage, want file")
-	}
-	if sc.MaxAge != 0 {
-		problems = append(problems, fmt.Sprintf("max age %v would expire leases without compare-and-set", sc.MaxAge))
-	}
-	if sc.Duplicates < c.RetryWindow {
-		problems = append(problems, fmt.Sprintf("duplicate window %v below the retry window %v", sc.Duplicates, c.RetryWindow))
-	}
-	if !sc.AllowMsgTTL {
-		problems = append(problems, "message TTLs not allowed (needed for cancel tombstones)")
-	}
-	if sc.Discard != jetstream.DiscardNew {
-		problems = append(problems, "discard old policy could drop lease records")
+	below := false
+	for _, d := range c.Drift(info.Config, info.State.LastSeq, highWater) {
+		if d.Setting == "last sequence" {
+			below = true
+			continue
+		}
+		problems = append(problems, d.String())
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("%w: stream %s: %v", ErrBucketConfig, sc.Name, problems)
+		return fmt.Errorf("%w: stream %s: %s (lockd check --fix puts right what an update can)", ErrBucketConfig, info.Config.Name, strings.Join(problems, "; "))
 	}
-	if info.State.LastSeq < highWater {
+	if below {
 		if info.Cluster != nil && info.Cluster.Leader == "" {
 			// Answered by a replica of a leaderless stream: not evidence.
 			return fmt.Errorf("stream %s has no leader (a replica reports last sequence %d, below the high-water mark %d)",
-				sc.Name, info.State.LastSeq, highWater)
+				info.Config.Name, info.State.LastSeq, highWater)
 		}
 		return fmt.Errorf("%w: stream %s reports last sequence %d, the high-water mark is %d: tokens would go backwards if it stays so",
-			ErrBelowHighWater, sc.Name, info.State.LastSeq, highWater)
+			ErrBelowHighWater, info.Config.Name, info.State.LastSeq, highWater)
 	}
 	return nil
 }
@@ -198,9 +247,10 @@ type Bucket struct {
 
 // Ensure creates the lock bucket, or checks an existing one, and returns
 // it. It is idempotent and safe to call from many service instances at
-// once. It refuses (with ErrBucketConfig) a bucket whose configuration would
-// break the invariants: wrong history, fewer than 3 replicas without
-// AllowSingleReplica, a max age; and (with ErrBelowHighWater) one that
+// once. It refuses (with ErrBucketConfig) a bucket whose configuration
+// drifted from the definition (see Drift: wrong history, fewer than 3
+// replicas without AllowSingleReplica, a max age, deletes or purges
+// through the API allowed, ...); and (with ErrBelowHighWater) one that
 // reports a sequence below the recorded high-water mark. A stream created
 // anew starts at the recorded high-water mark plus RecreateGap (or
 // MinFirstSeq), never at 1 again.
@@ -285,6 +335,20 @@ func readHighWater(ctx context.Context, meta jetstream.KeyValue) (uint64, uint64
 		return 0, 0, fmt.Errorf("parse high-water mark %q: %w", e.Value(), err)
 	}
 	return hw, e.Revision(), nil
+}
+
+// LoadHighWater returns the token high-water mark recorded for bucket (0
+// when none is).
+func LoadHighWater(ctx context.Context, js jetstream.JetStream, bucket string) (uint64, error) {
+	meta, err := js.KeyValue(ctx, metaBucket(bucket))
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bind meta bucket: %w", err)
+	}
+	hw, _, err := readHighWater(ctx, meta)
+	return hw, err
 }
 
 // HighWater returns the recorded high-water mark.

@@ -42,8 +42,17 @@ func (r *Record) AppendJSON(b []byte) []byte {
 	b = appendField(b, `,"granted_at":`, r.GrantedAt)
 	b = appendField(b, `,"renewed_at":`, r.RenewedAt)
 	b = appendField(b, `,"expires_at":`, r.ExpiresAt)
+	if r.HoldUntil != "" {
+		b = appendField(b, `,"hold_until":`, r.HoldUntil)
+	}
 	if r.Wake != "" {
 		b = appendField(b, `,"wake":`, r.Wake)
+	}
+	if r.LeaseTTLms != 0 {
+		b = strconv.AppendInt(append(b, `,"lease_ttl_ms":`...), r.LeaseTTLms, 10)
+	}
+	if r.MaxHoldMs != 0 {
+		b = strconv.AppendInt(append(b, `,"max_hold_ms":`...), r.MaxHoldMs, 10)
 	}
 	return append(b, '}')
 }
@@ -68,6 +77,9 @@ func (r *LeaseResponse) AppendJSON(b []byte) []byte {
 	b = strconv.AppendUint(append(b, `,"token":`...), r.Token, 10)
 	b = strconv.AppendInt(append(b, `,"ttl_ms":`...), r.TTLms, 10)
 	b = appendField(b, `,"expires_at":`, r.ExpiresAt)
+	if r.HoldUntil != "" {
+		b = appendField(b, `,"hold_until":`, r.HoldUntil)
+	}
 	return append(b, '}')
 }
 

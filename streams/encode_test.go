@@ -25,8 +25,10 @@ func FuzzAppendJSON(f *testing.F) {
 		}
 		for _, v := range []interface{ AppendJSON([]byte) []byte }{
 			&streams.Record{LeaseID: s1, Owner: s2, RequestID: s3, TTLms: n, Token: u, GrantedAt: s4, RenewedAt: s5, ExpiresAt: s1, Wake: s2},
+			&streams.Record{RequestID: s3, TTLms: n, Token: u, HoldUntil: s4, Wake: s5, LeaseTTLms: n, MaxHoldMs: -n},
 			&streams.EndMark{RequestID: s1, EndedAt: s4},
 			&streams.LeaseResponse{Resource: s1, LeaseID: s2, Token: u, TTLms: n, ExpiresAt: s3},
+			&streams.LeaseResponse{Resource: s1, LeaseID: s2, Token: u, TTLms: n, ExpiresAt: s3, HoldUntil: s4},
 			&streams.ReleaseResponse{Resource: s5, Released: flag},
 		} {
 			got := v.AppendJSON([]byte("prefix"))

@@ -160,29 +160,26 @@ type ErrorResponse struct {
 // Record is the value stored in the bucket for a held lease, and for a
 // waiter. Token zero in the granting write means "the revision of this
 // write"; every renewal copies the grant revision into Token explicitly.
+// HoldUntil, when set, is the latest a lease may last, renewals included.
+//
 // A waiter record has no LeaseID; its Token is its ticket (the revision
-// that queued it, so FIFO order is ticket order), TTLms its liveness window
-// and Wake the subject that wakes it.
+// that queued it, so FIFO order is ticket order), TTLms its liveness
+// window, Wake the subject that wakes it, and LeaseTTLms and MaxHoldMs
+// what its acquire asked for, so that whoever ends the lease before it
+// can grant it in the same write.
 type Record struct {
-	LeaseID   string `json:"lease_id,omitempty"`
-	Owner     string `json:"owner,omitempty"`
-	RequestID string `json:"request_id"`
-	TTLms     int64  `json:"ttl_ms"`
-	Token     uint64 `json:"token"`
-	GrantedAt string `json:"granted_at"`
-	RenewedAt string `json:"renewed_at"`
-	ExpiresAt string `json:"expires_at"`
-	Wake      string `json:"wake,omitempty"`
-}
-
-// DecodeRecord parses a stored lease record. Unknown fields are ignored,
-// so that a newer service may add some.
-func DecodeRecord(b []byte) (*Record, error) {
-	var r Record
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	LeaseID    string `json:"lease_id,omitempty"`
+	Owner      string `json:"owner,omitempty"`
+	RequestID  string `json:"request_id"`
+	TTLms      int64  `json:"ttl_ms"`
+	Token      uint64 `json:"token"`
+	GrantedAt  string `json:"granted_at"`
+	RenewedAt  string `json:"renewed_at"`
+	ExpiresAt  string `json:"expires_at"`
+	HoldUntil  string `json:"hold_until,omitempty"`
+	Wake       string `json:"wake,omitempty"`
+	LeaseTTLms int64  `json:"lease_ttl_ms,omitzero"`
+	MaxHoldMs  int64  `json:"max_hold_ms,omitzero"`
 }
 
 // EndMark is the body of the delete marker that ends a lease (release,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/go-json-experiment/json"
@@ -176,3 +177,84 @@ const WaitKeyPrefix = "wait."
 // "wait." + EncodeResource(r) + "." + id. The encoded resource never
 // contains '.', so the key splits unambiguously.
 func WaitKey(r, id string) string { return WaitKeyPrefix + EncodeResource(r) + "." + id }
+
+// MaxReasonLen bounds a revoke's reason.
+const MaxReasonLen = 256
+
+// MaxHoldCeiling bounds max_hold_ms when a deployment sets no cap.
+const MaxHoldCeiling = 366 * 24 * time.Hour
+
+// ValidateReason checks a revoke's reason: 1 to 256 bytes of UTF-8 text
+// without control characters.
+func ValidateReason(r string) error { return validateText("reason", r, MaxReasonLen, true) }
+
+// firstError returns the first non-nil error.
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks the fields of an acquire whose rules do not depend on the
+// deployment: resource, request id, owner, and numbers not negative. The
+// service checks ttl_ms, wait_ms and max_hold_ms against its bounds.
+func (r *AcquireRequest) Validate() error {
+	return firstError(ValidateResource(r.Resource), ValidateRequestID(r.RequestID), ValidateOwner(r.Owner),
+		nonNegative("ttl_ms", r.TTLms), nonNegative("wait_ms", r.WaitMs), nonNegative("max_hold_ms", r.MaxHoldMs))
+}
+
+// Validate checks a renew's resource, lease id and ttl_ms sign.
+func (r *RenewRequest) Validate() error {
+	return firstError(ValidateResource(r.Resource), ValidateLeaseID(r.LeaseID), nonNegative("ttl_ms", r.TTLms))
+}
+
+// Validate checks a release's resource and lease id.
+func (r *ReleaseRequest) Validate() error {
+	return firstError(ValidateResource(r.Resource), ValidateLeaseID(r.LeaseID))
+}
+
+// Validate checks a cancel's resource and request id.
+func (r *CancelRequest) Validate() error {
+	return firstError(ValidateResource(r.Resource), ValidateRequestID(r.RequestID))
+}
+
+// Validate checks a status request's resource.
+func (r *StatusRequest) Validate() error { return ValidateResource(r.Resource) }
+
+// Validate checks a list request: the prefix is at most 200 bytes of the
+// characters a resource name may hold (it may end with '.' or '/'), after
+// is empty or a resource name, and limit lies in 0..1000 (0: the default).
+func (r *ListRequest) Validate() error {
+	if len(r.Prefix) > MaxResourceLen {
+		return invalidf("prefix is %d bytes, at most %d allowed", len(r.Prefix), MaxResourceLen)
+	}
+	for i := 0; i < len(r.Prefix); i++ {
+		if !resourceByteOK(r.Prefix[i]) {
+			return invalidf("prefix has a character outside letters, digits and - _ . / = : @ at byte %d", i)
+		}
+	}
+	if r.After != "" {
+		if err := ValidateResource(r.After); err != nil {
+			return invalidf("after: %w", err)
+		}
+	}
+	if r.Limit < 0 || r.Limit > MaxListLimit {
+		return invalidf("limit %d outside [0, %d]", r.Limit, MaxListLimit)
+	}
+	return nil
+}
+
+// Validate checks a revoke's resource and reason.
+func (r *RevokeRequest) Validate() error {
+	return firstError(ValidateResource(r.Resource), ValidateReason(r.Reason))
+}
+
+func nonNegative(field string, n int64) error {
+	if n < 0 {
+		return invalidf("%s %d is negative", field, n)
+	}
+	return nil
+}
