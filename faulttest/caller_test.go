@@ -21,6 +21,18 @@ type Caller struct {
 	H       *History
 	Client  int
 	Timeout time.Duration // per request; the default is 2.5s
+	// Owner is the owner its acquires name; the default is the client's
+	// own ("client-<Client>"). A retry of a request id counts as the same
+	// caller only with the same owner.
+	Owner string
+}
+
+// owner returns the owner c's acquires name.
+func (c *Caller) owner() string {
+	if c.Owner != "" {
+		return c.Owner
+	}
+	return ownerOf(c.Client)
 }
 
 // reply is a decoded answer.
@@ -84,7 +96,7 @@ func decodeLease(o *Op, data []byte) {
 // Acquire sends an acquire and records it.
 func (c *Caller) Acquire(res, rid string, ttl, wait time.Duration, retry bool) Op {
 	op := c.H.Begin(Op{Client: c.Client, Kind: KAcquire, Resource: res, RequestID: rid, TTL: ttl, Wait: wait, Retry: retry})
-	r := c.call(streams.OpAcquire, streams.AcquireRequest{Resource: res, RequestID: rid, Owner: ownerOf(c.Client),
+	r := c.call(streams.OpAcquire, streams.AcquireRequest{Resource: res, RequestID: rid, Owner: c.owner(),
 		TTLms: ttl.Milliseconds(), WaitMs: wait.Milliseconds()}, wait)
 	c.finish(op, r, decodeLease)
 	return *op
@@ -95,7 +107,7 @@ func (c *Caller) Acquire(res, rid string, ttl, wait time.Duration, retry bool) O
 // recorded as unknown.
 func (c *Caller) AcquireDropReply(res, rid string, ttl time.Duration) {
 	op := c.H.Begin(Op{Client: c.Client, Kind: KAcquire, Resource: res, RequestID: rid, TTL: ttl, Note: "reply dropped"})
-	data, _ := json.Marshal(streams.AcquireRequest{Resource: res, RequestID: rid, Owner: ownerOf(c.Client), TTLms: ttl.Milliseconds()})
+	data, _ := json.Marshal(streams.AcquireRequest{Resource: res, RequestID: rid, Owner: c.owner(), TTLms: ttl.Milliseconds()})
 	_ = c.NC.PublishRequest(streams.Subject(streams.DefaultPrefix, streams.OpAcquire), nats.NewInbox(), data)
 	c.H.End(op, Unknown, func(o *Op) { o.Code = "reply dropped" })
 }

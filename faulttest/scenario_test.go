@@ -22,8 +22,10 @@ func TestResponseLostAfterCommit(t *testing.T) {
 	r := NewRun(t, func(w *Workload) { w.DropReply = 0.5 })
 	nc0, _ := r.H.Connect(0, "probe-0")
 	nc2, _ := r.H.Connect(2, "probe-2")
+	// b is a's process again, on another connection (another node): the
+	// same owner, as a retry of the same logical acquire must be.
 	a := &Caller{NC: nc2, H: r.Hist, Client: 1000}
-	b := &Caller{NC: nc0, H: r.Hist, Client: 1001}
+	b := &Caller{NC: nc0, H: r.Hist, Client: 1001, Owner: ownerOf(1000)}
 	const ttl = 5 * time.Second
 
 	committed := func(c *Caller, res string) uint64 {

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -10,9 +9,6 @@ import (
 
 	"github.com/jetlock/jetlock/streams"
 )
-
-// ErrInvalidConfig is wrapped by Config.Validate errors.
-var ErrInvalidConfig = errors.New("invalid service config")
 
 // Clock supplies wall-clock time. jetlock uses it only for the times it
 // reports (expires_at); every expiry decision runs on the monotonic clock
@@ -37,8 +33,15 @@ type Config struct {
 	// DefaultTTL is the lease TTL when a request names none. The default
 	// is 30s.
 	DefaultTTL time.Duration
-	// MinTTL and MaxTTL bound ttl_ms. The defaults are 1s and 10m.
+	// MinTTL and MaxTTL bound ttl_ms. The defaults are 1s and 10m; MaxTTL
+	// is at most 24h. A value in the bucket that jetlock did not write
+	// blocks its key for MaxTTL plus ExpiryGrace from when an instance
+	// first saw it, then is taken over.
 	MinTTL, MaxTTL time.Duration
+	// MaxHold caps how long a lease may be held in total, renewals
+	// included: the deployment's cap on max_hold_ms, which also applies
+	// when a request names none. Zero means no cap. The default is 24h.
+	MaxHold time.Duration
 	// MaxWait bounds wait_ms. The default is 5m.
 	MaxWait time.Duration
 	// ExpiryGrace is added to a lease's TTL before the service expires it:
@@ -72,6 +75,17 @@ type Config struct {
 	// MaxWaiting caps the waiting acquires one instance serves at once
 	// (waits do not count toward MaxInFlight). The default is 10000.
 	MaxWaiting int
+	// MaxPerKey bounds the requests of one instance that wait for the
+	// requests on the same key ahead of them; beyond, a request is
+	// answered unavailable at once, so one hot key cannot hold every
+	// in-flight place. The default is 64.
+	MaxPerKey int
+	// OwnerRate and UserRate are fair-use limits: acquires (waiting or
+	// not) a second per owner and per NATS user (as the server vouches for
+	// it on an account import), each with a burst of twice the rate. A
+	// caller over its rate is answered unavailable with retry_after_ms.
+	// Zero disables a limit. The defaults are 0 (owner) and 0 (user).
+	OwnerRate, UserRate float64
 	// OpTimeout bounds the store work of one request: it must end within
 	// QueueWait+OpTimeout of the request's receipt (rounded up to the next
 	// 10ms), so a request that did not wait in the queue has the unused
@@ -114,6 +128,11 @@ type Config struct {
 	// Registerer receives the service's Prometheus metrics. The default is
 	// none (metrics are kept but not registered).
 	Registerer prometheus.Registerer
+	// Audit, when set, receives one record per grant, renew refusal,
+	// release, expiry, hand-over, cancel and revoke, with the resource,
+	// token, owner, outcome, instance and caller; never a lease id. The
+	// default is none.
+	Audit *slog.Logger
 	// Version is reported in `nats micro info`. The default is "0.1.0".
 	Version string
 }
@@ -126,6 +145,7 @@ func DefaultConfig() Config {
 		DefaultTTL:    30 * time.Second,
 		MinTTL:        time.Second,
 		MaxTTL:        10 * time.Minute,
+		MaxHold:       24 * time.Hour,
 		MaxWait:       5 * time.Minute,
 		ExpiryGrace:   2 * time.Second,
 		SweepInterval: 200 * time.Millisecond,
@@ -143,6 +163,7 @@ func DefaultConfig() Config {
 		MaxWaitersPerResource: 1000,
 		MaxWaitersPerOwner:    100,
 		MaxWaiting:            10000,
+		MaxPerKey:             64,
 		Clock:                 systemClock{},
 		Version:               "0.1.0",
 	}
@@ -157,10 +178,16 @@ func (c Config) Validate() error {
 		return bad("prefix %q must be dot-separated tokens of letters, digits, - and _", c.Prefix)
 	}
 	if err := c.Bucket.Validate(); err != nil {
-		return bad("%v", err)
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if c.MinTTL < time.Second || c.MaxTTL < c.MinTTL {
-		return bad("TTL bounds [%v, %v]: need 1s <= min <= max", c.MinTTL, c.MaxTTL)
+	if c.MinTTL < time.Second || c.MaxTTL < c.MinTTL || c.MaxTTL > streams.MaxRecordTTL {
+		return bad("TTL bounds [%v, %v]: need 1s <= min <= max <= %v", c.MinTTL, c.MaxTTL, streams.MaxRecordTTL)
+	}
+	if c.MaxHold != 0 && c.MaxHold < c.MinTTL || c.MaxHold > streams.MaxHoldCeiling {
+		return bad("max hold %v: need 0 (no cap) or min TTL %v to %v", c.MaxHold, c.MinTTL, streams.MaxHoldCeiling)
+	}
+	if c.OwnerRate < 0 || c.UserRate < 0 {
+		return bad("owner rate %v and user rate %v must not be negative", c.OwnerRate, c.UserRate)
 	}
 	if c.DefaultTTL < c.MinTTL || c.DefaultTTL > c.MaxTTL {
 		return bad("default TTL %v outside [%v, %v]", c.DefaultTTL, c.MinTTL, c.MaxTTL)
@@ -174,8 +201,8 @@ func (c Config) Validate() error {
 	if c.HandoverTTL < c.MinTTL || c.WaiterLiveness < time.Second || c.Recheck <= 0 || c.Reservation <= 0 {
 		return bad("handover TTL (>= min TTL), waiter liveness (>= 1s), recheck and reservation must be positive")
 	}
-	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerOwner < 1 || c.MaxWaiting < 1 {
-		return bad("waiter caps must be at least 1")
+	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerOwner < 1 || c.MaxWaiting < 1 || c.MaxPerKey < 1 {
+		return bad("waiter caps and max per key must be at least 1")
 	}
 	if c.MaxInFlight < 1 {
 		return bad("max in flight %d < 1", c.MaxInFlight)

@@ -3,16 +3,22 @@ package service
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jetlock/jetlock/streams"
 )
 
+// ErrInvalidConfig is wrapped by Config.Validate and New errors.
+var ErrInvalidConfig = errors.New("invalid service config")
+
 // opError is a contract error answered to the caller: a code of the wire
-// contract, a message, and for "locked" the holder.
+// contract, a message, for "locked" the holder, and for a caller over its
+// fair-use rate when to retry.
 type opError struct {
-	code   string
-	msg    string
-	holder *streams.Holder
+	code       string
+	msg        string
+	holder     *streams.Holder
+	retryAfter time.Duration
 }
 
 func (e *opError) Error() string { return e.code + ": " + e.msg }

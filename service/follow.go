@@ -2,11 +2,16 @@ package service
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/streams"
 )
 
 // Following the bucket. An instance learns of its own writes from their
@@ -14,9 +19,9 @@ import (
 // it learns by following the bucket with a watcher: that is how it expires
 // the leases of an instance that died, keeps the waiter queues in order
 // and keeps its view of who holds what fresh. The watcher costs the stream
-// leader one delivery per commit, and this instance the handling of each;
-// measured at the design load on two cores, a lone instance that followed
-// had zero errors in 3 of 10 runs, one that did not in 14 of 15.
+// leader one delivery per commit, and this instance the handling of each,
+// which on a small machine is the difference between keeping up with the
+// design load and shedding (see docs/capacity.md).
 //
 // An instance that is alone needs none of it. So every instance announces
 // itself on a heartbeat subject every peerInterval, and follows the bucket
@@ -40,13 +45,36 @@ const (
 // an instance.
 func HeartbeatSubject(prefix, bucket string) string { return prefix + ".instances." + bucket }
 
+// follower announces this instance, hears the others, and follows the
+// bucket's writes into the tracker while others serve it too.
+type follower struct {
+	nc      *nats.Conn // the request connection: heartbeats
+	kv      jetstream.KeyValue
+	tracker *tracker
+	decode  func(key string, rev uint64, deleted bool, data []byte) entry
+	log     *slog.Logger
+	gauge   func(on bool)
+
+	id        string
+	epoch     time.Time
+	lastPeer  atomic.Int64 // when another instance was last heard, ns since epoch
+	peerSeen  chan struct{}
+	linger    time.Duration
+	following atomic.Bool
+	// synced is set once the watcher has delivered every existing record:
+	// from then on a key the tracker does not know was never written (or
+	// is being written just now, or by an instance not yet heard of, which
+	// compare-and-set catches).
+	synced atomic.Bool
+}
+
 // heartbeat announces this instance every peerInterval until ctx ends.
-func (s *Service) heartbeat(ctx context.Context, subj string) {
+func (f *follower) heartbeat(ctx context.Context, subj string) {
 	t := time.NewTicker(peerInterval)
 	defer t.Stop()
 	for {
-		if err := s.nc.Publish(subj, []byte(s.id)); err != nil && ctx.Err() == nil {
-			s.log.Debug("heartbeat", "err", err)
+		if err := f.nc.Publish(subj, []byte(f.id)); err != nil && ctx.Err() == nil {
+			f.log.Debug("heartbeat", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -57,111 +85,150 @@ func (s *Service) heartbeat(ctx context.Context, subj string) {
 }
 
 // onHeartbeat notes another instance.
-func (s *Service) onHeartbeat(m *nats.Msg) {
-	if string(m.Data) == s.id {
+func (f *follower) onHeartbeat(m *nats.Msg) {
+	if string(m.Data) == f.id {
 		return
 	}
-	s.lastPeer.Store(time.Since(s.epoch).Nanoseconds())
+	f.lastPeer.Store(time.Since(f.epoch).Nanoseconds())
 	select {
-	case s.peerSeen <- struct{}{}:
+	case f.peerSeen <- struct{}{}:
 	default:
 	}
 }
 
 // alone reports how long no other instance has been heard (or, before
 // any was, since Run began).
-func (s *Service) alone() time.Duration {
-	return time.Since(s.epoch) - time.Duration(s.lastPeer.Load())
+func (f *follower) alone() time.Duration {
+	return time.Since(f.epoch) - time.Duration(f.lastPeer.Load())
 }
 
-// Following reports whether the instance follows every write to the
-// bucket, because another instance serves it too.
-func (s *Service) Following() bool { return s.following.Load() }
-
-// follow runs the watcher while another instance serves the bucket, and
-// from Run's start until it has been alone for peerLinger. It closes ready
-// once the first watcher has delivered every existing record. A watcher
-// that fails (it cannot be created while the stream has no leader, as
-// right after a partition heals) is started again after a backoff; the
-// instance serves on meanwhile, on compare-and-set as ever.
-func (s *Service) follow(ctx context.Context, ready chan<- struct{}) {
+// run runs the watcher while another instance serves the bucket, and from
+// Run's start until it has been alone for linger. It closes ready once the
+// first watcher has delivered every existing record. A watcher that fails
+// (it cannot be created while the stream has no leader, as right after a
+// partition heals) is started again after a backoff; the instance serves
+// on meanwhile, on compare-and-set as ever.
+func (f *follower) run(ctx context.Context, ready chan<- struct{}) {
 	var once sync.Once
 	check := time.NewTicker(peerInterval / 4)
 	defer check.Stop()
 	backoff := followRetry
 	for {
-		var synced atomic.Bool // this watcher has delivered every existing record
-		wctx, stop := context.WithCancel(ctx)
-		errc := make(chan error, 1)
-		go func() {
-			errc <- s.watch(wctx, func() {
-				synced.Store(true)
-				once.Do(func() {
-					s.watchSynced.Store(true)
-					close(ready)
-				})
+		alone, caughtUp, err := f.followOnce(ctx, check.C, func() {
+			once.Do(func() {
+				f.synced.Store(true)
+				close(ready)
 			})
-		}()
-		s.setFollowing(true)
-		alone := false
-	watching:
-		for {
+		})
+		if caughtUp {
+			backoff = followRetry
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			f.log.Warn("lease watcher failed; starting it again", "err", err, "in", backoff)
 			select {
 			case <-ctx.Done():
-				stop()
-				<-errc
 				return
-			case err := <-errc:
-				stop()
-				if ctx.Err() != nil {
-					return
-				}
-				s.log.Warn("lease watcher failed; starting it again", "err", err, "in", backoff)
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(backoff):
-				}
-				backoff = min(2*backoff, followRetryMax)
-				break watching
-			case <-check.C:
-				if !synced.Load() {
-					continue
-				}
-				backoff = followRetry
-				if s.alone() >= s.peerLinger {
-					stop()
-					<-errc
-					alone = true
-					break watching
-				}
+			case <-time.After(backoff):
 			}
-		}
-		if !alone {
+			backoff = min(2*backoff, followRetryMax)
+			continue
+		case !alone:
 			continue
 		}
-		s.setFollowing(false)
+		f.setFollowing(false)
 		select { // a heartbeat that came while following is not news
-		case <-s.peerSeen:
+		case <-f.peerSeen:
 		default:
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.peerSeen:
+		case <-f.peerSeen:
 		}
 	}
 }
 
-func (s *Service) setFollowing(on bool) {
-	if s.following.Swap(on) == on {
+// followOnce runs one watcher until it fails (the error), ctx ends, or the
+// instance has been alone for linger (alone). caughtUp reports whether the
+// watcher delivered every existing record before it ended.
+func (f *follower) followOnce(ctx context.Context, check <-chan time.Time, synced func()) (alone, caughtUp bool, err error) {
+	var done atomic.Bool // this watcher has delivered every existing record
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- f.watch(wctx, func() {
+			done.Store(true)
+			synced()
+		})
+	}()
+	f.setFollowing(true)
+	for {
+		select {
+		case <-ctx.Done():
+			stop()
+			<-errc
+			return false, done.Load(), nil
+		case err := <-errc:
+			return false, done.Load(), err
+		case <-check:
+			if done.Load() && f.alone() >= f.linger {
+				stop()
+				<-errc
+				return true, true, nil
+			}
+		}
+	}
+}
+
+func (f *follower) setFollowing(on bool) {
+	if f.following.Swap(on) == on {
 		return
 	}
+	f.gauge(on)
 	if on {
-		s.metrics.following.Set(1)
-		s.log.Info("following every write to the bucket", "reason", "another instance serves it, or just started")
+		f.log.Info("following every write to the bucket", "reason", "another instance serves it, or just started")
 	} else {
-		s.metrics.following.Set(0)
-		s.log.Info("alone: no longer following the bucket's writes", "alone_for", s.alone().Round(time.Millisecond))
+		f.log.Info("alone: no longer following the bucket's writes", "alone_for", f.alone().Round(time.Millisecond))
+	}
+}
+
+// watch follows every lease and waiter write in the bucket and feeds the
+// tracker, so that any instance expires leases granted by instances that
+// died. It calls synced once it has delivered every existing record.
+func (f *follower) watch(ctx context.Context, synced func()) error {
+	w, err := f.kv.WatchFiltered(ctx, []string{streams.LeaseKeyPrefix + ">", streams.WaitKeyPrefix + ">"})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	initial := true
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case kve, ok := <-w.Updates():
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return errors.New("watcher closed")
+			}
+			if kve == nil {
+				if initial {
+					initial = false
+					synced()
+				}
+				continue
+			}
+			if o, ok := f.tracker.get(kve.Key()); ok && o.rev >= kve.Revision() {
+				continue // this instance's own write, already observed
+			}
+			deleted := kve.Operation() != jetstream.KeyValuePut
+			f.tracker.observe(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/streams"
@@ -60,8 +61,20 @@ func startInstance(t *testing.T, cl *devcluster.Cluster, cfg Config, linger time
 func call(t *testing.T, s *Service, op string, body any) (any, error) {
 	t.Helper()
 	data, _ := json.Marshal(body)
-	return s.handle(op, data, time.Now(), hold(s.gate))
+	return s.handle(op, testRequest{data: data}, time.Now(), hold(s.gate))
 }
+
+// testRequest is a request handed to handle directly, as micro would; the
+// test reads the result from handle, so nothing is sent.
+type testRequest struct{ data []byte }
+
+func (r testRequest) Respond([]byte, ...micro.RespondOpt) error               { return nil }
+func (r testRequest) RespondJSON(any, ...micro.RespondOpt) error              { return nil }
+func (r testRequest) Error(string, string, []byte, ...micro.RespondOpt) error { return nil }
+func (r testRequest) Data() []byte                                            { return r.data }
+func (r testRequest) Headers() micro.Headers                                  { return nil }
+func (r testRequest) Subject() string                                         { return "" }
+func (r testRequest) Reply() string                                           { return "" }
 
 // waitFor polls cond every 20ms until it holds or timeout passes; it is
 // testenv.Eventually for the package's internal tests, which cannot import

@@ -13,60 +13,120 @@ var resultCodes = []string{"ok", streams.CodeInvalidRequest, streams.CodeLocked,
 	streams.CodeTooManyWaiters, streams.CodeUnavailable, streams.CodeInternal}
 
 // metrics are the service's Prometheus metrics, plus per-endpoint result
-// counts that `nats micro stats jetlock` shows as endpoint data.
+// counts that `nats micro stats jetlock` shows as endpoint data. Every
+// label takes values from a fixed set, except the hottest resources' (at
+// most hotTop of them at any scrape).
 type metrics struct {
-	requests  *prometheus.CounterVec
-	latency   *prometheus.HistogramVec
-	expired   prometheus.Counter
-	conflicts prometheus.Counter
-	wakes     prometheus.Counter
-	following prometheus.Gauge
-	shedCount *prometheus.CounterVec
-	queued    prometheus.Gauge
+	requests      *prometheus.CounterVec
+	latency       *prometheus.HistogramVec
+	shedCount     *prometheus.CounterVec
+	queued        prometheus.Gauge
+	refused       *prometheus.CounterVec
+	rateLimited   *prometheus.CounterVec
+	expired       prometheus.Counter
+	renewFailures *prometheus.CounterVec
+	handovers     prometheus.Counter
+	handoverTime  prometheus.Histogram
+	revokes       prometheus.Counter
+	commitTime    *prometheus.HistogramVec
+	conflicts     prometheus.Counter
+	wakes         prometheus.Counter
+	following     prometheus.Gauge
+	foreign       prometheus.Counter
+	leaderChanges prometheus.Counter
+	leaderless    prometheus.Counter
+	ready         prometheus.Gauge
+	belowHW       prometheus.Gauge
+	permission    *prometheus.CounterVec
 
 	counts map[string][]atomic.Int64 // op -> index in resultCodes
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics() *metrics {
+	latencyBuckets := prometheus.ExponentialBuckets(0.0005, 2, 16)
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetlock_requests_total", Help: "Requests answered, by operation and result code.",
 		}, []string{"op", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "jetlock_request_duration_seconds", Help: "Time from receipt to reply, by operation.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+			Name: "jetlock_request_duration_seconds", Help: "Time from receipt to reply, by operation.", Buckets: latencyBuckets,
 		}, []string{"op"}),
-		expired: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_leases_expired_total", Help: "Leases deleted by the expiry sweeper.",
-		}),
-		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_cas_conflicts_total", Help: "Compare-and-set writes that lost a race and were decided again.",
-		}),
-		wakes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_wakes_total", Help: "Wake messages sent to head waiters.",
-		}),
-		following: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "jetlock_following_writes", Help: "1 while this instance follows every write to the bucket (another instance serves it too), else 0.",
-		}),
 		shedCount: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetlock_requests_shed_total", Help: "Requests answered unavailable without being processed, by operation and reason: queue_full (MaxQueued were waiting) or waited (longer than QueueWait).",
 		}, []string{"op", "reason"}),
 		queued: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetlock_requests_queued", Help: "Requests waiting for one of the MaxInFlight places.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetlock_requests_refused_total", Help: "Requests dropped unanswered, by operation and reason: reply_subject (it named a reply subject starting with $ or with the service's prefix).",
+		}, []string{"op", "reason"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetlock_rate_limited_total", Help: "Acquires answered unavailable for fair use, by scope: owner or user.",
+		}, []string{"scope"}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetlock_leases_expired_total", Help: "Leases ended by the expiry sweeper.",
+		}),
+		renewFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetlock_renew_failures_total", Help: "Renewals refused, by reason: not_current (lease_lost) or max_hold.",
+		}, []string{"reason"}),
+		handovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetlock_handovers_total", Help: "Leases ended with the resource granted to the head waiter in the same write.",
+		}),
+		handoverTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "jetlock_handover_duration_seconds", Help: "Time from deciding to end a lease to the waiter's grant committed.", Buckets: latencyBuckets,
+		}),
+		revokes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetlock_revokes_total", Help: "Leases ended by an operator's revoke.",
+		}),
+		commitTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "jetlock_store_commit_duration_seconds", Help: "Round trip of the writes to the bucket, by kind: put, delete, confirm, tombstone, handover.", Buckets: latencyBuckets,
+		}, []string{"op"}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetlock_cas_conflicts_total", Help: "Compare-and-set writes that lost a race and were decided again.",
+		}),
+		wakes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetlock_wakes_total", Help: "Wake messages sent to waiting requests.",
+		}),
+		following: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetlock_following_writes", Help: "1 while this instance follows every write to the bucket (another instance serves it too), else 0.",
+		}),
+		foreign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetlock_foreign_records_total", Help: "Values seen under lease. or wait. that are not complete jetlock records (they are nobody's lease).",
+		}),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetlock_stream_leader_changes_total", Help: "Changes of the bucket stream's leader seen by this instance.",
+		}),
+		leaderless: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "jetlock_stream_leaderless_seconds_total", Help: "Time the bucket's stream had no leader (or did not answer), as this instance saw it.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetlock_ready", Help: "1 while /readyz would answer ready, else 0.",
+		}),
+		belowHW: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "jetlock_stream_below_high_water", Help: "1 while grants are refused because the stream went back below the token high-water mark (recreated or restored behind the service's back).",
+		}),
+		permission: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetlock_permission_errors_total", Help: "Permission violations the NATS server reported to the service, by connection: requests or store.",
+		}, []string{"conn"}),
 		counts: map[string][]atomic.Int64{},
 	}
 	for _, op := range streams.Operations {
 		m.counts[op] = make([]atomic.Int64, len(resultCodes))
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.latency, m.expired, m.conflicts, m.wakes, m.following, m.shedCount, m.queued} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
+	return m
+}
+
+// register registers every metric, plus the collectors of the gauges
+// computed at scrape time, on reg.
+func (m *metrics) register(reg prometheus.Registerer, more ...prometheus.Collector) error {
+	for _, c := range append([]prometheus.Collector{m.requests, m.latency, m.shedCount, m.queued, m.refused, m.rateLimited,
+		m.expired, m.renewFailures, m.handovers, m.handoverTime, m.revokes, m.commitTime, m.conflicts, m.wakes, m.following,
+		m.foreign, m.leaderChanges, m.leaderless, m.ready, m.belowHW, m.permission}, more...) {
+		if err := reg.Register(c); err != nil {
+			return err
 		}
 	}
-	return m, nil
+	return nil
 }
 
 func (m *metrics) observe(op, code string, d time.Duration) {
@@ -82,13 +142,6 @@ func (m *metrics) observe(op, code string, d time.Duration) {
 			}
 		}
 	}
-}
-
-// shed counts a request answered unavailable by the gate, after waiting
-// for waited.
-func (m *metrics) shed(op, reason string, waited time.Duration) {
-	m.shedCount.WithLabelValues(op, reason).Inc()
-	m.observe(op, streams.CodeUnavailable, waited)
 }
 
 // endpointStats returns the result counts of one endpoint, keyed by code.

@@ -1,23 +1,27 @@
 // Package service is the jetlock lock service: a NATS micro service named
 // "jetlock" that grants exclusive leases on named resources, with state in
-// a replicated JetStream key-value bucket. See ../streams for the wire
-// contract and DESIGN.md for the invariants it keeps.
+// a replicated JetStream key-value bucket. Package streams holds the wire
+// contract; docs/protocol.md describes it for users.
+//
+// The package has two halves. The lock logic (locks.go, handover.go,
+// waiter.go, store.go, tracker.go, stripes.go, records.go) decides every
+// request by compare-and-set on the bucket. The transport (endpoints.go,
+// gate.go, workers.go, deadline.go, waiting.go, wake.go, follow.go)
+// receives requests, admits them, runs them and replies. service.go wires
+// the two and runs them; stream.go watches the bucket's stream.
 package service
 
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/jsm.go"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
@@ -26,58 +30,43 @@ import (
 	"github.com/jetlock/jetlock/streams"
 )
 
-const lockStripes = 8192
-
 // Service is one jetlock service instance. Any number of instances may
 // serve the same bucket at once: every decision commits by compare-and-set,
-// so they never double-grant or lose a renewal.
+// so they never double-grant or lose a renewal. Its methods are safe for
+// concurrent use.
 type Service struct {
 	cfg     Config
-	nc      *nats.Conn          // requests, replies, wakes, heartbeats: no JetStream rights
-	storeNC *nats.Conn          // the bucket and the JetStream API
-	js      jetstream.JetStream // on storeNC
+	nc      *nats.Conn // requests, replies, wakes, heartbeats: no JetStream rights
+	storeNC *nats.Conn // the bucket and the JetStream API
+	js      jetstream.JetStream
 	log     *slog.Logger
 	metrics *metrics
+	report  *reporter
+	id      string
 
-	bucket  *streams.Bucket
-	store   *store
+	// The lock logic, once Run has ensured the bucket.
 	tracker *tracker
+	store   *store
+	locks   *locks
+	guard   *streamGuard
+	follow  *follower
 
-	seed    maphash.Seed
-	stripes [lockStripes]sync.Mutex
-
+	// The transport.
+	wakes      *wakes
 	gate       *gate
+	limits     *limits
+	deadlines  *deadlines
+	work       chan func()   // hands a request to an idle worker
+	workerIdle time.Duration // see workerIdle
 	inflight   sync.WaitGroup
 	dispatched atomic.Int64
-	ready      chan struct{}
-	stopping   chan struct{} // closed when Run begins to shut down
-	work       chan func()   // hands a request to an idle worker
-	done       chan struct{} // closed when Run has finished: workers exit
-
-	// wakePrefix + request hash is the wake subject of a request waiting
-	// on this instance; waiting maps the hash to its waiter.
-	wakePrefix string
-	waitMu     sync.Mutex
-	waiting    map[string]chan struct{}
 	nWaiting   atomic.Int64
-	// watchSynced is set once the watcher has delivered every existing
-	// record: from then on a key the tracker does not know was never
-	// written (or is being written just now, or by an instance not yet
-	// heard of, which compare-and-set catches).
-	watchSynced atomic.Bool
-
-	// id names the instance in heartbeats and wake subjects; lastPeer is
-	// when another instance was last heard (nanoseconds since epoch); see
-	// follow.go.
-	id         string
-	epoch      time.Time
-	lastPeer   atomic.Int64
-	peerSeen   chan struct{}
 	peerLinger time.Duration
-	following  atomic.Bool
 
-	workerIdle time.Duration // see workerIdle
-	deadlines  *deadlines    // of the requests' store work
+	ready    chan struct{}
+	serving  atomic.Bool
+	stopping chan struct{} // closed when Run begins to shut down
+	done     chan struct{} // closed when Run has finished: workers exit
 }
 
 // New returns a service that answers requests on nc and keeps lock state
@@ -99,45 +88,35 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 	}
 	js, err := jetstream.New(store)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, err
-	}
 	id := nuid.Next()
+	m := newMetrics()
 	s := &Service{
-		cfg:     cfg,
-		nc:      nc,
-		storeNC: store,
-		js:      js,
-		log:     log,
-		metrics: m,
-		tracker: newTracker(cfg.ExpiryGrace, cmp.Or(cfg.Bucket.RetryWindow, streams.DefaultRetryWindow)),
-		seed:    maphash.MakeSeed(),
-		ready:   make(chan struct{}),
-
-		stopping:   make(chan struct{}),
-		work:       make(chan func()),
-		done:       make(chan struct{}),
-		wakePrefix: cfg.Prefix + ".wake." + id + ".",
-		waiting:    make(map[string]chan struct{}),
-		id:         id,
-		peerSeen:   make(chan struct{}, 1),
-		peerLinger: peerLinger,
-		workerIdle: workerIdle,
+		cfg: cfg, nc: nc, storeNC: store, js: js, log: log, metrics: m, id: id,
+		report:     newReporter(m, cfg.Audit, log, id),
+		tracker:    newTracker(cfg.ExpiryGrace, cfg.MaxTTL, cmp.Or(cfg.Bucket.RetryWindow, streams.DefaultRetryWindow)),
 		deadlines:  newDeadlines(cfg.QueueWait + cfg.OpTimeout),
+		work:       make(chan func()),
+		workerIdle: workerIdle,
+		peerLinger: peerLinger,
+		ready:      make(chan struct{}),
+		stopping:   make(chan struct{}),
+		done:       make(chan struct{}),
 	}
-	s.gate = &gate{
-		limit:       cfg.MaxInFlight,
-		maxQueued:   cfg.MaxQueued,
-		maxWait:     cfg.QueueWait,
-		spawn:       s.spawn,
-		queuedGauge: func(n int) { m.queued.Set(float64(n)) },
+	s.wakes = &wakes{nc: nc, prefix: cfg.Prefix + ".wake." + id + ".", log: log, sent: m.wakes.Inc,
+		waiting: make(map[string]chan *streams.LeaseResponse)}
+	s.limits = newLimits(cfg.OwnerRate, cfg.UserRate, s.report.limited)
+	s.gate = &gate{limit: cfg.MaxInFlight, maxQueued: cfg.MaxQueued, maxWait: cfg.QueueWait, spawn: s.spawn,
+		queuedGauge: func(n int) { m.queued.Set(float64(n)) }}
+	if cfg.Registerer != nil {
+		if err := m.register(cfg.Registerer, newHotCollector(s.report.hot, s.tracker)); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -145,77 +124,58 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 // Ready is closed once Run has ensured the bucket and started serving.
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
+// Following reports whether the instance follows every write to the
+// bucket, because another instance serves it too.
+func (s *Service) Following() bool { return s.follow != nil && s.follow.following.Load() }
+
 // Run ensures the bucket, starts the heartbeats, the lease watcher (see
-// follow) and the sweeper, registers the micro service and serves until
-// ctx is cancelled. It then stops taking requests, waits for those in
-// flight to be answered, and returns nil; any earlier failure is returned.
+// follow.go), the sweeper and the stream checks, registers the micro
+// service and serves until ctx is cancelled. It then stops taking
+// requests, waits for those in flight to be answered, and returns nil; any
+// earlier failure is returned.
 func (s *Service) Run(ctx context.Context) error {
 	defer close(s.done)
 	b, err := s.ensure(ctx)
 	if err != nil {
-		return fmt.Errorf("ensure bucket: %w", err)
+		if ctx.Err() != nil {
+			return nil // cancelled while waiting for the cluster
+		}
+		return err
 	}
-	if b == nil {
-		return nil // cancelled while waiting for the cluster
+	if err := s.wire(b); err != nil {
+		return err
 	}
-	s.bucket = b
-	s.store = newStore(s.storeNC, b.Config().Bucket, b.Config().RetryWindow)
-
 	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	var bgWG sync.WaitGroup
 	defer func() {
 		stopBg()
 		bgWG.Wait()
 	}()
-	// Hear the other instances before following starts, and be heard.
-	s.epoch = time.Now()
-	hbSubj := HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket)
-	hbSub, err := s.nc.Subscribe(hbSubj, s.onHeartbeat)
+	subs, err := s.subscribe(b)
 	if err != nil {
-		return fmt.Errorf("subscribe heartbeat subject: %w", err)
+		return err
 	}
-	defer hbSub.Unsubscribe()
+	defer unsubscribe(subs)
 	watchReady := make(chan struct{})
-	bgWG.Add(4)
-	go func() { defer bgWG.Done(); s.heartbeat(bg, hbSubj) }()
-	go func() { defer bgWG.Done(); s.follow(bg, watchReady) }()
-	go func() { defer bgWG.Done(); s.sweep(bg) }()
-	go func() { defer bgWG.Done(); s.recordHighWater(bg) }()
+	for _, run := range []func(){
+		func() { s.follow.heartbeat(bg, HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket)) },
+		func() { s.follow.run(bg, watchReady) },
+		func() { s.sweep(bg) },
+		func() { s.guard.run(bg, s.serving.Load, time.Second) },
+	} {
+		bgWG.Add(1)
+		go func() { defer bgWG.Done(); run() }()
+	}
 	select {
 	case <-watchReady:
 	case <-ctx.Done():
 		return nil
 	}
-
-	wakeSub, err := s.nc.Subscribe(s.wakePrefix+"*", s.onWake)
+	svc, err := s.register(b)
 	if err != nil {
-		return fmt.Errorf("subscribe wake subject: %w", err)
+		return err
 	}
-	defer wakeSub.Unsubscribe()
-
-	svc, err := micro.AddService(s.nc, micro.Config{
-		Name:        streams.ServiceName,
-		Version:     s.cfg.Version,
-		Description: "jetlock: exclusive leases with fencing tokens on named resources",
-		QueueGroup:  streams.QueueGroup,
-		Metadata:    map[string]string{"prefix": s.cfg.Prefix, "bucket": b.Config().Bucket},
-		StatsHandler: func(ep *micro.Endpoint) any {
-			return s.metrics.endpointStats(ep.Name)
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("register micro service: %w", err)
-	}
-	grp := svc.AddGroup(s.cfg.Prefix + "." + streams.APIVersion)
-	for _, op := range streams.Operations {
-		// micro endpoint names allow no dots: "admin.revoke" is endpoint
-		// admin_revoke on subject <prefix>.v1.admin.revoke.
-		name := strings.ReplaceAll(op, ".", "_")
-		if err := grp.AddEndpoint(name, micro.HandlerFunc(func(r micro.Request) { s.dispatch(op, r) }), micro.WithEndpointSubject(op)); err != nil {
-			svc.Stop()
-			return fmt.Errorf("add endpoint %s: %w", op, err)
-		}
-	}
+	s.serving.Store(true)
 	close(s.ready)
 	s.log.Info("jetlock serving", "prefix", s.cfg.Prefix, "bucket", b.Config().Bucket, "instance", svc.Info().ID)
 
@@ -223,6 +183,7 @@ func (s *Service) Run(ctx context.Context) error {
 	// Stop taking requests (drains the endpoint subscriptions), end the
 	// waits (their callers retry elsewhere and keep their places), then wait
 	// for every request in flight to be answered.
+	s.serving.Store(false)
 	close(s.stopping)
 	if err := svc.Stop(); err != nil {
 		s.log.Warn("stop micro service", "err", err)
@@ -232,11 +193,98 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
+// wire builds the lock logic on the ensured bucket b.
+func (s *Service) wire(b *streams.Bucket) error {
+	mgr, err := jsm.New(s.storeNC, jsm.WithTimeout(2*time.Second))
+	if err != nil {
+		return fmt.Errorf("jsm: %w", err)
+	}
+	wakeRoot := s.cfg.Prefix + ".wake."
+	decode := func(key string, rev uint64, deleted bool, data []byte) entry {
+		return decodeEntry(key, rev, deleted, data, wakeRoot, s.report.foreign)
+	}
+	s.store = newStore(s.storeNC, b.Config().Bucket, b.Config().RetryWindow)
+	s.store.decode = decode
+	s.store.commit = s.report.commit
+	if hw, err := b.HighWater(context.Background()); err == nil {
+		s.store.floor.Store(hw)
+	}
+	s.guard = &streamGuard{bucket: b, mgr: mgr, store: s.store, tracker: s.tracker, m: s.metrics, log: s.log,
+		conns: map[string]*nats.Conn{"requests": s.nc, "store": s.storeNC}, lastErrs: map[string]error{}}
+	s.store.regressed = s.guard.regressed
+	s.follow = &follower{nc: s.nc, kv: b.KV, tracker: s.tracker, decode: decode, log: s.log,
+		gauge: func(on bool) { s.metrics.following.Set(boolGauge(on)) },
+		id:    s.id, epoch: time.Now(), peerSeen: make(chan struct{}, 1), linger: s.peerLinger}
+	s.locks = &locks{cfg: s.cfg, log: s.log, store: s.store, tracker: s.tracker, keys: newStripes(s.cfg.MaxPerKey),
+		report: s.report, wakes: s.wakes, guard: s.guard, following: s.Following, synced: &s.follow.synced}
+	return nil
+}
+
+// subscribe subscribes the heartbeats and the wake messages, and checks
+// that the server allowed both: a permission error on a subject the
+// service needs must stop it, not leave it running as if alone.
+func (s *Service) subscribe(b *streams.Bucket) ([]*nats.Subscription, error) {
+	hb, err := s.nc.Subscribe(HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket), s.follow.onHeartbeat)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe heartbeat subject: %w", err)
+	}
+	wake, err := s.nc.Subscribe(s.wakes.prefix+"*", s.wakes.onMsg)
+	if err != nil {
+		hb.Unsubscribe()
+		return nil, fmt.Errorf("subscribe wake subject: %w", err)
+	}
+	subs := []*nats.Subscription{hb, wake}
+	if err := s.nc.FlushTimeout(5 * time.Second); err != nil {
+		unsubscribe(subs)
+		return nil, fmt.Errorf("flush subscriptions: %w", err)
+	}
+	if err := s.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) {
+		unsubscribe(subs)
+		return nil, fmt.Errorf("the request connection may not subscribe a subject the service needs: %w", err)
+	}
+	return subs, nil
+}
+
+func boolGauge(on bool) float64 {
+	if on {
+		return 1
+	}
+	return 0
+}
+
+func unsubscribe(subs []*nats.Subscription) {
+	for _, sub := range subs {
+		_ = sub.Unsubscribe()
+	}
+}
+
+// register registers the micro service with its endpoints.
+func (s *Service) register(b *streams.Bucket) (micro.Service, error) {
+	svc, err := micro.AddService(s.nc, micro.Config{
+		Name:        streams.ServiceName,
+		Version:     s.cfg.Version,
+		Description: "jetlock: exclusive leases with fencing tokens on named resources",
+		QueueGroup:  streams.QueueGroup,
+		Metadata:    map[string]string{"prefix": s.cfg.Prefix, "bucket": b.Config().Bucket},
+		StatsHandler: func(ep *micro.Endpoint) any {
+			return s.metrics.endpointStats(ep.Subject[len(s.cfg.Prefix)+len(streams.APIVersion)+2:])
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("register micro service: %w", err)
+	}
+	if err := s.addEndpoints(svc); err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	return svc, nil
+}
+
 // ensure ensures the bucket, retrying while the cluster is not ready (no
 // meta leader yet, stream leader election after a restart). A bucket whose
 // configuration is unsafe is an error at once; one whose stream reports a
 // sequence below the high-water mark is an error once that has lasted
-// HighWaterPatience. It returns nil, nil when ctx ends first.
+// HighWaterPatience. It returns ctx's error when ctx ends first.
 func (s *Service) ensure(ctx context.Context) (*streams.Bucket, error) {
 	backoff := 100 * time.Millisecond
 	var below time.Time // when the stream was first seen below the high-water mark
@@ -248,20 +296,20 @@ func (s *Service) ensure(ctx context.Context) (*streams.Bucket, error) {
 			return b, nil
 		}
 		if errors.Is(err, streams.ErrBucketConfig) || errors.Is(err, streams.ErrInvalid) {
-			return nil, err
+			return nil, fmt.Errorf("ensure bucket: %w", err)
 		}
 		if errors.Is(err, streams.ErrBelowHighWater) {
 			if below.IsZero() {
 				below = time.Now()
 			}
 			if time.Since(below) >= s.cfg.HighWaterPatience {
-				return nil, fmt.Errorf("%w: for %v: %w", streams.ErrBucketConfig, s.cfg.HighWaterPatience, err)
+				return nil, fmt.Errorf("ensure bucket: %w: for %v: %w", streams.ErrBucketConfig, s.cfg.HighWaterPatience, err)
 			}
 		}
 		s.log.Warn("lock bucket not ready, retrying", "err", err)
 		select {
 		case <-ctx.Done():
-			return nil, nil
+			return nil, ctx.Err()
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 2*time.Second)
@@ -286,251 +334,4 @@ func (s *Service) awaitDrained() {
 		}
 	}
 	s.inflight.Wait()
-}
-
-// dispatch answers a request in a worker goroutine, so that one slow store
-// round trip never holds up the subscription. The gate bounds the requests
-// processed at once (MaxInFlight) and queues the next MaxQueued; beyond
-// those, or after QueueWait in the queue, the service sheds load: it answers
-// unavailable rather than letting requests queue until their callers have
-// given up.
-func (s *Service) dispatch(op string, r micro.Request) {
-	s.dispatched.Add(1)
-	s.inflight.Add(1)
-	received := time.Now()
-	s.gate.enter(pending{
-		at: received,
-		run: func(sl *slot) {
-			defer func() {
-				sl.release()
-				s.inflight.Done()
-			}()
-			resp, err := s.handle(op, r.Data(), received, sl)
-			code := ""
-			if err != nil {
-				oe := toOpError(err)
-				code = oe.code
-				if oe.code == streams.CodeInternal {
-					s.log.Error("internal error", "op", op, "err", err)
-				}
-				s.replyError(r, oe)
-			} else {
-				s.replyJSON(r, resp)
-			}
-			s.metrics.observe(op, code, time.Since(received))
-		},
-		shed: func(reason string, waited time.Duration) {
-			defer s.inflight.Done()
-			var oe *opError
-			if reason == shedWaited {
-				oe = newOpError(streams.CodeUnavailable, "service overloaded: the request waited %v for one of %d places; retry with backoff", waited.Round(time.Millisecond), s.cfg.MaxInFlight)
-			} else {
-				oe = newOpError(streams.CodeUnavailable, "service overloaded: %d requests in progress and %d queued; retry with backoff", s.cfg.MaxInFlight, s.cfg.MaxQueued)
-			}
-			s.replyError(r, oe)
-			s.metrics.shed(op, reason, waited)
-		},
-	})
-}
-
-// workerIdle is how long a worker waits for another request before it
-// exits: between one and two times this.
-const workerIdle = 10 * time.Second
-
-// spawn runs f on an idle worker goroutine, or on a new one. Workers are
-// kept for the next request because a fresh goroutine grows its stack
-// several times over during a request, copying it each time.
-func (s *Service) spawn(f func()) {
-	select {
-	case s.work <- f:
-	default:
-		go s.worker(f)
-	}
-}
-
-// worker runs f and then the requests spawn hands it. Its idle timer is
-// not re-armed after every request (a timer reset per request cost 3.7 %
-// of the bench process's CPU at the design load): it ticks every
-// workerIdle, and the worker exits at a tick if it ran nothing since the
-// one before.
-func (s *Service) worker(f func()) {
-	idle := time.NewTicker(s.workerIdle)
-	defer idle.Stop()
-	for {
-		f()
-		ran := true
-		for f = nil; f == nil; {
-			select {
-			case f = <-s.work:
-			case <-idle.C:
-				if !ran {
-					return
-				}
-				ran = false
-			case <-s.done:
-				return
-			}
-		}
-	}
-}
-
-// handle decodes and processes one request received at received; its
-// store work must end within QueueWait+OpTimeout of that.
-func (s *Service) handle(op string, data []byte, received time.Time, sl *slot) (any, error) {
-	ctx := s.deadlines.get(received)
-	switch op {
-	case streams.OpAcquire:
-		var req streams.AcquireRequest
-		if err := streams.Decode(data, &req); err != nil {
-			return nil, err
-		}
-		return s.acquire(ctx, &req, sl)
-	case streams.OpRenew:
-		var req streams.RenewRequest
-		if err := streams.Decode(data, &req); err != nil {
-			return nil, err
-		}
-		return s.renew(ctx, &req)
-	case streams.OpRelease:
-		var req streams.ReleaseRequest
-		if err := streams.Decode(data, &req); err != nil {
-			return nil, err
-		}
-		return s.release(ctx, &req)
-	case streams.OpCancel:
-		var req streams.CancelRequest
-		if err := streams.Decode(data, &req); err != nil {
-			return nil, err
-		}
-		return s.cancel(ctx, &req)
-	case streams.OpStatus:
-		var req streams.StatusRequest
-		if err := streams.Decode(data, &req); err != nil {
-			return nil, err
-		}
-		return s.status(ctx, &req)
-	}
-	return nil, fmt.Errorf("unknown operation %q", op)
-}
-
-// replyJSON and replyError answer on the request's reply subject directly.
-// They run in the request's own goroutine, after micro's handler has
-// returned; micro's Respond and Error record the outcome in the request for
-// its statistics without a lock, which would race with micro reading it.
-// The price: micro's error counts stay zero (the Prometheus metrics and the
-// endpoint stats data count results).
-func (s *Service) replyJSON(r micro.Request, v any) {
-	if a, ok := v.(appender); ok {
-		buf := encode(a)
-		defer buf.free()
-		s.reply(r, &nats.Msg{Subject: r.Reply(), Data: buf.b})
-		return
-	}
-	body, err := marshal(v)
-	if err != nil {
-		s.replyError(r, newOpError(streams.CodeInternal, "encode reply: %v", err))
-		return
-	}
-	s.reply(r, &nats.Msg{Subject: r.Reply(), Data: body})
-}
-
-func (s *Service) replyError(r micro.Request, oe *opError) {
-	body, _ := json.Marshal(streams.ErrorResponse{Error: streams.ErrorDetail{Code: oe.code, Message: oe.msg, Holder: oe.holder}})
-	m := &nats.Msg{Subject: r.Reply(), Data: body, Header: nats.Header{}}
-	m.Header.Set(streams.HeaderError, oe.msg)
-	m.Header.Set(streams.HeaderErrorCode, strconv.Itoa(streams.StatusCode(oe.code)))
-	s.reply(r, m)
-}
-
-func (s *Service) reply(r micro.Request, m *nats.Msg) {
-	if m.Subject == "" {
-		return // a request without a reply subject (a plain publish)
-	}
-	if err := s.nc.PublishMsg(m); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		s.log.Warn("reply failed", "err", err)
-	}
-}
-
-// lockKey serialises this instance's work on one key, so that its own
-// requests do not race each other's compare-and-set. Instances still race
-// each other; compare-and-set decides those races.
-func (s *Service) lockKey(key string) func() {
-	m := &s.stripes[maphash.String(s.seed, key)%lockStripes]
-	m.Lock()
-	return m.Unlock
-}
-
-// watch follows every lease and waiter write in the bucket and feeds the
-// tracker, so that any instance expires leases granted by instances that
-// died. It calls synced once it has delivered every existing record.
-func (s *Service) watch(ctx context.Context, synced func()) error {
-	w, err := s.bucket.KV.WatchFiltered(ctx, []string{streams.LeaseKeyPrefix + ">", streams.WaitKeyPrefix + ">"})
-	if err != nil {
-		return err
-	}
-	defer w.Stop()
-	initial := true
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case kve, ok := <-w.Updates():
-			if !ok {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return errors.New("watcher closed")
-			}
-			if kve == nil {
-				if initial {
-					initial = false
-					synced()
-				}
-				continue
-			}
-			if o, ok := s.tracker.get(kve.Key()); ok && o.rev >= kve.Revision() {
-				continue // this instance's own write, already observed
-			}
-			e := entry{rev: kve.Revision()}
-			if kve.Operation() == jetstream.KeyValueDelete {
-				e.end = streams.DecodeEndMark(kve.Value())
-			}
-			if kve.Operation() == jetstream.KeyValuePut {
-				rec, err := streams.DecodeRecord(kve.Value())
-				if err != nil {
-					s.log.Error("corrupt lease record", "key", kve.Key(), "rev", kve.Revision(), "err", err)
-					continue
-				}
-				e.rec = rec
-			}
-			s.tracker.observe(kve.Key(), e)
-		}
-	}
-}
-
-// recordHighWater raises the recorded token high-water mark every second,
-// so that a bucket recreated after loss never hands out smaller tokens.
-func (s *Service) recordHighWater(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	var recorded uint64
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		hw := s.tracker.maxRev()
-		if hw <= recorded {
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := s.bucket.RecordHighWater(rctx, hw)
-		cancel()
-		if err != nil {
-			s.log.Warn("record high-water mark", "err", err)
-			continue
-		}
-		recorded = hw
-	}
 }

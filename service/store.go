@@ -9,11 +9,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/jetlock/jetlock/streams"
 )
@@ -24,40 +26,78 @@ import (
 var (
 	errConflict    = errors.New("revision conflict")
 	errUnavailable = errors.New("state store unavailable")
+	// errDuplicate: a hand-over's grant carries a message id JetStream has
+	// seen within the duplicate window (the waiter's request was cancelled,
+	// or granted before).
+	errDuplicate = errors.New("grant already written or cancelled")
 )
 
-// entry is one observation of a lease key: the revision of its last write
-// and, unless that write deleted it, the record.
-type entry struct {
-	rev uint64
-	rec *streams.Record  // nil when the key is absent or deleted
-	end *streams.EndMark // what a delete marker says it ended, if anything
-}
+// JetStream error codes the store tells apart.
+const (
+	// codeNoMessage: the key has never been written (or its last write
+	// expired).
+	codeNoMessage = jetstream.JSErrCodeMessageNotFound // 10037
+	// codeWrongLastSeq: compare-and-set lost, the key moved on (10071 on
+	// R1 streams and in some R3 paths).
+	codeWrongLastSeq = jetstream.JSErrCodeStreamWrongLastSequence // 10071
+	// codeWrongLastSeqInFlight: compare-and-set lost on R3, or another
+	// write to the key is still being proposed.
+	codeWrongLastSeqInFlight = jetstream.JSErrCodeStreamWrongLastSequenceConstant // 10164
+	// codeDuplicateInProcess: a write with the same message id is still
+	// being proposed (JSStreamDuplicateMessageConflict): decide again.
+	codeDuplicateInProcess jetstream.ErrorCode = 10158
+	// codeBatchDuplicate: an atomic batch carries a message id already
+	// stored within the duplicate window.
+	codeBatchDuplicate jetstream.ErrorCode = 10201
+)
 
-func (e entry) held() bool { return e.rec != nil }
+// Header names nats.go does not export: the KV operation of a delete
+// marker, and those of an atomic batch publish (nats-server 2.12 and
+// later).
+const (
+	kvOperationHeader = "KV-Operation"
+	batchIDHeader     = "Nats-Batch-Id"
+	batchSeqHeader    = "Nats-Batch-Sequence"
+	batchCommitHeader = "Nats-Batch-Commit"
+)
 
 // store performs jetlock's reads and compare-and-set writes on the bucket.
 // Reads go to the stream leader (never a possibly lagging direct-get
 // follower), writes carry the revision they are based on.
 type store struct {
 	nc        *nats.Conn
-	bucket    string
 	subjPfx   string // "$KV.<bucket>."
 	stream    string // "KV_<bucket>"
 	getSubj   string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
 	ackPrefix []byte // `{"stream":"KV_<bucket>","seq":`, how nats-server starts an ack
-	ttlHeader string // Nats-TTL of cancel tombstones
+	ttlHeader string // Nats-TTL of delete markers and cancel tombstones: the retry window
+
+	decode func(key string, rev uint64, deleted bool, data []byte) entry
+	commit func(op string, d time.Duration) // observes each write's round trip
+
+	// floor is the token high-water mark last recorded: every write made
+	// from now on must commit above it. A write acknowledged at or below
+	// the floor it was sent under means the stream was recreated or
+	// restored behind the service's back; regressed is then called, and a
+	// grant so written is not handed out.
+	floor     atomic.Uint64
+	regressed func(seq, floor uint64)
 }
 
 func newStore(nc *nats.Conn, bucket string, retryWindow time.Duration) *store {
+	stream := streams.StreamName(bucket)
 	return &store{
 		nc:        nc,
-		bucket:    bucket,
 		subjPfx:   streams.SubjectPrefix(bucket),
-		stream:    streams.StreamName(bucket),
-		getSubj:   "$JS.API.STREAM.MSG.GET." + streams.StreamName(bucket),
-		ackPrefix: []byte(`{"stream":"` + streams.StreamName(bucket) + `","seq":`),
+		stream:    stream,
+		getSubj:   "$JS.API.STREAM.MSG.GET." + stream,
+		ackPrefix: []byte(`{"stream":"` + stream + `","seq":`),
 		ttlHeader: strconv.FormatInt(int64((retryWindow+time.Second-1)/time.Second), 10) + "s",
+		decode: func(key string, rev uint64, deleted bool, data []byte) entry {
+			return decodeEntry(key, rev, deleted, data, "", nil)
+		},
+		commit:    func(string, time.Duration) {},
+		regressed: func(uint64, uint64) {},
 	}
 }
 
@@ -82,33 +122,46 @@ func (s *store) read(ctx context.Context, key string) (entry, error) {
 	}
 	var resp msgGetResponse
 	if err := jsonv2.Unmarshal(msg.Data, &resp); err != nil {
-		return entry{}, fmt.Errorf("%w: bad stream msg get reply: %v", errUnavailable, err)
+		return entry{}, fmt.Errorf("%w: bad stream msg get reply: %w", errUnavailable, err)
 	}
 	if resp.Error != nil {
-		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+		if resp.Error.ErrorCode == codeNoMessage {
 			return entry{}, nil
 		}
 		return entry{}, classify(resp.Error)
 	}
-	if resp.Message == nil {
+	if resp.Message == nil || resp.Message.Seq == 0 {
 		return entry{}, fmt.Errorf("%w: empty stream msg get reply", errUnavailable)
 	}
-	e := entry{rev: resp.Message.Seq}
-	if isDeleteOp(resp.Message.Hdrs) {
-		e.end = streams.DecodeEndMark(resp.Message.Data)
-		return e, nil
+	return s.decode(key, resp.Message.Seq, isDeleteOp(resp.Message.Hdrs), resp.Message.Data), nil
+}
+
+// exists reports whether key holds a value that was not deleted (a cancel
+// tombstone), as the stream leader has it.
+func (s *store) exists(ctx context.Context, key string) (bool, error) {
+	req, _ := json.Marshal(map[string]string{"last_by_subj": s.subjPfx + key})
+	msg, err := s.nc.RequestWithContext(ctx, s.getSubj, req)
+	if err != nil {
+		return false, classify(err)
 	}
-	if e.rec, err = streams.DecodeRecord(resp.Message.Data); err != nil {
-		return entry{}, fmt.Errorf("corrupt record at %s revision %d: %w", key, e.rev, err)
+	var resp msgGetResponse
+	if err := jsonv2.Unmarshal(msg.Data, &resp); err != nil {
+		return false, fmt.Errorf("%w: bad stream msg get reply: %w", errUnavailable, err)
 	}
-	return e, nil
+	if resp.Error != nil {
+		if resp.Error.ErrorCode == codeNoMessage {
+			return false, nil
+		}
+		return false, classify(resp.Error)
+	}
+	return resp.Message != nil && !isDeleteOp(resp.Message.Hdrs), nil
 }
 
 // isDeleteOp reports whether raw message headers mark a KV delete or purge.
 func isDeleteOp(hdrs []byte) bool {
 	for _, line := range strings.Split(string(hdrs), "\r\n") {
 		k, v, ok := strings.Cut(line, ":")
-		if ok && strings.EqualFold(strings.TrimSpace(k), "KV-Operation") {
+		if ok && strings.EqualFold(strings.TrimSpace(k), kvOperationHeader) {
 			v = strings.TrimSpace(v)
 			return v == "DEL" || v == "PURGE"
 		}
@@ -129,21 +182,33 @@ func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect
 	if msgID != "" {
 		m.Header.Set(jetstream.MsgIDHeader, msgID)
 	}
-	return s.publish(ctx, m)
+	return s.publish(ctx, "put", m)
+}
+
+// deleteMsg builds the delete marker of key: expected last revision
+// expect, body end (if any). The marker lives for the retry window only
+// (Nats-TTL), so that markers of ended leases never pile up in the bucket;
+// after it a key reads as never written, and its next grant still gets a
+// larger revision.
+func (s *store) deleteMsg(key string, expect uint64, end []byte) *nats.Msg {
+	m := nats.NewMsg(s.subjPfx + key)
+	m.Data = end
+	m.Header.Set(kvOperationHeader, "DEL")
+	m.Header.Set(jetstream.MsgTTLHeader, s.ttlHeader)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	return m
 }
 
 // del writes a delete marker on key if its last revision is still expect.
 // A non-nil end becomes the marker's body.
 func (s *store) del(ctx context.Context, key string, expect uint64, end *streams.EndMark) (uint64, error) {
-	m := nats.NewMsg(s.subjPfx + key)
+	var body []byte
 	if end != nil {
 		buf := encode(end)
 		defer buf.free()
-		m.Data = buf.b
+		body = buf.b
 	}
-	m.Header.Set("KV-Operation", "DEL")
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
-	seq, _, err := s.publish(ctx, m)
+	seq, _, err := s.publish(ctx, "delete", s.deleteMsg(key, expect, body))
 	return seq, err
 }
 
@@ -152,25 +217,62 @@ func (s *store) del(ctx context.Context, key string, expect uint64, end *streams
 // rev as the expected last sequence of key. A read may come from a stream
 // leader that has just lost its place (after a partition heals it can
 // answer from old state); this write commits only through a current leader
-// with a quorum. It returns errConflict when key has moved on.
+// with a quorum. It returns errConflict when key has moved on. The
+// "confirm" key holds one message however often it is written.
 func (s *store) confirm(ctx context.Context, key string, rev uint64) error {
 	m := nats.NewMsg(s.subjPfx + "confirm")
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
-	m.Header.Set("Nats-Expected-Last-Subject-Sequence-Subject", s.subjPfx+key)
-	_, _, err := s.publish(ctx, m)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subjPfx+key)
+	_, _, err := s.publish(ctx, "confirm", m)
 	return err
 }
 
-// tombstone writes a short-lived marker carrying msgID, so that a grant
-// with the same message id arriving later within the duplicate window is
-// answered as a duplicate and never written. When a write with msgID
-// already exists, it answers dup=true and that write's sequence.
-func (s *store) tombstone(ctx context.Context, key, msgID string) (seq uint64, dup bool, err error) {
-	m := nats.NewMsg(s.subjPfx + key)
+// tombstone writes the cancel tombstone of a request (key cancelKey(hash),
+// living for the retry window) carrying its grant's message id, so that a
+// grant of the request arriving later within the duplicate window is
+// answered as a duplicate and never written. It commits only if the
+// request's lease key is still at leaseRev, which proves the read the
+// cancel decided on. When a write with msgID already exists it answers
+// dup=true and that write's sequence.
+func (s *store) tombstone(ctx context.Context, hash, leaseKey string, leaseRev uint64) (seq uint64, dup bool, err error) {
+	m := nats.NewMsg(s.subjPfx + cancelKey(hash))
 	m.Data = []byte(`{"cancelled":true}`)
-	m.Header.Set(jetstream.MsgIDHeader, msgID)
-	m.Header.Set("Nats-TTL", s.ttlHeader)
-	return s.publish(ctx, m)
+	m.Header.Set(jetstream.MsgIDHeader, grantMsgID(hash))
+	m.Header.Set(jetstream.MsgTTLHeader, s.ttlHeader)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(leaseRev, 10))
+	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subjPfx+leaseKey)
+	return s.publish(ctx, "tombstone", m)
+}
+
+// handOver writes, in one atomic batch (one commit), the grant rec of a
+// waiter at leaseKey over the lease revision leaseRev, and the removal of
+// the waiter's record at waitKey, revision waitRev. The grant carries
+// msgID, the waiter's grant message id, so a cancelled waiter is never
+// granted (errDuplicate). It returns the grant's revision, its token.
+func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Record, leaseRev uint64, msgID, waitKey string, waitRev uint64) (uint64, error) {
+	buf := encode(rec)
+	defer buf.free()
+	batch := nuid.Next()
+	grant := nats.NewMsg(s.subjPfx + leaseKey)
+	grant.Data = buf.b
+	grant.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(leaseRev, 10))
+	grant.Header.Set(jetstream.MsgIDHeader, msgID)
+	grant.Header.Set(batchIDHeader, batch)
+	grant.Header.Set(batchSeqHeader, "1")
+	remove := s.deleteMsg(waitKey, waitRev, nil)
+	remove.Header.Set(batchIDHeader, batch)
+	remove.Header.Set(batchSeqHeader, "2")
+	remove.Header.Set(batchCommitHeader, "1")
+	// Both go out on one connection, in order; only the commit is
+	// answered, for the whole batch.
+	if err := s.nc.PublishMsg(grant); err != nil {
+		return 0, classify(err)
+	}
+	seq, _, err := s.publish(ctx, "handover", remove)
+	if err != nil {
+		return 0, err
+	}
+	return seq - 1, nil // the batch commits consecutive revisions
 }
 
 // appender is a body with a hand-written encoder (see streams/encode.go).
@@ -197,26 +299,14 @@ func (e *encoded) free() {
 	}
 }
 
-// marshal encodes a body that has no hand-written encoder (the bodies
-// written on every request have theirs, about four times faster than
-// json/v2: streams.BenchmarkEncodeRecord; see encode) with the
-// encoding/json/v2 prototype, which took about a quarter less time than
-// encoding/json on a lease record. A value json/v2 refuses (a string that
-// is not valid UTF-8, which validation keeps out of records and replies)
-// goes through encoding/json, which replaces the bad bytes.
-func marshal(v any) ([]byte, error) {
-	if b, err := jsonv2.Marshal(v); err == nil {
-		return b, nil
-	}
-	return json.Marshal(v)
-}
-
 // pubAck is JetStream's answer to a publish.
 type pubAck struct {
 	Error     *jetstream.APIError `json:"error"`
 	Stream    string              `json:"stream"`
 	Seq       uint64              `json:"seq"`
 	Duplicate bool                `json:"duplicate"`
+	Batch     string              `json:"batch"`
+	Count     int                 `json:"count"`
 }
 
 // noResponderRetries and noResponderWait bound the retries of a publish
@@ -232,7 +322,8 @@ const (
 // stream leader ("no responders": certainly not written) is retried; any
 // other failure goes back to the caller, which decides again on fresh
 // state.
-func (s *store) publish(ctx context.Context, m *nats.Msg) (uint64, bool, error) {
+func (s *store) publish(ctx context.Context, op string, m *nats.Msg) (uint64, bool, error) {
+	floor, start := s.floor.Load(), time.Now()
 	msg, err := s.nc.RequestMsgWithContext(ctx, m)
 	for r := 0; errors.Is(err, nats.ErrNoResponders) && r < noResponderRetries; r++ {
 		select {
@@ -245,12 +336,26 @@ func (s *store) publish(ctx context.Context, m *nats.Msg) (uint64, bool, error) 
 	if err != nil {
 		return 0, false, classify(err)
 	}
-	if seq, dup, ok := s.quickAck(msg.Data); ok {
+	s.commit(op, time.Since(start))
+	seq, dup, err := s.parseAck(msg.Data)
+	if err == nil && !dup && seq <= floor {
+		s.regressed(seq, floor)
+		if op == "handover" || m.Header.Get(jetstream.MsgIDHeader) != "" {
+			// A grant whose token went backwards is never handed out.
+			return 0, false, fmt.Errorf("%w: the stream committed at %d, at or below the token high-water mark %d: it was recreated or restored", errUnavailable, seq, floor)
+		}
+	}
+	return seq, dup, err
+}
+
+// parseAck decodes an acknowledgement.
+func (s *store) parseAck(b []byte) (uint64, bool, error) {
+	if seq, dup, ok := s.quickAck(b); ok {
 		return seq, dup, nil
 	}
 	var ack pubAck
-	if err := jsonv2.Unmarshal(msg.Data, &ack); err != nil {
-		return 0, false, fmt.Errorf("%w: bad publish acknowledgement: %v", errUnavailable, err)
+	if err := jsonv2.Unmarshal(b, &ack); err != nil {
+		return 0, false, fmt.Errorf("%w: bad publish acknowledgement: %w", errUnavailable, err)
 	}
 	if ack.Error != nil {
 		return 0, false, classify(ack.Error)
@@ -264,7 +369,7 @@ func (s *store) publish(ctx context.Context, m *nats.Msg) (uint64, bool, error) 
 // quickAck reads the two acknowledgements that nats-server writes on every
 // write to the bucket's stream without a JSON decoder:
 // {"stream":"KV_b","seq":N} and {"stream":"KV_b","seq":N,"duplicate": true}.
-// Anything else (an error, a domain) is left to the decoder.
+// Anything else (an error, a domain, a batch) is left to the decoder.
 func (s *store) quickAck(b []byte) (seq uint64, dup, ok bool) {
 	rest, found := bytes.CutPrefix(b, s.ackPrefix)
 	if !found {
@@ -287,19 +392,23 @@ func (s *store) quickAck(b []byte) (seq uint64, dup, ok bool) {
 	return 0, false, false
 }
 
-// classify maps a NATS or JetStream error to errConflict, errUnavailable
-// (outcome unknown or no quorum) or a plain error.
+// classify maps a NATS or JetStream error to errConflict, errDuplicate,
+// errUnavailable (outcome unknown or no quorum) or a plain error, keeping
+// the cause: errors.As(err, **jetstream.APIError) and errors.Is(err,
+// context.DeadlineExceeded) see through it.
 func classify(err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant, 10158:
-			return fmt.Errorf("%w: %v", errConflict, apiErr)
+		case codeWrongLastSeq, codeWrongLastSeqInFlight, codeDuplicateInProcess:
+			return fmt.Errorf("%w: %w", errConflict, err)
+		case codeBatchDuplicate:
+			return fmt.Errorf("%w: %w", errDuplicate, err)
 		}
-		if apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 500 {
-			return fmt.Errorf("%w: %v", errUnavailable, apiErr)
+		if apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 500 || apiErr.Code == 429 {
+			return fmt.Errorf("%w: %w", errUnavailable, err)
 		}
-		return fmt.Errorf("jetstream: %w", apiErr)
+		return fmt.Errorf("jetstream: %w", err)
 	}
-	return fmt.Errorf("%w: %v", errUnavailable, err)
+	return fmt.Errorf("%w: %w", errUnavailable, err)
 }

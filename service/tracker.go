@@ -5,30 +5,42 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/btree"
+
 	"github.com/jetlock/jetlock/streams"
 )
 
-// tracker keeps, for every lease key this instance has seen, the last
-// revision it saw and when it first saw it on the monotonic clock. That
-// observation is the only basis of expiry: a lease expires once its
-// revision has stood unchanged for ttl + grace since first seen here, so
-// wall-clock skew between instances cannot expire a lease early, and a
-// service restart only makes expiry later.
+// tracker keeps, for every lease and waiter key this instance has seen
+// written, the last revision it saw and when it first saw it on the
+// monotonic clock. That observation is the only basis of expiry: a lease
+// expires once its revision has stood unchanged for ttl + grace since
+// first seen here, so wall-clock skew between instances cannot expire a
+// lease early, and a service restart only makes expiry later.
 //
+// Its size is bounded by the bucket, not by what callers ask about: a key
+// never written is not kept, and a deleted key is forgotten once the retry
+// window has passed (its delete marker expires from the bucket then too).
 // Due times sit in a min-heap, so each sweep costs in proportion to the
 // leases that expire, not to all keys.
 type tracker struct {
-	grace time.Duration
+	grace, foreignTTL time.Duration
 
 	mu     sync.Mutex
 	keys   map[string]*observation
 	due    dueHeap
 	maxSeq uint64
+	gone   []goneItem // deleted keys, oldest first, to forget after window
+
+	// held indexes the resources (decoded names) whose lease keys hold a
+	// lease, in order, for list.
+	held *btree.BTreeG[string]
 
 	// waiters indexes the waiter records by encoded resource and request
-	// hash; owners counts them by owner, for the caps.
-	waiters map[string]map[string]waiterInfo
-	owners  map[string]int
+	// hash; owners counts them by owner, for the caps; nWaiters all of
+	// them.
+	waiters  map[string]map[string]waiterInfo
+	owners   map[string]int
+	nWaiters int
 	// left is when a waiter last left each queue (monotonic reading).
 	left map[string]time.Time
 
@@ -37,24 +49,37 @@ type tracker struct {
 	// answered lease_lost even when JetStream has forgotten the grant's
 	// message id: it rebuilds its duplicate table after a restart only from
 	// the messages still stored (nats-server issue 3272), and a released
-	// or renewed grant is no longer stored.
+	// or renewed grant is no longer stored. At most maxEnded are kept; the
+	// end marks in the bucket cover what is dropped.
 	window time.Duration
 	ended  map[string]time.Time
 	endedQ []endedItem
 }
+
+// maxEnded bounds the ended request ids an instance remembers.
+const maxEnded = 1 << 20
 
 type endedItem struct {
 	id string
 	at time.Time
 }
 
+type goneItem struct {
+	key string
+	rev uint64
+	at  time.Time
+}
+
 // waiterInfo is what the tracker knows of one queued waiter.
 type waiterInfo struct {
 	hash      string
 	ticket    uint64
+	rev       uint64 // of its record's last write
 	owner     string
 	requestID string
 	wake      string
+	leaseTTL  time.Duration // what its acquire asked for
+	maxHold   time.Duration
 }
 
 type observation struct {
@@ -68,15 +93,37 @@ type dueItem struct {
 	rev uint64
 }
 
-func newTracker(grace, retryWindow time.Duration) *tracker {
-	return &tracker{grace: grace, keys: make(map[string]*observation),
-		waiters: make(map[string]map[string]waiterInfo), owners: make(map[string]int), left: make(map[string]time.Time),
-		window: retryWindow, ended: make(map[string]time.Time)}
+func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
+	t := &tracker{grace: grace, foreignTTL: foreignTTL, window: retryWindow}
+	t.resetLocked()
+	return t
+}
+
+// resetLocked forgets everything; the caller holds t.mu (or owns t).
+func (t *tracker) resetLocked() {
+	t.keys = make(map[string]*observation)
+	t.due, t.gone, t.endedQ = nil, nil, nil
+	t.held = btree.NewG(32, func(a, b string) bool { return a < b })
+	t.waiters = make(map[string]map[string]waiterInfo)
+	t.owners = make(map[string]int)
+	t.left = make(map[string]time.Time)
+	t.ended = make(map[string]time.Time)
+	t.nWaiters = 0
+}
+
+// reset forgets every observation, keeping the highest revision seen: after
+// the stream went back behind the service's back, nothing known holds.
+func (t *tracker) reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.resetLocked()
 }
 
 // observe records e for key if it is newer than what is known, and returns
-// the observation now current.
+// the observation now current. A key never written (revision 0) is not
+// kept.
 func (t *tracker) observe(key string, e entry) observation {
+	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e.rev > t.maxSeq {
@@ -86,8 +133,11 @@ func (t *tracker) observe(key string, e entry) observation {
 	if o != nil && o.rev >= e.rev {
 		return *o
 	}
+	if e.rev == 0 {
+		return observation{entry: e, seen: now}
+	}
 	if o != nil && o.held() && o.rec.LeaseID != "" && (!e.held() || e.rec.RequestID != o.rec.RequestID) {
-		t.noteEnded(key, o.rec.RequestID)
+		t.noteEnded(key, o.rec.RequestID, now)
 	}
 	if o == nil {
 		o = new(observation)
@@ -95,27 +145,47 @@ func (t *tracker) observe(key string, e entry) observation {
 	}
 	// In place: every use of an observation's pointer holds t.mu, and
 	// callers get copies.
-	*o = observation{entry: e, seen: time.Now()}
+	*o = observation{entry: e, seen: now}
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 		t.indexWaiter(key, e)
+	} else {
+		t.indexLease(key, e)
 	}
-	if e.held() {
+	switch {
+	case e.held() || e.foreign:
 		t.due.push(dueItem{at: t.deadline(o), key: key, rev: e.rev})
+	default:
+		t.gone = append(t.gone, goneItem{key: key, rev: e.rev, at: now})
 	}
+	t.forgetGone(now, 16)
 	return *o
 }
 
+// forgetGone drops up to n observations of keys deleted longer than the
+// retry window ago. The caller holds t.mu.
+func (t *tracker) forgetGone(now time.Time, n int) {
+	for ; n > 0 && len(t.gone) > 0 && now.Sub(t.gone[0].at) > t.window; n-- {
+		g := t.gone[0]
+		t.gone[0] = goneItem{}
+		t.gone = t.gone[1:]
+		if o := t.keys[g.key]; o != nil && o.rev == g.rev {
+			delete(t.keys, g.key)
+		}
+	}
+}
+
 // noteEnded records that the lease of requestID at key ended, and forgets
-// what is older than the retry window. The caller holds t.mu.
-func (t *tracker) noteEnded(key, requestID string) {
-	now := time.Now()
+// what is older than the retry window or beyond maxEnded. The caller holds
+// t.mu.
+func (t *tracker) noteEnded(key, requestID string, now time.Time) {
 	id := key + "\x00" + requestID
 	t.ended[id] = now
 	t.endedQ = append(t.endedQ, endedItem{id: id, at: now})
-	for len(t.endedQ) > 0 && now.Sub(t.endedQ[0].at) > t.window {
+	for len(t.endedQ) > 0 && (now.Sub(t.endedQ[0].at) > t.window || len(t.endedQ) > maxEnded) {
 		if t.ended[t.endedQ[0].id] == t.endedQ[0].at {
 			delete(t.ended, t.endedQ[0].id)
 		}
+		t.endedQ[0] = endedItem{}
 		t.endedQ = t.endedQ[1:]
 	}
 }
@@ -129,8 +199,25 @@ func (t *tracker) hasEnded(key, requestID string) bool {
 	return ok && time.Since(at) <= t.window
 }
 
+// deadline is when o expires by observation: a lease after its TTL plus
+// grace, a foreign value after the longest TTL plus grace.
 func (t *tracker) deadline(o *observation) time.Time {
-	return o.seen.Add(time.Duration(o.rec.TTLms)*time.Millisecond + t.grace)
+	ttl := t.foreignTTL
+	if o.rec != nil {
+		ttl = time.Duration(o.rec.TTLms) * time.Millisecond
+	}
+	return o.seen.Add(ttl + t.grace)
+}
+
+// indexLease updates the list index with the newest entry of a lease key.
+// The caller holds t.mu.
+func (t *tracker) indexLease(key string, e entry) {
+	res := decodedResource(resourceOf(key))
+	if e.held() {
+		t.held.ReplaceOrInsert(res)
+	} else {
+		t.held.Delete(res)
+	}
 }
 
 // indexWaiter updates the waiter index with the newest entry of a waiter
@@ -144,6 +231,7 @@ func (t *tracker) indexWaiter(key string, e entry) {
 	old, had := q[hash]
 	if had {
 		delete(q, hash)
+		t.nWaiters--
 		if old.owner != "" {
 			if t.owners[old.owner]--; t.owners[old.owner] <= 0 {
 				delete(t.owners, old.owner)
@@ -163,22 +251,31 @@ func (t *tracker) indexWaiter(key string, e entry) {
 		q = make(map[string]waiterInfo)
 		t.waiters[enc] = q
 	}
-	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), owner: e.rec.Owner, requestID: e.rec.RequestID, wake: e.rec.Wake}
+	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), rev: e.rev, owner: e.rec.Owner, requestID: e.rec.RequestID,
+		wake: e.rec.Wake, leaseTTL: time.Duration(e.rec.LeaseTTLms) * time.Millisecond, maxHold: time.Duration(e.rec.MaxHoldMs) * time.Millisecond}
+	t.nWaiters++
 	if e.rec.Owner != "" {
 		t.owners[e.rec.Owner]++
 	}
 }
 
 // head returns the waiter with the smallest ticket on the encoded
-// resource, skipping the request named skip (the current holder's).
-func (t *tracker) head(enc, skip string) (waiterInfo, bool) {
+// resource, skipping the request named skip (the current holder's) and
+// those in also.
+func (t *tracker) head(enc, skip string, also ...string) (waiterInfo, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var best waiterInfo
 	found := false
+next:
 	for _, w := range t.waiters[enc] {
 		if w.requestID == skip && skip != "" {
 			continue
+		}
+		for _, h := range also {
+			if w.hash == h {
+				continue next
+			}
 		}
 		if !found || w.ticket < best.ticket {
 			best, found = w, true
@@ -218,6 +315,48 @@ func (t *tracker) waiterCounts(enc, owner string) (onResource, ofOwner int) {
 	return onResource, ofOwner
 }
 
+// counts returns the number of held leases and of waiters known.
+func (t *tracker) counts() (leases, waiters int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.held.Len(), t.nWaiters
+}
+
+// listed is one lease of a list page.
+type listed struct {
+	resource string
+	o        observation
+	waiters  int
+}
+
+// list returns up to limit held leases whose resource starts with prefix
+// and sorts after after, in resource order, and whether more follow.
+func (t *tracker) list(prefix, after string, limit int) ([]listed, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	from := max(prefix, after)
+	var out []listed
+	more := false
+	t.held.AscendGreaterOrEqual(from, func(res string) bool {
+		if !strings.HasPrefix(res, prefix) {
+			return false
+		}
+		if res == after && after != "" {
+			return true
+		}
+		if len(out) == limit {
+			more = true
+			return false
+		}
+		enc := streams.EncodeResource(res)
+		if o := t.keys[streams.LeaseKeyPrefix+enc]; o != nil && o.held() {
+			out = append(out, listed{resource: res, o: *o, waiters: len(t.waiters[enc])})
+		}
+		return true
+	})
+	return out, more
+}
+
 // maxRev returns the highest revision observed.
 func (t *tracker) maxRev() uint64 {
 	t.mu.Lock()
@@ -239,25 +378,33 @@ func (t *tracker) get(key string) (observation, bool) {
 // forget drops what is known of key, after a write whose outcome is unknown.
 func (t *tracker) forget(key string) {
 	t.mu.Lock()
-	delete(t.keys, key)
-	t.mu.Unlock()
+	defer t.mu.Unlock()
+	if o := t.keys[key]; o != nil {
+		if strings.HasPrefix(key, streams.WaitKeyPrefix) {
+			t.indexWaiter(key, entry{})
+		} else {
+			t.indexLease(key, entry{})
+		}
+		delete(t.keys, key)
+	}
 }
 
 // expired reports whether o, the current observation of its key, has passed
-// its TTL plus grace at now.
+// its TTL plus grace at now (a foreign value: the longest TTL plus grace).
 func (t *tracker) expired(o observation, now time.Time) bool {
-	return o.held() && !now.Before(t.deadline(&o))
+	return (o.held() || o.foreign) && !now.Before(t.deadline(&o))
 }
 
 // popDue removes and returns the items due at now whose revision is still
-// the current, held one of their key.
+// the current one of their key, held or foreign.
 func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.forgetGone(now, limit)
 	var out []dueItem
 	for len(t.due) > 0 && len(out) < limit && !t.due[0].at.After(now) {
 		it := t.due.pop()
-		if o := t.keys[it.key]; o != nil && o.rev == it.rev && o.held() {
+		if o := t.keys[it.key]; o != nil && o.rev == it.rev && (o.held() || o.foreign) {
 			out = append(out, it)
 		}
 	}
@@ -313,4 +460,16 @@ func (h *dueHeap) pop() dueItem {
 	}
 	*h = q
 	return top
+}
+
+// longestQueues returns the n resources (decoded names) with the most
+// waiters, most first.
+func (t *tracker) longestQueues(n int) []ranked {
+	t.mu.Lock()
+	counts := make(map[string]int64, len(t.waiters))
+	for enc, q := range t.waiters {
+		counts[decodedResource(enc)] = int64(len(q))
+	}
+	t.mu.Unlock()
+	return topOf(counts, n)
 }

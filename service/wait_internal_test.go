@@ -49,18 +49,18 @@ func TestLostWakeIsRecoveredByRecheck(t *testing.T) {
 // queued on res, then unhooks its wake channel: wake messages still arrive
 // and are dropped, exactly as if lost on the wire. It returns the channel
 // it unhooked.
-func dropWakes(t *testing.T, s *Service, res, requestID string) chan struct{} {
+func dropWakes(t *testing.T, s *Service, res, requestID string) chan *streams.LeaseResponse {
 	t.Helper()
 	hash := requestHash(res, requestID)
-	var wake chan struct{}
+	var wake chan *streams.LeaseResponse
 	waitFor(t, 10*time.Second, func() bool {
 		if n, _ := s.tracker.waiterCounts(streams.EncodeResource(res), ""); n != 1 {
 			return false
 		}
-		s.waitMu.Lock()
-		defer s.waitMu.Unlock()
-		if wake = s.waiting[hash]; wake != nil {
-			s.waiting[hash] = make(chan struct{}) // unbuffered, never read
+		s.wakes.mu.Lock()
+		defer s.wakes.mu.Unlock()
+		if wake = s.wakes.waiting[hash]; wake != nil {
+			s.wakes.waiting[hash] = make(chan *streams.LeaseResponse) // unbuffered, never read
 		}
 		return wake != nil
 	}, "waiter never queued")
@@ -73,7 +73,7 @@ func dropWakes(t *testing.T, s *Service, res, requestID string) chan struct{} {
 // queued comes after every waiter.
 func TestClaimOrderFollowsTickets(t *testing.T) {
 	const res = time.Hour // no real time passes in this test
-	s := &Service{tracker: newTracker(0, time.Minute), cfg: Config{Reservation: res}}
+	s := &locks{tracker: newTracker(0, time.Hour, time.Minute), cfg: Config{Reservation: res}}
 	enc := streams.EncodeResource("r")
 	queue := func(hash string, ticket uint64) {
 		s.tracker.observe(streams.WaitKeyPrefix+enc+"."+hash, entry{rev: ticket, rec: &streams.Record{RequestID: hash, TTLms: 60000}})
@@ -145,10 +145,10 @@ func TestWokenWaiterReadsPastALaggingWatcher(t *testing.T) {
 	s.tracker.mu.Lock()
 	s.tracker.keys[key] = &observation{entry: held.entry, seen: time.Now()} // as if it never had
 	s.tracker.mu.Unlock()
-	s.waitMu.Lock()
-	s.waiting[hash] = wake
-	s.waitMu.Unlock()
-	s.wakeHead(streams.EncodeResource("lag"))
+	s.wakes.mu.Lock()
+	s.wakes.waiting[hash] = wake
+	s.wakes.mu.Unlock()
+	s.wakes.send(s.wakes.subject(hash), nil) // a plain wake, as after a release it learned of late
 	select {
 	case m := <-got:
 		if m.Header.Get(streams.HeaderErrorCode) != "" {

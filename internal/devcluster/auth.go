@@ -54,10 +54,14 @@ const (
 	// App is an application with an account of its own (AppAccount):
 	// a caller of the service with every right in its own account.
 	App Role = "app"
+	// Admin has every right in Account, as every user of a deployment
+	// without permissions has: for tests that show what the service does
+	// when nothing else protects it.
+	Admin Role = "admin"
 )
 
 // Roles lists every role.
-var Roles = []Role{Caller, Operator, Service, Store, App}
+var Roles = []Role{Caller, Operator, Service, Store, App, Admin}
 
 // OperatorPassword is the dev operator's password.
 const OperatorPassword = "operator"
@@ -69,6 +73,7 @@ var userNames = map[Role]string{
 	Service:  "jetlock-service",
 	Store:    "jetlock-store",
 	App:      "app",
+	Admin:    "admin",
 }
 
 // InboxPrefix returns the inbox prefix a connection of role must use: the
@@ -96,6 +101,7 @@ func newCredentials() credentials {
 		Service:  randomPassword(),
 		Store:    randomPassword(),
 		App:      randomPassword(),
+		Admin:    randomPassword(),
 	}
 }
 
@@ -151,6 +157,7 @@ accounts {
         publish: {allow: %[11]s}
         subscribe: {allow: ["_INBOX.>"]}
       }}
+      {user: %[21]q, password: %[22]q}
     ]
     exports: [%[12]s]
   }
@@ -181,6 +188,7 @@ no_auth_user: %[14]q
 		CallersAccount, userNames[Caller], q(callerPub...), strings.Join(imports, ", "),
 		SystemAccount,
 		AppAccount, userNames[App], creds[App],
+		userNames[Admin], creds[Admin],
 	)
 }
 

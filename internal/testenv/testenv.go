@@ -85,7 +85,13 @@ func (i *Instance) Stop() error {
 // cleanup.
 func (e *Env) Serve(cfg service.Config) *Instance {
 	e.T.Helper()
-	nc, store := e.ConnectAs(devcluster.Service), e.ConnectAs(devcluster.Store)
+	return e.ServeOn(e.ConnectAs(devcluster.Service), e.ConnectAs(devcluster.Store), cfg)
+}
+
+// ServeOn starts a service instance with cfg on the connections given (see
+// service.New) and waits until it serves. It is stopped at cleanup.
+func (e *Env) ServeOn(nc, store *nats.Conn, cfg service.Config) *Instance {
+	e.T.Helper()
 	svc, err := service.New(nc, store, cfg)
 	if err != nil {
 		e.T.Fatal(err)

@@ -1,0 +1,229 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Ending a lease. Whatever ends a lease — release, revoke, expiry, the
+// cancel of its request — ends it in one compare-and-set write on the
+// revision it was decided on. When a waiter is queued, that same write
+// grants the resource to the head waiter: an atomic batch of the new
+// lease record and the removal of the waiter's record (one commit), after
+// which one wake message carries the grant to the waiter's instance, which
+// answers its caller without another round trip. Without waiters the
+// write is a delete marker that names the request whose lease it ended.
+
+// endReason says why a lease ended, for the audit log and the metrics.
+type endReason string
+
+const (
+	endRelease endReason = "release"
+	endRevoke  endReason = "revoke"
+	endExpiry  endReason = "expiry"
+	endCancel  endReason = "cancel"
+)
+
+// ended describes a lease that was ended.
+type ended struct {
+	token uint64 // of the lease ended
+	owner string
+}
+
+// endIf ends the lease at key if match accepts its record, and returns
+// what it ended, or nil when nothing matched (a negative answer always
+// confirmed by a conditional write). The caller holds the key's stripe.
+func (l *locks) endIf(ctx context.Context, resource, key string, match func(*streams.Record) bool, why endReason, who origin, attrs ...slog.Attr) (*ended, error) {
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, key, fresh)
+		if err != nil {
+			return nil, err
+		}
+		if !o.held() || !match(o.rec) {
+			if !fresh {
+				fresh = true
+				continue
+			}
+			if err := l.confirmNegative(ctx, key, o); err != nil {
+				if errors.Is(err, errConflict) {
+					continue
+				}
+				return nil, err
+			}
+			l.report.ended(why, resource, 0, "", "not_held", who, attrs...)
+			return nil, nil
+		}
+		err = l.end(ctx, resource, key, o, why)
+		if errors.Is(err, errConflict) {
+			l.report.conflict()
+			fresh = true
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		l.report.ended(why, resource, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", who, attrs...)
+		return &ended{token: o.rec.TokenAt(o.rev), owner: o.rec.Owner}, nil
+	}
+	return nil, tooManyConflicts()
+}
+
+// end ends the lease observed in o at key: it hands the resource over to
+// the head waiter, or deletes the record when none is queued (or none can
+// take it). errConflict means the lease moved on: decide again.
+func (l *locks) end(ctx context.Context, resource, key string, o observation, why endReason) error {
+	start := time.Now()
+	enc := resourceOf(key)
+	var gone []string // waiters that turned out cancelled or granted
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		w, ok := l.tracker.head(enc, o.rec.RequestID, gone...)
+		if !ok || l.guard.grants() != nil {
+			return l.remove(ctx, key, o)
+		}
+		err := l.handOver(ctx, resource, key, o, w)
+		switch {
+		case err == nil:
+			l.report.handedOver(resource, time.Since(start))
+			return nil
+		case errors.Is(err, errDuplicate):
+			gone = append(gone, w.hash)
+			l.dropWaiter(ctx, streams.WaitKey(resource, w.hash), w.rev)
+			continue
+		case errors.Is(err, errConflict):
+			// The lease or the waiter's record moved on: see which.
+			if cur, rerr := l.current(ctx, key, true); rerr != nil || cur.rev != o.rev {
+				return errConflict
+			}
+			if _, rerr := l.current(ctx, streams.WaitKey(resource, w.hash), true); rerr != nil {
+				return rerr
+			}
+			continue
+		default:
+			l.tracker.forget(key)
+			l.tracker.forget(streams.WaitKey(resource, w.hash))
+			return err
+		}
+	}
+	return l.remove(ctx, key, o)
+}
+
+// remove deletes the lease observed in o by compare-and-set; the marker
+// names the request whose lease it ended. If a waiter is queued (one that
+// could not be handed the resource), it is woken to claim.
+func (l *locks) remove(ctx context.Context, key string, o observation) error {
+	end := &streams.EndMark{RequestID: o.rec.RequestID, EndedAt: streams.FormatTime(l.cfg.Clock.Now())}
+	seq, err := l.store.del(ctx, key, o.rev, end)
+	if err != nil {
+		if !errors.Is(err, errConflict) {
+			l.tracker.forget(key)
+		}
+		return err
+	}
+	l.tracker.observe(key, entry{rev: seq, end: end})
+	l.wakeHead(resourceOf(key))
+	return nil
+}
+
+// handOver grants the resource whose lease is observed in o to waiter w,
+// in one atomic write with the removal of w's record, and sends w the
+// grant on its wake subject.
+func (l *locks) handOver(ctx context.Context, resource, key string, o observation, w waiterInfo) error {
+	now := l.cfg.Clock.Now()
+	ttl := w.leaseTTL
+	if ttl == 0 {
+		ttl = l.cfg.DefaultTTL
+	}
+	// The waiter's caller may have gone meanwhile: a short TTL frees the
+	// resource soon then, and the holder's first renewal extends it.
+	rec := newLease(now, w.requestID, w.owner, min(ttl, l.cfg.HandoverTTL), l.holdLimit(now, w.maxHold))
+	wkey := streams.WaitKey(resource, w.hash)
+	token, err := l.store.handOver(ctx, key, rec, o.rev, grantMsgID(w.hash), wkey, w.rev)
+	if err != nil {
+		return err
+	}
+	l.tracker.observe(key, entry{rev: token, rec: rec})
+	l.tracker.observe(wkey, entry{rev: token + 1})
+	l.report.granted(resource, token, w.owner, origin{}, "handover")
+	l.wakes.send(w.wake, leaseResponse(resource, token, rec))
+	return nil
+}
+
+// dropWaiter removes the record of a waiter that can never be granted
+// (its request was cancelled, or granted before), best effort: if it
+// stays, its liveness window ends it.
+func (l *locks) dropWaiter(ctx context.Context, wkey string, rev uint64) {
+	seq, err := l.store.del(ctx, wkey, rev, nil)
+	if err != nil {
+		l.log.Debug("remove a waiter that cannot be granted", "key", wkey, "err", err)
+		return
+	}
+	l.tracker.observe(wkey, entry{rev: seq})
+}
+
+// wakeHead sends a plain wake message to the head waiter of the encoded
+// resource, if there is one, so that it claims the free resource.
+func (l *locks) wakeHead(enc string) {
+	w, ok := l.tracker.head(enc, "")
+	if !ok || w.wake == "" {
+		return
+	}
+	l.log.Debug("wake head", "resource", enc, "request_id", w.requestID, "ticket", w.ticket)
+	l.wakes.send(w.wake, nil)
+}
+
+// expire ends a lease (or foreign value) whose revision has stood for its
+// TTL plus grace since this instance first saw it, by compare-and-set on
+// that revision, so a renewal that landed meanwhile always wins; a queued
+// waiter gets the resource in the same write. Every instance sweeps; the
+// compare-and-set lets exactly one succeed.
+func (l *locks) expire(ctx context.Context, it dueItem) {
+	st, err := l.lock(ctx, it.key)
+	if err != nil {
+		l.tracker.retryAt(it, time.Now().Add(time.Second))
+		return
+	}
+	defer st.unlock()
+	o, ok := l.tracker.get(it.key)
+	if !ok || o.rev != it.rev || !l.tracker.expired(o, time.Now()) {
+		return // renewed, released or forgotten meanwhile
+	}
+	enc := resourceOf(it.key)
+	res := decodedResource(enc)
+	switch {
+	case o.held() && it.key == streams.LeaseKeyPrefix+enc:
+		err = l.end(ctx, res, it.key, o, endExpiry)
+		if err == nil {
+			l.report.ended(endExpiry, res, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", origin{})
+		}
+	default:
+		// A waiter whose instance stopped refreshing it, or a foreign
+		// value: remove it; the next waiter may now be the head.
+		var seq uint64
+		if seq, err = l.store.del(ctx, it.key, it.rev, nil); err == nil {
+			l.tracker.observe(it.key, entry{rev: seq})
+			if lo, ok := l.tracker.get(streams.LeaseKeyPrefix + enc); !ok || !lo.held() {
+				l.wakeHead(enc)
+			}
+			l.log.Info("stale record removed", "key", it.key, "foreign", o.foreign)
+		}
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, errConflict):
+		// Someone wrote meanwhile; learn the new revision (which schedules
+		// its own expiry) or retry shortly if the write is still in flight.
+		if e, rerr := l.store.read(ctx, it.key); rerr == nil && e.rev != it.rev {
+			l.tracker.observe(it.key, e)
+			return
+		}
+		l.tracker.retryAt(it, time.Now().Add(time.Second))
+	default:
+		l.log.Warn("expire", "key", it.key, "err", err)
+		l.tracker.retryAt(it, time.Now().Add(time.Second))
+	}
+}

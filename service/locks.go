@@ -1,0 +1,404 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// maxAttempts bounds the re-read-and-decide loop of one request; each lost
+// compare-and-set means another writer made progress.
+const maxAttempts = 8
+
+// locks makes every lock decision — grant, renew, release, cancel,
+// revoke, expire, hand over — and commits each by compare-and-set on the
+// bucket. It knows nothing of how requests arrive or how replies leave;
+// the transport (endpoints.go) calls it with validated requests.
+//
+// A "locked" answer may rest on the tracker's view of a lone instance (see
+// follow.go; an instance that follows others refuses only on a read); the
+// other negative answers (lease_lost, released:false, cancelled:false,
+// revoked:false) rest on a fresh read proven by a conditional write.
+type locks struct {
+	cfg     Config
+	log     *slog.Logger
+	store   *store
+	tracker *tracker
+	keys    *stripes
+	report  *reporter
+	wakes   *wakes
+	guard   *streamGuard
+	// following reports whether the instance follows every write (another
+	// instance serves too); synced whether its watcher has delivered
+	// every existing record once.
+	following func() bool
+	synced    *atomic.Bool
+}
+
+// origin is who sent a request, as the NATS server vouched for it on an
+// account import (the Nats-Request-Info header); empty when unknown.
+type origin struct {
+	account, user string
+}
+
+// grantReq is one validated acquire.
+type grantReq struct {
+	resource, requestID, owner string
+	key, hash                  string
+	ttl                        time.Duration
+	maxHold                    time.Duration // zero: the deployment's cap
+	who                        origin
+}
+
+// lock locks key's stripe within ctx.
+func (l *locks) lock(ctx context.Context, key string) (*stripe, error) {
+	return l.keys.lock(ctx, key)
+}
+
+// current returns what is known of key. With fresh it reads from the
+// stream leader; otherwise it may answer from the tracker, whose view can
+// be stale. Callers commit only by compare-and-set on the revision they
+// got.
+func (l *locks) current(ctx context.Context, key string, fresh bool) (observation, error) {
+	if !fresh {
+		if o, ok := l.tracker.get(key); ok {
+			return o, nil
+		}
+		if l.synced.Load() {
+			// Never written as far as the watcher knows: try the
+			// compare-and-set on revision 0 without a read.
+			return observation{}, nil
+		}
+	}
+	e, err := l.store.read(ctx, key)
+	if err != nil {
+		return observation{}, err
+	}
+	return l.tracker.observe(key, e), nil
+}
+
+func lockedError(o observation) *opError {
+	if o.foreign {
+		return newOpError(streams.CodeLocked, "resource holds a value jetlock did not write (revision %d); it is taken over once it has stood for the longest TTL", o.rev)
+	}
+	return &opError{code: streams.CodeLocked, msg: "resource is held by another lease", holder: &streams.Holder{
+		Owner: o.rec.Owner, Token: o.rec.TokenAt(o.rev), ExpiresAt: o.rec.ExpiresAt,
+	}}
+}
+
+// leaseEnded is the answer to a retry of an acquire whose lease has ended.
+func leaseEnded(requestID string) *opError {
+	return newOpError(streams.CodeLeaseLost, "request_id %q was granted before, and that lease has ended", requestID)
+}
+
+func tooManyConflicts() error {
+	return fmt.Errorf("%w: %d attempts lost to concurrent writers", errConflict, maxAttempts)
+}
+
+// holdLimit returns the hold limit of a lease granted at now for maxHold
+// (zero: the deployment's cap), or the zero time when neither applies.
+func (l *locks) holdLimit(now time.Time, maxHold time.Duration) time.Time {
+	if maxHold == 0 {
+		maxHold = l.cfg.MaxHold
+	}
+	if maxHold == 0 {
+		return time.Time{}
+	}
+	return now.Add(maxHold)
+}
+
+// extend writes a renewal of the lease observed in o with a new TTL, by
+// compare-and-set on o's revision. The token stays the grant revision; the
+// TTL never reaches past the lease's hold limit, and a lease at its limit
+// is not renewed (errHoldOver).
+func (l *locks) extend(ctx context.Context, resource, key string, o observation, ttl time.Duration) (*streams.LeaseResponse, error) {
+	now := l.cfg.Clock.Now()
+	until := holdUntil(o.rec)
+	if !until.IsZero() && until.Sub(now) < time.Millisecond {
+		return nil, errHoldOver
+	}
+	rec := *o.rec
+	rec.Token = o.rec.TokenAt(o.rev)
+	setExpiry(&rec, now, ttl, until)
+	seq, _, err := l.store.put(ctx, key, &rec, o.rev, "")
+	if err != nil {
+		if !errors.Is(err, errConflict) {
+			l.tracker.forget(key)
+		}
+		return nil, err
+	}
+	l.tracker.observe(key, entry{rev: seq, rec: &rec})
+	return leaseResponse(resource, rec.Token, &rec), nil
+}
+
+// confirmNegative proves, before a negative answer, that the fresh read o
+// is current: a stream leader cut off by a partition that has just healed
+// can still answer reads from old state. On errConflict the caller reads
+// again.
+func (l *locks) confirmNegative(ctx context.Context, key string, o observation) error {
+	err := l.store.confirm(ctx, key, o.rev)
+	if errors.Is(err, errConflict) {
+		l.tracker.forget(key)
+	}
+	return err
+}
+
+// acquire decides an acquire that does not wait.
+func (l *locks) acquire(ctx context.Context, g *grantReq) (*streams.LeaseResponse, error) {
+	st, err := l.lock(ctx, g.key)
+	if err != nil {
+		return nil, err
+	}
+	defer st.unlock()
+	return l.tryGrant(ctx, g, false)
+}
+
+// tryGrant makes one decision on an acquire: grant, return the request's
+// existing lease, or refuse. With fresh, it decides on a read from the
+// stream leader rather than on what the watcher last saw. The caller holds
+// the key's stripe.
+func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
+	if l.tracker.hasEnded(g.key, g.requestID) {
+		return nil, leaseEnded(g.requestID)
+	}
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, g.key, fresh)
+		if err != nil {
+			return nil, err
+		}
+		if o.held() && o.rec.RequestID == g.requestID {
+			resp, err := l.sameRequest(ctx, g, o)
+			if errors.Is(err, errConflict) {
+				fresh = true
+				continue
+			}
+			return resp, err
+		}
+		if refuse, err := l.mustRefuse(g, o, fresh); refuse {
+			return nil, err
+		} else if err != nil {
+			fresh = true // decide on a read
+			continue
+		}
+		if err := l.guard.grants(); err != nil {
+			return nil, err
+		}
+		resp, err := l.grant(ctx, g, o)
+		if errors.Is(err, errConflict) {
+			l.report.conflict()
+			fresh = true
+			continue
+		}
+		return resp, err
+	}
+	return nil, tooManyConflicts()
+}
+
+// errReadFirst asks tryGrant to decide again on a fresh read.
+var errReadFirst = errors.New("decide on a read")
+
+// mustRefuse decides whether the key observed in o is someone else's: it
+// returns true and the answer (locked, reserved for waiters, lease_lost)
+// when it is, and errReadFirst when that must be decided on a read first.
+func (l *locks) mustRefuse(g *grantReq, o observation, fresh bool) (bool, error) {
+	switch {
+	case (o.held() || o.foreign) && !l.tracker.expired(o, time.Now()):
+		if !fresh && (o.foreign || l.following()) {
+			// Another instance may have ended the lease since the watcher
+			// last delivered (it lags by milliseconds under load, by
+			// seconds after a leader change): refuse only on a read. A
+			// lone instance refuses on its own view: it made every write
+			// but those behind its back.
+			return false, errReadFirst
+		}
+		return true, lockedError(o)
+	case !o.held() && !o.foreign && o.end.Ended(g.requestID, l.cfg.Clock.Now(), l.tracker.window):
+		return true, leaseEnded(g.requestID)
+	}
+	// Free, or expired by observation: take it over by compare-and-set on
+	// the revision seen, unless waiters have the first claim.
+	if ok, ahead := l.mayClaim(resourceOf(g.key), g.hash, o); !ok {
+		l.log.Debug("free but reserved", "resource", g.resource, "request_id", g.requestID, "ahead", ahead)
+		return true, newOpError(streams.CodeLocked, "resource is free but reserved for the %d waiters ahead", ahead)
+	}
+	return false, nil
+}
+
+// sameRequest answers a retry of the acquire that holds the lease o: the
+// same lease, renewed, because the caller counts its deadline from this
+// request; or locked when the retry names another owner (another caller
+// reusing the request id).
+func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
+	if o.rec.Owner != g.owner {
+		return nil, lockedError(o)
+	}
+	resp, err := l.extend(ctx, g.resource, g.key, o, g.ttl)
+	if errors.Is(err, errHoldOver) {
+		return nil, newOpError(streams.CodeLeaseLost, "request_id %q holds a lease that has been held for its max hold", g.requestID)
+	}
+	return resp, err
+}
+
+// grant writes a new lease for g over the revision observed in o.
+func (l *locks) grant(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
+	now := l.cfg.Clock.Now()
+	rec := newLease(now, g.requestID, g.owner, g.ttl, l.holdLimit(now, g.maxHold))
+	seq, dup, err := l.store.put(ctx, g.key, rec, o.rev, grantMsgID(g.hash))
+	if err != nil {
+		if !errors.Is(err, errConflict) {
+			l.tracker.forget(g.key)
+		}
+		return nil, err
+	}
+	if dup {
+		return l.earlierGrant(ctx, g, seq)
+	}
+	l.tracker.observe(g.key, entry{rev: seq, rec: rec})
+	l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
+	return leaseResponse(g.resource, seq, rec), nil
+}
+
+// earlierGrant answers an acquire whose granting write JetStream reported
+// as a duplicate of an earlier write at seq (an earlier attempt of the same
+// request_id, or its cancel tombstone): the same lease if it is still
+// current, otherwise lease_lost, never a second lease.
+func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64) (*streams.LeaseResponse, error) {
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, g.key, true)
+		if err != nil {
+			return nil, err
+		}
+		if !o.held() || o.rec.RequestID != g.requestID || o.rec.TokenAt(o.rev) != seq {
+			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before (revision %d) or cancelled, and that lease is no longer current", g.requestID, seq)
+		}
+		resp, err := l.sameRequest(ctx, g, o)
+		if errors.Is(err, errConflict) {
+			continue
+		}
+		return resp, err
+	}
+	return nil, tooManyConflicts()
+}
+
+// renew extends the lease leaseID of resource by ttl.
+func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Duration, who origin) (*streams.LeaseResponse, error) {
+	key := streams.LeaseKey(resource)
+	st, err := l.lock(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer st.unlock()
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, key, fresh)
+		if err != nil {
+			return nil, err
+		}
+		if !o.held() || !sameLease(o.rec.LeaseID, leaseID) {
+			if !fresh {
+				fresh = true
+				continue
+			}
+			if err := l.confirmNegative(ctx, key, o); err != nil {
+				if errors.Is(err, errConflict) {
+					continue
+				}
+				return nil, err
+			}
+			l.report.renewRefused(resource, "not_current", who)
+			return nil, newOpError(streams.CodeLeaseLost, "lease is no longer current")
+		}
+		resp, err := l.extend(ctx, resource, key, o, ttl)
+		switch {
+		case errors.Is(err, errConflict):
+			l.report.conflict()
+			fresh = true
+			continue
+		case errors.Is(err, errHoldOver):
+			l.report.renewRefused(resource, "max_hold", who)
+			return nil, newOpError(streams.CodeLeaseLost, "lease has been held for its max hold (until %s)", o.rec.HoldUntil)
+		}
+		return resp, err
+	}
+	return nil, tooManyConflicts()
+}
+
+// release ends the lease leaseID of resource, handing the resource to the
+// head waiter in the same write when one is queued.
+func (l *locks) release(ctx context.Context, resource, leaseID string, who origin) (*streams.ReleaseResponse, error) {
+	key := streams.LeaseKey(resource)
+	st, err := l.lock(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer st.unlock()
+	ended, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool { return sameLease(rec.LeaseID, leaseID) }, endRelease, who)
+	if err != nil {
+		return nil, err
+	}
+	return &streams.ReleaseResponse{Resource: resource, Released: ended != nil}, nil
+}
+
+// revoke ends the current lease of resource, whoever holds it.
+func (l *locks) revoke(ctx context.Context, resource, reason string, who origin) (*streams.RevokeResponse, error) {
+	key := streams.LeaseKey(resource)
+	st, err := l.lock(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer st.unlock()
+	ended, err := l.endIf(ctx, resource, key, func(*streams.Record) bool { return true }, endRevoke, who, slog.String("reason", reason))
+	if err != nil {
+		return nil, err
+	}
+	resp := &streams.RevokeResponse{Resource: resource, Revoked: ended != nil}
+	if ended != nil {
+		resp.Token = ended.token
+	}
+	return resp, nil
+}
+
+// status reports the state of resource, read from the stream leader.
+func (l *locks) status(ctx context.Context, resource string) (*streams.StatusResponse, error) {
+	o, err := l.current(ctx, streams.LeaseKey(resource), true)
+	if err != nil {
+		return nil, err
+	}
+	resp := &streams.StatusResponse{Resource: resource}
+	resp.Waiters, _ = l.tracker.waiterCounts(streams.EncodeResource(resource), "")
+	if o.held() {
+		resp.Held = true
+		resp.Owner = o.rec.Owner
+		resp.Token = o.rec.TokenAt(o.rev)
+		resp.ExpiresAt = o.rec.ExpiresAt
+		resp.HoldUntil = o.rec.HoldUntil
+	}
+	return resp, nil
+}
+
+// list answers a page of the held leases this instance knows of.
+func (l *locks) list(req *streams.ListRequest) *streams.ListResponse {
+	limit := req.Limit
+	if limit == 0 {
+		limit = streams.DefaultListLimit
+	}
+	page, more := l.tracker.list(req.Prefix, req.After, limit)
+	resp := &streams.ListResponse{Leases: make([]streams.LeaseInfo, 0, len(page))}
+	now := time.Now()
+	for _, it := range page {
+		if l.tracker.expired(it.o, now) {
+			continue // about to be swept
+		}
+		resp.Leases = append(resp.Leases, streams.LeaseInfo{Resource: it.resource, Owner: it.o.rec.Owner,
+			Token: it.o.rec.TokenAt(it.o.rev), ExpiresAt: it.o.rec.ExpiresAt, Waiters: it.waiters, HoldUntil: it.o.rec.HoldUntil})
+	}
+	if more && len(page) > 0 {
+		resp.Next = page[len(page)-1].resource
+	}
+	return resp
+}

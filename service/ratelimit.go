@@ -1,0 +1,92 @@
+package service
+
+import (
+	"container/list"
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// limits is fair use: acquires (waiting or not) are limited per owner and
+// per NATS user, each with a token bucket of rate r per second and burst
+// 2r, so that one noisy caller cannot take every place from the others. A
+// caller over its rate is answered unavailable with retry_after_ms.
+//
+// Owners are chosen by callers, so the buckets live in an LRU set of at
+// most maxLimited keys: a caller that sends a new owner with every request
+// evicts only idle buckets, and each new owner starts with a fresh one —
+// the per-user limit, whose keys the NATS server vouches for, is what
+// bounds such a caller.
+type limits struct {
+	perOwner, perUser float64
+	refused           func(scope string)
+
+	mu    sync.Mutex
+	byKey map[string]*list.Element
+	lru   *list.List // of *limited, most recent first
+}
+
+const maxLimited = 100_000
+
+type limited struct {
+	key string
+	lim *rate.Limiter
+}
+
+func newLimits(perOwner, perUser float64, refused func(scope string)) *limits {
+	return &limits{perOwner: perOwner, perUser: perUser, refused: refused, byKey: map[string]*list.Element{}, lru: list.New()}
+}
+
+// allow takes one token from the owner's and the user's buckets, or
+// returns the unavailable answer with the wait until a token is free.
+func (l *limits) allow(owner string, who origin) error {
+	if l.perOwner > 0 && owner != "" {
+		if err := l.take("owner", "o\x00"+owner, l.perOwner); err != nil {
+			return err
+		}
+	}
+	if l.perUser > 0 && who.user != "" {
+		if err := l.take("user", "u\x00"+who.account+"\x00"+who.user, l.perUser); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *limits) take(scope, key string, r float64) error {
+	now := time.Now()
+	l.mu.Lock()
+	lim := l.limiter(key, r)
+	res := lim.ReserveN(now, 1)
+	delay := res.DelayFrom(now)
+	if delay > 0 {
+		res.CancelAt(now) // a refused request costs no token
+	}
+	l.mu.Unlock()
+	if delay <= 0 {
+		return nil
+	}
+	l.refused(scope)
+	return &opError{code: streams.CodeUnavailable, retryAfter: max(delay, time.Millisecond),
+		msg: fmt.Sprintf("fair use: this %s sends acquires faster than %g a second; retry after %v", scope, r, delay.Round(time.Millisecond))}
+}
+
+// limiter returns key's bucket, making it the most recent; l.mu is held.
+func (l *limits) limiter(key string, r float64) *rate.Limiter {
+	if e, ok := l.byKey[key]; ok {
+		l.lru.MoveToFront(e)
+		return e.Value.(*limited).lim
+	}
+	if l.lru.Len() >= maxLimited {
+		old := l.lru.Back()
+		l.lru.Remove(old)
+		delete(l.byKey, old.Value.(*limited).key)
+	}
+	it := &limited{key: key, lim: rate.NewLimiter(rate.Limit(r), max(1, int(2*r)))}
+	l.byKey[key] = l.lru.PushFront(it)
+	return it.lim
+}

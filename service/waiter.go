@@ -1,0 +1,405 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Waiting. A waiting acquire that finds the resource held queues a waiter
+// record in the bucket at key streams.WaitKey(resource, hash); its ticket
+// is the revision that created it, so FIFO order is ticket order, and a
+// retry of the same request id finds the same record and keeps its place.
+// The record names the wake subject of the serving instance and request,
+// and what the acquire asked for. Whoever ends the lease hands the
+// resource to the head waiter in the same write (handover.go) and sends it
+// the grant on that subject. Wake messages are at-most-once, so every
+// waiter also re-checks on a timer; a free resource is then claimed in
+// ticket order (mayClaim). The serving instance rewrites the record every
+// third of its liveness window; the sweeper removes a record left
+// unrefreshed, so a waiter whose instance died frees its place within
+// seconds.
+
+// waiter is one waiting acquire: its request, its place in the queue, and
+// the decisions of each of its steps. Its methods run in the request's own
+// goroutine, one at a time.
+type waiter struct {
+	l    *locks
+	g    *grantReq
+	wkey string
+	wake string // its wake subject
+	// queued is its record once queued (revision 0 before); refresh is
+	// when the record is due to be rewritten.
+	queued  observation
+	refresh time.Time
+	// ttl is the TTL of a lease it claims itself: after its first attempt,
+	// the hand-over TTL (its caller may have gone while it waited).
+	ttl time.Duration
+}
+
+func (l *locks) newWaiter(g *grantReq) *waiter {
+	return &waiter{l: l, g: g, wkey: streams.WaitKey(g.resource, g.hash), wake: l.wakes.subject(g.hash), ttl: g.ttl}
+}
+
+// step makes one attempt: claim the resource if allowed, otherwise queue
+// or refresh the waiter record. done reports a final answer in resp or
+// err; otherwise err is the "locked" answer to give if the wait ends now.
+//
+// A woken waiter, and every waiter when its record is due for refresh,
+// that finds the lock held in the tracker decides on a read from the
+// stream leader: after a leader change the watcher behind the tracker can
+// lag by seconds, and a waiter that trusted it would sit out the release
+// it was woken for. When the tracker already shows the lock free, no read
+// is needed.
+func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseResponse, done bool, err error) {
+	st, err := w.l.lock(ctx, w.g.key)
+	if err != nil {
+		return nil, false, err
+	}
+	defer st.unlock()
+	wasQueued := w.queued.rev != 0
+	if err := w.checkPlace(ctx); err != nil {
+		return nil, true, err
+	}
+	fresh := false
+	if wasQueued {
+		// Skip the store while the tracker says the lock is held, unless
+		// woken or due to refresh: then read it from the stream leader.
+		if o, ok := w.l.tracker.get(w.g.key); ok && o.held() && o.rec.RequestID != w.g.requestID && !w.l.tracker.expired(o, time.Now()) {
+			if !woken && time.Now().Before(w.refresh) {
+				return nil, false, lockedError(o)
+			}
+			fresh = true
+		}
+	}
+	g := *w.g
+	g.ttl = w.ttl
+	resp, err = w.l.tryGrant(ctx, &g, fresh)
+	w.ttl = min(w.g.ttl, w.l.cfg.HandoverTTL)
+	var oe *opError
+	if err == nil || !errors.As(err, &oe) || oe.code != streams.CodeLocked {
+		if err == nil && w.queued.rev != 0 {
+			w.removeRecord(ctx)
+		}
+		return resp, true, err
+	}
+	if w.queued.rev == 0 || !time.Now().Before(w.refresh) {
+		if qerr := w.enqueue(ctx); qerr != nil {
+			if errors.As(qerr, &oe) {
+				return nil, true, qerr
+			}
+			w.l.log.Warn("queue waiter", "resource", w.g.resource, "err", qerr)
+		}
+	}
+	return nil, false, err
+}
+
+// checkPlace checks that the waiter's record is still its own. A record
+// gone means: cancelled (stop: lease_lost), taken over by a retry of the
+// request on another instance (stop: that one serves the caller), handed
+// the resource (the caller's lease is found by the next decision), or
+// removed because this instance could not refresh it in time (queue
+// again, at the end).
+func (w *waiter) checkPlace(ctx context.Context) error {
+	if w.queued.rev == 0 {
+		return nil
+	}
+	o, ok := w.l.tracker.get(w.wkey)
+	if !ok || o.rev <= w.queued.rev || o.held() && o.rec.Wake == w.wake {
+		return nil
+	}
+	if o.held() {
+		return newOpError(streams.CodeLeaseLost, "the waiting acquire was taken over by a retry")
+	}
+	if cancelled, err := w.cancelled(ctx); err != nil || cancelled {
+		return err
+	}
+	w.queued = observation{}
+	return nil
+}
+
+// cancelled reports whether the request was cancelled within the retry
+// window: its cancel tombstone exists (read from the stream leader). A
+// cancelled request answers lease_lost.
+func (w *waiter) cancelled(ctx context.Context) (bool, error) {
+	ok, err := w.l.store.exists(ctx, cancelKey(w.g.hash))
+	if err != nil {
+		return false, err
+	}
+	if ok {
+		return true, newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled")
+	}
+	return false, nil
+}
+
+// enqueue creates the waiter record, or rewrites it (same ticket) to
+// refresh its liveness and point it at this instance. The caller holds the
+// lease key's stripe; waiter keys are written only under it.
+func (w *waiter) enqueue(ctx context.Context) error {
+	mine := w.queued.rev
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := w.l.current(ctx, w.wkey, fresh)
+		if err != nil {
+			return err
+		}
+		if mine != 0 && (!o.held() || o.rev != mine && o.rec.Wake != w.wake) {
+			if !fresh {
+				fresh = true
+				continue
+			}
+			if o.held() {
+				return newOpError(streams.CodeLeaseLost, "the waiting acquire was taken over by a retry")
+			}
+			if cancelled, err := w.cancelled(ctx); err != nil || cancelled {
+				return err
+			}
+			mine = 0 // removed while this instance could not refresh it: queue again
+		}
+		rec, err := w.record(o)
+		if err != nil {
+			return err
+		}
+		seq, _, err := w.l.store.put(ctx, w.wkey, rec, o.rev, "")
+		if errors.Is(err, errConflict) {
+			fresh = true
+			continue
+		}
+		if err != nil {
+			w.l.tracker.forget(w.wkey)
+			return err
+		}
+		w.queued = w.l.tracker.observe(w.wkey, entry{rev: seq, rec: rec})
+		w.refresh = time.Now().Add(w.l.cfg.WaiterLiveness / 3)
+		if o.held() {
+			return nil
+		}
+		// A new place: a cancel that came between this request's "locked"
+		// answer and this write found no record to remove; its tombstone
+		// is the proof, so look for it now.
+		cancelled, err := w.cancelled(ctx)
+		if cancelled {
+			w.removeRecord(ctx)
+		}
+		return err
+	}
+	return tooManyConflicts()
+}
+
+// record returns the waiter record to write over o, the key's current
+// entry: the same ticket if o is this request's record, else a new place
+// if the caps allow one.
+func (w *waiter) record(o observation) (*streams.Record, error) {
+	cfg := w.l.cfg
+	now := cfg.Clock.Now()
+	rec := &streams.Record{
+		Owner: w.g.owner, RequestID: w.g.requestID, TTLms: cfg.WaiterLiveness.Milliseconds(),
+		GrantedAt: streams.FormatTime(now), Wake: w.wake,
+		LeaseTTLms: w.g.ttl.Milliseconds(), MaxHoldMs: w.g.maxHold.Milliseconds(),
+	}
+	if o.held() {
+		rec.Token = o.rec.TokenAt(o.rev) // keep the ticket
+		rec.GrantedAt = o.rec.GrantedAt
+	} else {
+		n, owned := w.l.tracker.waiterCounts(streams.EncodeResource(w.g.resource), w.g.owner)
+		if n >= cfg.MaxWaitersPerResource {
+			return nil, newOpError(streams.CodeTooManyWaiters, "resource has %d waiters, the cap", n)
+		}
+		if w.g.owner != "" && owned >= cfg.MaxWaitersPerOwner {
+			return nil, newOpError(streams.CodeTooManyWaiters, "owner %q has %d waiters, the cap", w.g.owner, owned)
+		}
+	}
+	rec.RenewedAt = streams.FormatTime(now)
+	rec.ExpiresAt = streams.FormatTime(now.Add(cfg.WaiterLiveness))
+	return rec, nil
+}
+
+// removeRecord deletes the waiter's own record, best effort: if it stays,
+// its liveness window ends it.
+func (w *waiter) removeRecord(ctx context.Context) {
+	if w.queued.rev == 0 {
+		return
+	}
+	if _, err := w.l.deleteRecord(ctx, w.wkey); err != nil {
+		w.l.log.Warn("remove waiter record", "resource", w.g.resource, "err", err)
+	}
+	w.queued = observation{}
+}
+
+// leave ends a wait, because it ran out (last is the "locked" answer) or
+// failed (last is the error): it removes the waiter record and, if the
+// resource is free, wakes the next waiter (this one may have been the
+// head). If the record was already gone because the resource was handed
+// to this request meanwhile, the request holds the lease: leave answers
+// with it.
+func (w *waiter) leave(ctx context.Context, last error) (*streams.LeaseResponse, error) {
+	st, err := w.l.lock(ctx, w.g.key)
+	if err != nil {
+		return nil, err
+	}
+	defer st.unlock()
+	if w.queued.rev != 0 {
+		removed, err := w.l.deleteRecord(ctx, w.wkey)
+		if err != nil {
+			w.l.log.Warn("remove waiter", "resource", w.g.resource, "err", err)
+		}
+		if !removed && err == nil {
+			if o, err := w.l.current(ctx, w.g.key, true); err == nil && o.held() && o.rec.RequestID == w.g.requestID && o.rec.Owner == w.g.owner {
+				return leaseResponse(w.g.resource, o.rec.TokenAt(o.rev), o.rec), nil
+			}
+		}
+		if o, ok := w.l.tracker.get(w.g.key); ok && !o.held() {
+			w.l.wakeHead(streams.EncodeResource(w.g.resource))
+		}
+	}
+	if last == nil {
+		last = newOpError(streams.CodeLocked, "wait ended")
+	}
+	return nil, last
+}
+
+// deleteRecord deletes whatever record is at key (a waiter record) by
+// compare-and-set, and reports whether there was one. The caller holds
+// the lease key's stripe.
+func (l *locks) deleteRecord(ctx context.Context, key string) (bool, error) {
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, key, fresh)
+		if err != nil {
+			return false, err
+		}
+		if !o.held() {
+			if !fresh {
+				fresh = true
+				continue
+			}
+			return false, nil
+		}
+		seq, err := l.store.del(ctx, key, o.rev, nil)
+		if errors.Is(err, errConflict) {
+			fresh = true
+			continue
+		}
+		if err != nil {
+			l.tracker.forget(key)
+			return false, err
+		}
+		l.tracker.observe(key, entry{rev: seq})
+		return true, nil
+	}
+	return false, tooManyConflicts()
+}
+
+// mayClaim reports whether request hash may take the free (or expired)
+// resource observed in o. The waiter k places behind the head may claim
+// once the resource has been free, with no waiter leaving the queue, for k
+// reservation periods: the head claims at once, a dead head delays the
+// next by one period, and skips keep ticket order too. A request that is
+// not queued counts as behind every waiter. It also returns the number of
+// waiters ahead of hash.
+func (l *locks) mayClaim(enc, hash string, o observation) (bool, int) {
+	ahead, left := l.tracker.ahead(enc, hash)
+	if ahead == 0 {
+		return true, 0
+	}
+	since := o.seen
+	if o.held() || o.foreign {
+		since = l.tracker.deadline(&o)
+	}
+	if left.After(since) {
+		since = left
+	}
+	return time.Since(since) > time.Duration(ahead)*l.cfg.Reservation, ahead
+}
+
+// cancel makes sure the request holds nothing and waits for nothing. Its
+// tombstone carries the grant's message id, so an acquire of the request
+// arriving later (delayed, or retried) within the retry window is a
+// duplicate and never granted; the tombstone commits only if the lease key
+// is still as read, which proves the read. So a cancel of a request the
+// service never saw costs two reads (lease and waiter keys) and that one
+// write, which leaves the bucket after the retry window.
+func (l *locks) cancel(ctx context.Context, resource, requestID string, who origin) (*streams.CancelResponse, error) {
+	key := streams.LeaseKey(resource)
+	hash := requestHash(resource, requestID)
+	st, err := l.lock(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer st.unlock()
+	o, err := l.tombstone(ctx, key, hash)
+	if err != nil {
+		return nil, err
+	}
+	var released bool
+	if o.held() && o.rec.RequestID == requestID {
+		e, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool { return rec.RequestID == requestID }, endCancel, who)
+		if err != nil {
+			return nil, err
+		}
+		released = e != nil
+	}
+	dequeued, err := l.dequeue(ctx, resource, streams.WaitKey(resource, hash))
+	if err != nil {
+		return nil, err
+	}
+	l.report.cancelled(resource, released, dequeued, who)
+	return &streams.CancelResponse{Resource: resource, Cancelled: released || dequeued}, nil
+}
+
+// tombstone writes the cancel tombstone of request hash on a fresh read of
+// the lease key, conditioned on that read, and returns the read. When a
+// write with the grant's message id exists already (the request was
+// granted, or cancelled before) the tombstone is not written and the read
+// is proven by a confirming write instead.
+func (l *locks) tombstone(ctx context.Context, key, hash string) (observation, error) {
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, key, true)
+		if err != nil {
+			return observation{}, err
+		}
+		_, dup, err := l.store.tombstone(ctx, hash, key, o.rev)
+		if errors.Is(err, errConflict) {
+			continue
+		}
+		if err != nil {
+			return observation{}, err
+		}
+		if dup {
+			if err := l.confirmNegative(ctx, key, o); errors.Is(err, errConflict) {
+				continue
+			} else if err != nil {
+				return observation{}, err
+			}
+		}
+		return o, nil
+	}
+	return observation{}, tooManyConflicts()
+}
+
+// dequeue removes the waiter record at wkey, if there is one, and tells
+// its waiting request at once. If the resource is free, the next waiter is
+// woken. A record missed by a stale read is harmless: its request can no
+// longer be granted (the tombstone), and it finds the tombstone when it
+// next refreshes its record.
+func (l *locks) dequeue(ctx context.Context, resource, wkey string) (bool, error) {
+	var wake string
+	if o, err := l.current(ctx, wkey, true); err != nil {
+		return false, err
+	} else if !o.held() {
+		return false, nil
+	} else {
+		wake = o.rec.Wake
+	}
+	removed, err := l.deleteRecord(ctx, wkey)
+	if err != nil || !removed {
+		return false, err
+	}
+	l.wakes.send(wake, nil) // the waiting request stops at once
+	if o, ok := l.tracker.get(streams.LeaseKey(resource)); !ok || !o.held() {
+		l.wakeHead(streams.EncodeResource(resource))
+	}
+	return true, nil
+}

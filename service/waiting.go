@@ -1,0 +1,82 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// acquireWaiting serves an acquire with wait_ms > 0 in the request's own
+// goroutine: the waiter's steps (waiter.go), between them its wake
+// messages and timers. Waiting costs no store work, so the request gives
+// its in-flight place back once queued.
+func (s *Service) acquireWaiting(g *grantReq, wait time.Duration, sl *slot) (*streams.LeaseResponse, error) {
+	if n := s.nWaiting.Add(1); n > int64(s.cfg.MaxWaiting) {
+		s.nWaiting.Add(-1)
+		return nil, newOpError(streams.CodeTooManyWaiters, "this service instance serves %d waiting acquires, the cap", s.cfg.MaxWaiting)
+	}
+	defer s.nWaiting.Add(-1)
+	w := s.locks.newWaiter(g)
+	wake := s.wakes.register(g.hash)
+	defer s.wakes.unregister(g.hash, wake)
+
+	deadline := time.Now().Add(wait)
+	recheck := time.NewTimer(0)
+	defer recheck.Stop()
+	ends := time.NewTimer(wait)
+	defer ends.Stop()
+	woken := false
+	for {
+		resp, done, err := s.waitStep(w, woken)
+		if done {
+			if err != nil && !errors.Is(err, errStopping) {
+				// An error ends the wait: its record must not delay the
+				// next claimant.
+				return s.leave(w, err)
+			}
+			return resp, err
+		}
+		woken = false
+		if w.queued.rev != 0 {
+			sl.release()
+		}
+		recheck.Reset(s.cfg.Recheck)
+		select {
+		case grant := <-wake:
+			if grant != nil {
+				return grant, nil // handed over: committed before it was sent
+			}
+			woken = true
+		case <-recheck.C:
+		case <-ends.C:
+			return s.leave(w, err)
+		case <-s.stopping:
+			// Leave the record: the caller's retry on another instance
+			// keeps its place.
+			return nil, fmt.Errorf("%w: %w; retry with the same request_id", errUnavailable, errStopping)
+		}
+		if !time.Now().Before(deadline) {
+			return s.leave(w, err)
+		}
+	}
+}
+
+// errStopping: the instance is shutting down.
+var errStopping = errors.New("service instance stopping")
+
+// waitStep runs one step of w within OpTimeout.
+func (s *Service) waitStep(w *waiter, woken bool) (*streams.LeaseResponse, bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	defer cancel()
+	return w.step(ctx, woken)
+}
+
+// leave ends w's wait within OpTimeout (see waiter.leave).
+func (s *Service) leave(w *waiter, last error) (*streams.LeaseResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	defer cancel()
+	return w.leave(ctx, last)
+}

@@ -1,0 +1,105 @@
+package service
+
+import (
+	"log/slog"
+	"sync"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// wakes carries wake messages between instances. Each waiting request
+// served here has a wake subject of its own, prefix + request hash; a wake
+// message on it either carries the grant that handed the waiter the
+// resource (its reply, no round trip needed) or is empty (check again).
+// Wake subjects lie under the service's prefix: the service never
+// publishes a reply there, and deploy/'s permissions let only the
+// service's user publish there, so a grant on a wake subject comes from an
+// instance.
+type wakes struct {
+	nc     *nats.Conn // the request connection
+	prefix string     // "<prefix>.wake.<instance>."
+	log    *slog.Logger
+	sent   func()
+
+	mu      sync.Mutex
+	waiting map[string]chan *streams.LeaseResponse
+}
+
+// subject returns the wake subject of a request served here.
+func (w *wakes) subject(hash string) string { return w.prefix + hash }
+
+// register returns the channel that receives the wakes of request hash
+// until unregister.
+func (w *wakes) register(hash string) chan *streams.LeaseResponse {
+	ch := make(chan *streams.LeaseResponse, 1)
+	w.mu.Lock()
+	w.waiting[hash] = ch
+	w.mu.Unlock()
+	return ch
+}
+
+func (w *wakes) unregister(hash string, ch chan *streams.LeaseResponse) {
+	w.mu.Lock()
+	if w.waiting[hash] == ch {
+		delete(w.waiting, hash)
+	}
+	w.mu.Unlock()
+}
+
+// onMsg routes a wake message to the waiting request it names. A grant
+// replaces an empty wake still unread; an empty wake never replaces a
+// grant.
+func (w *wakes) onMsg(m *nats.Msg) {
+	var grant *streams.LeaseResponse
+	if len(m.Data) > 0 {
+		grant = new(streams.LeaseResponse)
+		if err := jsonv2.Unmarshal(m.Data, grant); err != nil || grant.LeaseID == "" || grant.Token == 0 {
+			w.log.Warn("malformed wake message", "subject", m.Subject, "err", err)
+			return
+		}
+	}
+	w.mu.Lock()
+	ch := w.waiting[m.Subject[len(w.prefix):]]
+	w.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case ch <- grant:
+		return
+	default:
+	}
+	if grant == nil {
+		return
+	}
+	select { // an empty wake is waiting: the grant replaces it
+	case <-ch:
+	default:
+	}
+	select {
+	case ch <- grant:
+	default:
+	}
+}
+
+// send publishes a wake message to subject, with grant as its body if
+// given.
+func (w *wakes) send(subject string, grant *streams.LeaseResponse) {
+	if subject == "" {
+		return
+	}
+	var body []byte
+	if grant != nil {
+		buf := encode(grant)
+		defer buf.free()
+		body = buf.b
+	}
+	if err := w.nc.Publish(subject, body); err != nil {
+		w.log.Warn("wake waiter", "err", err)
+		return
+	}
+	w.sent()
+}
