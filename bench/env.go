@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -14,12 +16,18 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetlock/jetlock/bench/internal/load"
+	"github.com/jetlock/jetlock/bench/internal/procstat"
+	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
 )
 
 // env is what a scenario runs against: the cluster (when the bench
 // started one), the service (when the bench runs it), the load
-// connections and the sampler.
+// connections and the sampler. The load connects as callers, through the
+// imports of the service's subjects; the bench's own bucket work (stream
+// info, leader moves, the raw baseline) uses the service's store user.
 type env struct {
 	cfg     *config
 	out     io.Writer
@@ -29,33 +37,25 @@ type env struct {
 	failed  bool // the run failed: keep its data directory for the logs
 	runID   string
 
-	cluster  *cluster
-	svc      *runningService   // --service inproc
-	moreSvcs []*runningService // --instances beyond the first
-	svcProc  *child            // --service proc
-	closeLog func()            // closes the in-process service's log
-
-	conns   []*nats.Conn
-	rq      *requester
+	cluster *devcluster.ProcCluster // nil with --url
+	svc     *serviceRun             // nil with --service none
+	conns   []*nats.Conn            // load connections, as callers
+	rq      *load.Requester
+	admin   *nats.Conn // as the store user
 	js      jetstream.JetStream
 	sampler *sampler
 }
 
-func newRunID() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 func setup(ctx context.Context, cfg *config) (_ *env, err error) {
-	e := &env{cfg: cfg, out: os.Stdout, url: cfg.url, runID: newRunID()}
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	e := &env{cfg: cfg, out: os.Stdout, url: cfg.url, runID: hex.EncodeToString(id[:]), dir: cfg.dataDir}
 	defer func() {
 		if err != nil {
 			e.failed = true
 			e.close()
 		}
 	}()
-	e.dir = cfg.dataDir
 	if e.dir == "" {
 		if e.dir, err = os.MkdirTemp("", "jetlock-bench-"); err != nil {
 			return nil, err
@@ -66,164 +66,249 @@ func setup(ctx context.Context, cfg *config) (_ *env, err error) {
 	}
 	if cfg.url == "" {
 		fmt.Fprintf(e.out, "starting 3-node cluster (separate processes, sync always) in %s\n", e.dir)
-		if e.cluster, err = startCluster(ctx, e.dir, e.out, freePort); err != nil {
+		e.cluster, err = devcluster.StartProcs(ctx, devcluster.ProcOptions{Dir: e.dir, Prefix: cfg.prefix, Open: !cfg.auth, Out: e.out})
+		if err != nil {
 			return nil, err
 		}
 		e.url = e.cluster.URLs()
 	}
-	switch cfg.serviceMode {
-	case "inproc":
-		logger, closeLog, err := serviceLogger(filepath.Join(e.dir, "service.log"))
-		if err != nil {
-			return nil, err
-		}
-		e.svc, err = startService(ctx, e.url, cfg.prefix, cfg.bucket, cfg.tune, logger)
-		if err != nil {
-			closeLog()
-			return nil, err
-		}
-		e.closeLog = closeLog
-		for range cfg.instances - 1 {
-			rs, err := startService(ctx, e.url, cfg.prefix, cfg.bucket, cfg.tune, logger)
-			if err != nil {
-				return nil, err
-			}
-			e.moreSvcs = append(e.moreSvcs, rs)
-		}
-	case "proc":
-		e.svcProc = &child{name: "service", log: filepath.Join(e.dir, "service.log"),
-			args: append([]string{cmdService, "-servers", e.url, "-prefix", cfg.prefix, "-bucket", cfg.bucket,
-				"-log", filepath.Join(e.dir, "service.log")}, cfg.tune.args()...)}
-		if err := e.svcProc.start(90 * time.Second); err != nil {
-			return nil, err
-		}
-	}
-	loadURL := e.url
-	if cfg.clients == "service" {
-		// nats.go learns the other nodes from this one, for reconnects.
-		loadURL = e.svc.nc.ConnectedUrl()
-	}
-	if e.conns, err = connect(loadURL, cfg.conns, "jetlock-bench"); err != nil {
+	if err := e.startService(ctx); err != nil {
 		return nil, err
 	}
-	if e.rq, err = newRequester(e.conns, cfg.maxInFlight); err != nil {
+	if err := e.connectLoad(); err != nil {
 		return nil, err
 	}
-	if e.js, err = jetstream.New(e.conns[0]); err != nil {
-		return nil, err
-	}
-	e.sampler = &sampler{js: e.js, procs: e.procs, progress: cfg.progress, out: e.out, inflight: e.rq.inflight.Load}
-	if cfg.scenario != "raw" || cfg.serviceMode != "none" {
-		if err := e.checkService(ctx); err != nil && cfg.scenario != "raw" {
-			return nil, err
-		}
-	}
-	return e, nil
+	e.sampler = &sampler{js: e.js, procs: e.procs, progress: cfg.progress, out: e.out}
+	return e, e.awaitService(ctx)
 }
 
-// checkService asks for the status of a resource, to fail early and
-// clearly when no service answers.
-func (e *env) checkService(ctx context.Context) error {
-	m := &nats.Msg{Subject: streams.Subject(e.cfg.prefix, streams.OpStatus), Data: []byte(`{"resource":"bench/probe"}`)}
-	reply, _, err := e.rq.do(ctx, m, 5*time.Second)
-	if err != nil {
-		return fmt.Errorf("no jetlock service answers on %s: %w", m.Subject, err)
+// startService starts the service as --service asks.
+func (e *env) startService(ctx context.Context) error {
+	c := e.cfg
+	switch c.serviceMode {
+	case "inproc":
+		logf, err := os.OpenFile(filepath.Join(e.dir, "service.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		e.svc = &serviceRun{log: logf}
+		cfg := c.tune.config(service.DefaultConfig())
+		cfg.Prefix, cfg.Bucket.Bucket, cfg.Logger = c.prefix, c.bucket, slog.New(slog.NewTextHandler(logf, nil))
+		for range c.instances {
+			rs, metrics, err := startInproc(ctx, e.url, e.connOpts, cfg, "127.0.0.1:0")
+			if err != nil {
+				return err
+			}
+			e.svc.inproc, e.svc.metrics = append(e.svc.inproc, rs), append(e.svc.metrics, metrics)
+		}
+	case "proc":
+		var users []string
+		for role, names := range userEnv {
+			user, password := "", ""
+			if e.cluster != nil {
+				user, password = e.cluster.User(role)
+			}
+			users = append(users, names[0]+"="+user, names[1]+"="+password)
+		}
+		var err error
+		e.svc, err = startServiceProc(c, e.url, e.dir, users)
+		return err
 	}
-	if code := serviceError(reply); code != "" {
-		return fmt.Errorf("jetlock status probe answered %s", code)
+	return nil
+}
+
+// connOpts returns the options of a connection of role to the bench's own
+// cluster (none with --url).
+func (e *env) connOpts(r devcluster.Role) []nats.Option {
+	if e.cluster == nil {
+		return nil
+	}
+	return e.cluster.ConnectOptions(r)
+}
+
+// connect opens n connections as role.
+func (e *env) connect(role devcluster.Role, url string, n int) ([]*nats.Conn, error) {
+	var conns []*nats.Conn
+	for i := range n {
+		nc, err := nats.Connect(url, append([]nats.Option{nats.Name(fmt.Sprintf("jetlock-bench-%s-%d", role, i)),
+			nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond), nats.ReconnectBufSize(64 << 20)},
+			e.connOpts(role)...)...)
+		if err != nil {
+			closeAll(conns)
+			return nil, fmt.Errorf("connect %s as %s: %w", url, role, err)
+		}
+		conns = append(conns, nc)
+	}
+	return conns, nil
+}
+
+func closeAll(conns []*nats.Conn) {
+	for _, nc := range conns {
+		if nc != nil {
+			nc.Close()
+		}
+	}
+}
+
+// connectLoad opens the load connections, as callers, and the bench's own
+// connection, as the store user.
+func (e *env) connectLoad() error {
+	loadURL := e.url
+	if e.cfg.clients == "service" {
+		loadURL = e.svc.inproc[0].nc.ConnectedUrl() // nats.go learns the other nodes from it
+	}
+	var err error
+	if e.conns, err = e.connect(devcluster.Caller, loadURL, e.cfg.conns); err != nil {
+		return err
+	}
+	if e.rq, err = load.NewRequester(e.conns, e.cfg.maxInFlight); err != nil {
+		return err
+	}
+	admin, err := e.connect(devcluster.Store, e.url, 1)
+	if err != nil {
+		return err
+	}
+	e.admin = admin[0]
+	e.js, err = jetstream.New(e.admin)
+	return err
+}
+
+// awaitService waits until the service answers a status request (up to
+// 90s for a service process), to fail early and clearly when none does.
+// With --service none it asks once, and only a scenario that needs the
+// service fails.
+func (e *env) awaitService(ctx context.Context) error {
+	probe := func() error {
+		m := e.serviceBackend().Msg(streams.OpStatus, &streams.StatusRequest{Resource: "bench/probe"})
+		reply, err := e.conns[0].RequestMsg(m, 2*time.Second)
+		if err == nil && load.ServiceError(reply) != "" {
+			err = fmt.Errorf("status probe answered %s", load.ServiceError(reply))
+		}
+		return err
+	}
+	if e.svc != nil && e.svc.proc != nil {
+		if err := e.svc.proc.WaitReady(ctx, 90*time.Second, func() bool { return probe() == nil }); err != nil {
+			if e.cfg.lockd != "" && e.cluster != nil && !e.cluster.Open() {
+				err = fmt.Errorf("%w; a lockd that reaches NATS through one connection without credentials needs --auth=false", err)
+			}
+			return fmt.Errorf("service process: %w", err)
+		}
+	}
+	if err := probe(); err != nil && (e.cfg.target == "service" && e.cfg.scenario != "raw" || e.svc != nil) {
+		return fmt.Errorf("no jetlock service answers on %s: %w", streams.Subject(e.cfg.prefix, streams.OpStatus), err)
 	}
 	return nil
 }
 
 // procs lists the processes to measure.
-func (e *env) procs() []proc {
-	self := "bench"
-	if e.svc != nil {
-		self = "bench+service"
+func (e *env) procs() []procstat.Proc {
+	ps := []procstat.Proc{{Name: "bench", PID: os.Getpid()}}
+	if e.svc != nil && len(e.svc.inproc) > 0 {
+		ps[0].Name = "bench+service"
 	}
-	ps := []proc{{name: self, pid: os.Getpid()}}
-	if e.svcProc != nil {
-		if pid := e.svcProc.pid(); pid > 0 {
-			ps = append(ps, proc{name: "service", pid: pid})
+	if e.svc != nil && e.svc.proc != nil {
+		if pid := e.svc.proc.PID(); pid > 0 {
+			ps = append(ps, procstat.Proc{Name: "service", PID: pid})
 		}
 	}
-	if e.cluster != nil {
-		ps = append(ps, e.cluster.procs()...)
+	for i := range devcluster.Size {
+		if e.cluster != nil && e.cluster.PID(i) > 0 {
+			ps = append(ps, procstat.Proc{Name: e.cluster.Name(i), PID: e.cluster.PID(i)})
+		}
 	}
 	return ps
 }
 
-// placement returns the node the in-process service is connected to and
-// the node leading the lock stream; either is empty when unknown.
-func (e *env) placement(ctx context.Context) (service, leader string) {
-	if e.svc != nil {
-		service = e.svc.nc.ConnectedServerName()
+// streamLeader returns the server name leading the lock stream.
+func (e *env) streamLeader(ctx context.Context) (string, error) {
+	info, err := e.streamInfo(ctx, streams.StreamName(e.cfg.bucket))
+	if err == nil && (info.Cluster == nil || info.Cluster.Leader == "") {
+		err = errors.New("the lock stream has no leader")
 	}
-	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	return info.Cluster.Leader, nil
+}
+
+// streamInfo returns the stream's info, waiting at most 5s.
+func (e *env) streamInfo(ctx context.Context, stream string) (*jetstream.StreamInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	leader, _ = streamLeader(lctx, e.js, streams.StreamName(e.cfg.bucket))
-	return service, leader
+	s, err := e.js.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	return s.Info(ctx)
+}
+
+// stepDown asks the lock stream's leader to step down, in favour of the
+// node preferred if not empty.
+func (e *env) stepDown(ctx context.Context, preferred string) error {
+	var body []byte
+	if preferred != "" {
+		body, _ = json.Marshal(map[string]any{"placement": map[string]string{"preferred": preferred}})
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	reply, err := e.admin.RequestWithContext(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+streams.StreamName(e.cfg.bucket), body)
+	if err != nil {
+		return fmt.Errorf("stepdown request: %w", err)
+	}
+	var resp struct {
+		Error *struct{ Description string } `json:"error"`
+	}
+	if json.Unmarshal(reply.Data, &resp) == nil && resp.Error != nil {
+		return fmt.Errorf("stepdown refused: %s", resp.Error.Description)
+	}
+	return nil
 }
 
 // placeLeader moves the lock stream's leader as --leader asks: onto the
-// in-process service's node (a stream leader step-down naming it as the
-// successor), or away from it (a plain step-down).
+// in-process service's node, or away from it.
 func (e *env) placeLeader(ctx context.Context) error {
-	if e.cfg.leader == "any" {
-		return nil // config.finish refuses any other with no in-process service
-	}
-	stream := streams.StreamName(e.cfg.bucket)
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		svcNode, leader := e.placement(ctx)
-		if leader != "" && (leader == svcNode) == (e.cfg.leader == "service") {
+	want := e.cfg.leader
+	for deadline := time.Now().Add(60 * time.Second); want != "any" && time.Now().Before(deadline); time.Sleep(time.Second) {
+		leader, err := e.streamLeader(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			continue
+		case (leader == e.svc.node()) == (want == "service"):
 			return nil
+		case want == "service":
+			_ = e.stepDown(ctx, e.svc.node())
+		default:
+			_ = e.stepDown(ctx, "")
 		}
-		if leader != "" {
-			// A step-down moves the leader away from where it is; "service"
-			// names the successor.
-			var body []byte
-			if e.cfg.leader == "service" {
-				body, _ = json.Marshal(map[string]any{"placement": map[string]string{"preferred": svcNode}})
-			}
-			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := e.conns[0].RequestWithContext(sctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, body)
-			cancel()
-			if err != nil && ctx.Err() != nil {
-				return ctx.Err()
-			}
-		}
-		time.Sleep(time.Second)
 	}
-	return fmt.Errorf("--leader %s: could not move the leader of %s in 60s", e.cfg.leader, stream)
+	if want == "any" {
+		return nil
+	}
+	return fmt.Errorf("--leader %s: could not move the leader of the lock stream in 60s", want)
 }
 
 // describe names the cluster and where the service runs, for reports.
-func (e *env) describe() (clusterDesc, serviceDesc string) {
-	clusterDesc = "existing deployment " + e.url
+func (e *env) describe() (cluster, svc string) {
+	cluster = "existing deployment " + e.url
 	if e.cluster != nil {
-		clusterDesc = "3 nats-server processes on loopback, sync always, R3 over az:a/az:b/az:c"
-	}
-	switch e.cfg.serviceMode {
-	case "inproc":
-		serviceDesc = "in the bench process (its CPU includes the load generator)"
-		if n := 1 + len(e.moreSvcs); n > 1 {
-			serviceDesc = fmt.Sprintf("%d instances in the bench process (its CPU includes the load generator; service times are the first instance's)", n)
+		cluster = "3 nats-server processes on loopback, sync always, R3 over az:a/az:b/az:c, least-privilege accounts"
+		if e.cluster.Open() {
+			cluster = "3 nats-server processes on loopback, sync always, R3 over az:a/az:b/az:c, no accounts (--auth=false)"
 		}
-	case "proc":
-		serviceDesc = "separate process"
-	default:
-		serviceDesc = "already deployed (not measured)"
 	}
-	return
-}
-
-// instances returns the in-process service instances, the first first.
-func (e *env) instances() []*runningService {
-	if e.svc == nil {
-		return nil
+	switch {
+	case e.cfg.lockd != "":
+		return cluster, "separate process: " + e.cfg.lockd
+	case e.cfg.serviceMode == "proc":
+		return cluster, "separate process"
+	case e.cfg.serviceMode == "inproc" && e.cfg.instances > 1:
+		return cluster, fmt.Sprintf("%d instances in the bench process (its CPU includes the load generator)", e.cfg.instances)
+	case e.cfg.serviceMode == "inproc":
+		return cluster, "in the bench process (its CPU includes the load generator)"
 	}
-	return append([]*runningService{e.svc}, e.moreSvcs...)
+	return cluster, "already deployed (not measured)"
 }
 
 // close stops everything the bench started, in order: load, service,
@@ -231,43 +316,41 @@ func (e *env) instances() []*runningService {
 // failed (its logs tell why).
 func (e *env) close() {
 	if e.rq != nil {
-		e.rq.close()
+		e.rq.Close()
 	}
-	for _, nc := range e.conns {
-		nc.Close()
-	}
-	for _, rs := range e.instances() {
-		rs.stop()
-	}
-	if e.closeLog != nil {
-		e.closeLog()
-	}
-	if e.svcProc != nil {
-		e.svcProc.stop(15 * time.Second)
+	closeAll(append(e.conns, e.admin))
+	if e.svc != nil {
+		e.svc.stop()
 	}
 	if e.cluster != nil {
-		e.cluster.stop()
+		e.cluster.Shutdown()
 	}
-	if e.dir != "" {
-		if e.tempDir && !e.cfg.keep && !e.failed {
-			os.RemoveAll(e.dir)
-		} else {
-			fmt.Fprintf(e.out, "data and logs kept in %s\n", e.dir)
-		}
+	if e.tempDir && !e.cfg.keep && !e.failed {
+		os.RemoveAll(e.dir)
+	} else if e.dir != "" {
+		fmt.Fprintf(e.out, "data and logs kept in %s\n", e.dir)
 	}
 }
 
 // names returns the resource name prefix of a workload of this run.
 func (e *env) names(kind string) string { return fmt.Sprintf("bench/%s/%s/", e.runID, kind) }
 
-// workloadConfig returns the workload shape from the flags.
-func (e *env) workloadConfig(kind string) workloadConfig {
+// workload returns a lease workload of the flags' shape on be through rq.
+func (e *env) workload(kind string, be load.Backend, rq *load.Requester, log *load.GrantLog) *load.Workload {
 	c := e.cfg
-	return workloadConfig{resources: c.resources, leases: c.leases, ttl: c.ttl, renewInterval: c.renewInterval,
-		renewJitter: c.renewJitter, timeout: c.timeout, retries: c.retries, retryBackoff: 250 * time.Millisecond,
-		names: e.names(kind)}
+	return load.NewWorkload(load.Config{Resources: c.resources, Leases: c.leases, TTL: c.ttl, RenewInterval: c.renewInterval,
+		RenewJitter: c.renewJitter, Timeout: c.timeout, Retries: c.retries, RetryBackoff: 250 * time.Millisecond,
+		Names: e.names(kind), RunID: e.runID}, be, rq, log)
 }
 
-func (e *env) serviceBackend() *serviceBackend {
-	return &serviceBackend{prefix: e.cfg.prefix, bucket: e.cfg.bucket, owner: "bench-" + e.runID}
+func (e *env) serviceBackend() *load.Service {
+	return &load.Service{Prefix: e.cfg.prefix, Bucket: e.cfg.bucket, Owner: "bench-" + e.runID}
+}
+
+// grantLog returns a grant log for the safety check, or nil without it.
+func (e *env) grantLog() *load.GrantLog {
+	if e.cfg.check {
+		return load.NewGrantLog()
+	}
+	return nil
 }

@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
-	"sync"
 	"time"
+
+	"github.com/jetlock/jetlock/streams"
 )
 
 // FailoverResult is the outcome of the failover scenario.
@@ -30,7 +29,11 @@ type FailoverResult struct {
 	NoGrantWindowMs float64 `json:"no_grant_window_ms"`
 	RestartAtS      float64 `json:"restart_at_s,omitempty"`
 	Note            string  `json:"note,omitempty"`
+
+	killAt time.Time
 }
+
+func msOf(d time.Duration) float64 { return round2(float64(d) / 1e6) }
 
 // runFailover runs the design workload and, --kill-at into it, kills the
 // process of the node leading the lock stream (or asks it to step down).
@@ -39,150 +42,87 @@ type FailoverResult struct {
 func runFailover(ctx context.Context, e *env, sum *Summary) error {
 	c := e.cfg
 	log := e.grantLog()
-	be := e.serviceBackend()
-	wl := newWorkload(e.workloadConfig("failover"), be, e.rq, log, e.runID)
-	e.warm(ctx, sum, wl, "failover warm-up", wl.cfg.leases)
+	wl := e.workload("failover", e.serviceBackend(), e.rq, log)
+	e.warm(ctx, sum, wl, "failover warm-up", c.leases)
 	r := e.designRates()
-	ph := newPhase("failover", be.name())
-	ph.sched = c.duration
-	ph.Rates = map[string]float64{opAcquire: r.acquire, opRenew: r.renew, opRelease: r.release}
-	fr := &FailoverResult{Mode: c.failoverMode, Stream: be.stream()}
-	var killAt time.Time
 	fmt.Fprintf(e.out, "failover: %s for %v; %s the stream leader at %v\n", r, c.duration, c.failoverMode, c.killAt)
-	e.measure(ctx, ph, be.stream(), func() {
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			killAt = e.failover(ctx, ph, fr)
-		}()
-		wl.run(ctx, ph, r, c.duration)
-		wl.drain(ctx)
-		wg.Wait()
-	})
-	sum.Phases = append(sum.Phases, ph)
+	var fr *FailoverResult
+	ph := e.loadPhase(ctx, sum, wl, "failover", r, c.duration, func(ph *phase) { fr = e.failover(ctx, ph) })
 	e.cleanup(ctx, wl)
 	sum.use(ph)
-	if !killAt.IsZero() {
-		fr.KillAtS = round2(killAt.Sub(ph.start).Seconds())
-		grantWindow(fr, &ph.grants, killAt)
+	if !fr.killAt.IsZero() {
+		fr.KillAtS = round2(fr.killAt.Sub(ph.start).Seconds())
+		last, first, gap := ph.grants.Around(fr.killAt)
+		fr.LastGrantBeforeMs, fr.FirstGrantAfterMs, fr.NoGrantWindowMs = msOf(last), msOf(first), msOf(gap)
 	}
 	sum.Failover = fr
-	if log != nil {
-		s := log.check()
-		sum.Safety = &s
-		if s.Violations > 0 {
-			return fmt.Errorf("failover: %d safety violations", s.Violations)
-		}
-	}
-	return nil
+	return sum.check(log)
 }
 
 // failover kills (or steps down) the stream leader at --kill-at, watches
-// for the new leader, and restarts the node after --restart-after. It
-// returns when the kill happened (zero if it did not).
-func (e *env) failover(ctx context.Context, ph *phase, fr *FailoverResult) time.Time {
+// for the new leader, and restarts the node after --restart-after.
+func (e *env) failover(ctx context.Context, ph *phase) *FailoverResult {
 	c := e.cfg
+	fr := &FailoverResult{Mode: c.failoverMode, Stream: streams.StreamName(c.bucket)}
 	select {
 	case <-time.After(c.killAt):
 	case <-ctx.Done():
-		return time.Time{}
+		return fr
 	}
-	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	leader, err := streamLeader(lctx, e.js, fr.Stream)
-	cancel()
+	leader, err := e.streamLeader(ctx)
 	if err != nil {
 		fr.Note = "could not find the stream leader: " + err.Error()
-		return time.Time{}
+		return fr
 	}
 	fr.OldLeader = leader
-	var killAt time.Time
+	killAt := time.Now()
 	idx := -1
-	switch c.failoverMode {
-	case "kill":
-		idx = e.cluster.node(leader)
-		if idx < 0 {
+	if c.failoverMode == "kill" {
+		if idx = e.cluster.Node(leader); idx < 0 {
 			fr.Note = "stream leader " + leader + " is not a node the bench started"
-			return time.Time{}
+			return fr
 		}
-		killAt = time.Now()
-		e.cluster.kill(idx)
+		e.cluster.Kill(idx)
 		ph.event("killed " + leader + " (stream leader) with SIGKILL")
-	case "stepdown":
-		killAt = time.Now()
-		reply, err := e.conns[0].Request("$JS.API.STREAM.LEADER.STEPDOWN."+fr.Stream, nil, 5*time.Second)
-		if err != nil {
-			fr.Note = "stepdown request: " + err.Error()
-			return time.Time{}
-		}
-		var resp struct {
-			Error *struct{ Description string } `json:"error"`
-		}
-		if json.Unmarshal(reply.Data, &resp) == nil && resp.Error != nil {
-			fr.Note = "stepdown refused: " + resp.Error.Description
-			return time.Time{}
+	} else {
+		if err := e.stepDown(ctx, ""); err != nil {
+			fr.Note = err.Error()
+			return fr
 		}
 		ph.event("asked " + leader + " (stream leader) to step down")
 	}
+	fr.killAt = killAt
 	fmt.Fprintf(e.out, "failover: %s %s at %.1fs\n", c.failoverMode, leader, killAt.Sub(ph.start).Seconds())
-	// Watch for the new leader.
-	deadline := killAt.Add(30 * time.Second)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		qctx, cancel := context.WithTimeout(ctx, time.Second)
-		l, err := streamLeader(qctx, e.js, fr.Stream)
-		cancel()
-		if err == nil && l != leader {
-			fr.NewLeader = l
-			fr.NewLeaderAfterMs = round2(float64(time.Since(killAt)) / 1e6)
-			ph.event("new stream leader " + l)
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+	if fr.NewLeader = e.awaitNewLeader(ctx, leader, killAt.Add(30*time.Second)); fr.NewLeader != "" {
+		fr.NewLeaderAfterMs = msOf(time.Since(killAt))
+		ph.event("new stream leader " + fr.NewLeader)
 	}
 	if idx >= 0 && c.restartAfter > 0 {
 		select {
 		case <-time.After(time.Until(killAt.Add(c.restartAfter))):
 		case <-ctx.Done():
-			return killAt
+			return fr
 		}
-		if err := e.cluster.restart(idx); err != nil {
+		if err := e.cluster.Restart(ctx, idx); err != nil {
 			fr.Note = "restart failed: " + err.Error()
 		} else {
 			fr.RestartAtS = round2(time.Since(ph.start).Seconds())
 			ph.event("restarted " + leader)
 		}
 	}
-	return killAt
+	return fr
 }
 
-// grantWindow fills the grant timing of fr from the grants around kill.
-func grantWindow(fr *FailoverResult, g *grantTimes, kill time.Time) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	recv := append([]time.Time(nil), g.recv...)
-	sort.Slice(recv, func(i, j int) bool { return recv[i].Before(recv[j]) })
-	var first time.Time
-	for i := range g.sent {
-		if !g.sent[i].Before(kill) && (first.IsZero() || g.recv[i].Before(first)) {
-			first = g.recv[i]
+// awaitNewLeader returns the first leader of the lock stream other than
+// old that it sees before deadline, or "".
+func (e *env) awaitNewLeader(ctx context.Context, old string, deadline time.Time) string {
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if l, err := e.streamLeader(ctx); err == nil && l != old {
+			return l
 		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	if !first.IsZero() {
-		fr.FirstGrantAfterMs = round2(float64(first.Sub(kill)) / 1e6)
-	}
-	var gap time.Duration
-	for i, t := range recv {
-		if !t.After(kill) {
-			fr.LastGrantBeforeMs = round2(float64(kill.Sub(t)) / 1e6)
-			continue
-		}
-		if i > 0 {
-			if d := t.Sub(recv[i-1]); d > gap {
-				gap = d
-			}
-		}
-	}
-	fr.NoGrantWindowMs = round2(float64(gap) / 1e6)
+	return ""
 }
 
 func printFailover(w io.Writer, f *FailoverResult) {

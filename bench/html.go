@@ -6,8 +6,9 @@ import (
 	"html/template"
 	"math"
 	"os"
-	"sort"
 	"strings"
+
+	"github.com/jetlock/jetlock/bench/internal/load"
 )
 
 // The HTML report is one self-contained file: tables and inline SVG
@@ -24,11 +25,9 @@ type chartSeries struct {
 }
 
 type chartOpts struct {
-	title  string
-	xLabel string
-	yLabel string
-	logY   bool
-	events []Event
+	title, xLabel, yLabel string
+	logY                  bool
+	events                []Event
 }
 
 const (
@@ -40,21 +39,54 @@ const (
 
 func esc(s string) string { return template.HTMLEscapeString(s) }
 
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+// axis maps values to one coordinate of the plot.
+type axis struct {
+	lo, hi float64
+	log    bool
+	ticks  []float64
+}
+
+// yAxis returns the value axis for values in [ymin, ymax] (ymin the
+// smallest positive one): decades on a log scale, else quarters from 0.
+func yAxis(logY bool, ymin, ymax float64) axis {
+	a := axis{log: logY}
+	if logY {
+		a.lo = math.Pow(10, math.Floor(math.Log10(math.Max(math.Min(ymin, ymax), minLogMs))))
+		a.hi = math.Pow(10, math.Ceil(math.Log10(math.Max(ymax, a.lo*10))))
+		for t := a.lo; t <= a.hi*1.0001; t *= 10 {
+			a.ticks = append(a.ticks, t)
+		}
+		return a
+	}
+	a.hi = niceCeil(ymax)
+	for i := 0; i <= 4; i++ {
+		a.ticks = append(a.ticks, a.hi*float64(i)/4)
+	}
+	return a
+}
+
+// pos returns the y coordinate of v.
+func (a axis) pos(v float64) float64 {
+	if a.log {
+		v = math.Max(v, a.lo)
+		return padT + plotH - plotH*(math.Log10(v)-math.Log10(a.lo))/(math.Log10(a.hi)-math.Log10(a.lo))
+	}
+	return padT + plotH - plotH*v/a.hi
+}
+
 // lineChart renders series as an SVG line chart.
 func lineChart(o chartOpts, series []chartSeries) string {
-	var xmax, ymax float64
-	ymin := math.Inf(1)
-	n := 0
+	xmax, ymax, ymin, n := 0.0, 0.0, math.Inf(1), 0
 	for _, s := range series {
 		for _, p := range s.pts {
-			if math.IsNaN(p.V) || math.IsInf(p.V, 0) {
-				continue
-			}
-			n++
-			xmax = math.Max(xmax, p.T)
-			ymax = math.Max(ymax, p.V)
-			if p.V > 0 {
-				ymin = math.Min(ymin, p.V)
+			if finite(p.V) {
+				n++
+				xmax, ymax = math.Max(xmax, p.T), math.Max(ymax, p.V)
+				if p.V > 0 {
+					ymin = math.Min(ymin, p.V)
+				}
 			}
 		}
 	}
@@ -71,74 +103,59 @@ func lineChart(o chartOpts, series []chartSeries) string {
 	if xmax <= 0 {
 		xmax = 1
 	}
-	// Y scale.
-	var ylo, yhi float64
-	var ticks []float64
-	if o.logY {
-		ylo = math.Pow(10, math.Floor(math.Log10(math.Max(math.Min(ymin, ymax), minLogMs))))
-		yhi = math.Pow(10, math.Ceil(math.Log10(math.Max(ymax, ylo*10))))
-		for t := ylo; t <= yhi*1.0001; t *= 10 {
-			ticks = append(ticks, t)
-		}
-	} else {
-		yhi = niceCeil(ymax)
-		for i := 0; i <= 4; i++ {
-			ticks = append(ticks, yhi*float64(i)/4)
-		}
-	}
-	ypos := func(v float64) float64 {
-		if o.logY {
-			v = math.Max(v, ylo)
-			return padT + plotH - plotH*(math.Log10(v)-math.Log10(ylo))/(math.Log10(yhi)-math.Log10(ylo))
-		}
-		return padT + plotH - plotH*v/yhi
-	}
+	y := yAxis(o.logY, ymin, ymax)
 	xpos := func(t float64) float64 { return padL + plotW*t/xmax }
-	// Axes and grid.
-	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999"/>`, padL, padT, plotW, plotH)
-	for _, t := range ticks {
-		y := ypos(t)
-		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eee"/>`, padL, padL+plotW, y, y)
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`, padL-4, y+4, tickLabel(t))
-	}
-	xstep := niceCeil(xmax / 8)
-	for t := 0.0; t <= xmax+1e-9; t += xstep {
-		x := xpos(t)
-		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#eee"/>`, x, x, padT, padT+plotH)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, x, padT+plotH+14, tickLabel(t))
-	}
-	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`, padL+plotW/2, chartH-6, esc(o.xLabel))
-	fmt.Fprintf(&b, `<text x="14" y="%d" transform="rotate(-90 14 %d)" text-anchor="middle">%s</text>`, padT+plotH/2, padT+plotH/2, esc(o.yLabel))
-	// Events.
+	drawAxes(&b, o, y, xmax, xpos)
 	for _, e := range o.events {
 		x := xpos(e.T)
 		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#d62728" stroke-dasharray="4 3"/>`, x, x, padT, padT+plotH)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="#d62728" font-size="10">%s</text>`, x+3, padT+10, esc(e.What))
 	}
-	// Lines and legend.
 	for i, s := range series {
-		color := s.color
-		if color == "" {
-			color = palette[i%len(palette)]
-		}
-		var pts []string
-		for _, p := range s.pts {
-			if math.IsNaN(p.V) || math.IsInf(p.V, 0) {
-				continue
-			}
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", xpos(p.T), ypos(p.V)))
-		}
-		dash := ""
-		if s.dash {
-			dash = ` stroke-dasharray="5 3"`
-		}
-		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.6"%s points="%s"/>`, color, dash, strings.Join(pts, " "))
-		ly := padT + 6 + i*15
-		fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`, padL+plotW+10, padL+plotW+28, ly, ly, color, dash)
-		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`, padL+plotW+32, ly+4, esc(s.name))
+		drawSeries(&b, i, s, y, xpos)
 	}
 	b.WriteString(`</svg>`)
 	return b.String()
+}
+
+// drawAxes draws the frame, the grid with its labels and the axis names.
+func drawAxes(b *strings.Builder, o chartOpts, y axis, xmax float64, xpos func(float64) float64) {
+	fmt.Fprintf(b, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999"/>`, padL, padT, plotW, plotH)
+	for _, t := range y.ticks {
+		p := y.pos(t)
+		fmt.Fprintf(b, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eee"/>`, padL, padL+plotW, p, p)
+		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`, padL-4, p+4, tickLabel(t))
+	}
+	xstep := niceCeil(xmax / 8)
+	for t := 0.0; t <= xmax+1e-9; t += xstep {
+		x := xpos(t)
+		fmt.Fprintf(b, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#eee"/>`, x, x, padT, padT+plotH)
+		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, x, padT+plotH+14, tickLabel(t))
+	}
+	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`, padL+plotW/2, chartH-6, esc(o.xLabel))
+	fmt.Fprintf(b, `<text x="14" y="%d" transform="rotate(-90 14 %d)" text-anchor="middle">%s</text>`, padT+plotH/2, padT+plotH/2, esc(o.yLabel))
+}
+
+// drawSeries draws the i-th series and its legend entry.
+func drawSeries(b *strings.Builder, i int, s chartSeries, y axis, xpos func(float64) float64) {
+	color := s.color
+	if color == "" {
+		color = palette[i%len(palette)]
+	}
+	var pts []string
+	for _, p := range s.pts {
+		if finite(p.V) {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", xpos(p.T), y.pos(p.V)))
+		}
+	}
+	dash := ""
+	if s.dash {
+		dash = ` stroke-dasharray="5 3"`
+	}
+	fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="1.6"%s points="%s"/>`, color, dash, strings.Join(pts, " "))
+	ly := padT + 6 + i*15
+	fmt.Fprintf(b, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`, padL+plotW+10, padL+plotW+28, ly, ly, color, dash)
+	fmt.Fprintf(b, `<text x="%d" y="%d">%s</text>`, padL+plotW+32, ly+4, esc(s.name))
 }
 
 // niceCeil rounds v up to 1, 2 or 5 times a power of ten.
@@ -147,7 +164,7 @@ func niceCeil(v float64) float64 {
 		return 1
 	}
 	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
+	for _, m := range []float64{1, 2, 5} {
 		if m*p >= v {
 			return m * p
 		}
@@ -163,18 +180,17 @@ func tickLabel(v float64) string {
 		return fmt.Sprintf("%gM", v/1e6)
 	case v >= 1e4:
 		return fmt.Sprintf("%gk", v/1e3)
-	default:
-		return fmt.Sprintf("%g", math.Round(v*1000)/1000)
 	}
+	return fmt.Sprintf("%g", math.Round(v*1000)/1000)
 }
 
 func opColor(op string, i int) string {
 	switch op {
-	case opAcquire, opWaitAcquire:
+	case load.OpAcquire, load.OpWaitAcquire:
 		return palette[0]
-	case opRenew:
+	case load.OpRenew:
 		return palette[2]
-	case opRelease:
+	case load.OpRelease:
 		return palette[1]
 	}
 	return palette[(i+3)%len(palette)]
@@ -182,31 +198,23 @@ func opColor(op string, i int) string {
 
 // phaseCharts draws the latency, rate and CPU charts of one phase.
 func phaseCharts(ph *phase) []template.HTML {
-	var lat, rate []chartSeries
-	for i, r := range ph.rec.all() {
-		pts := r.points()
+	var lat, rate, cpu []chartSeries
+	for i, r := range ph.rec.All() {
 		var p50, p99, rt []seriesPoint
-		for _, p := range pts {
+		for _, p := range r.Points() {
 			rt = append(rt, seriesPoint{p.T, p.Rate})
 			if p.Count > 0 {
-				p50 = append(p50, seriesPoint{p.T, p.P50})
-				p99 = append(p99, seriesPoint{p.T, p.P99})
+				p50, p99 = append(p50, seriesPoint{p.T, p.P50}), append(p99, seriesPoint{p.T, p.P99})
 			}
 		}
-		c := opColor(r.name, i)
-		lat = append(lat, chartSeries{name: r.name + " p99", pts: p99, color: c}, chartSeries{name: r.name + " p50", pts: p50, color: c, dash: true})
-		rate = append(rate, chartSeries{name: r.name, pts: rt, color: c})
+		c := opColor(r.Name, i)
+		lat = append(lat, chartSeries{name: r.Name + " p99", pts: p99, color: c}, chartSeries{name: r.Name + " p50", pts: p50, color: c, dash: true})
+		rate = append(rate, chartSeries{name: r.Name, pts: rt, color: c})
 	}
 	if len(ph.commits) > 0 {
 		rate = append(rate, chartSeries{name: "commits", pts: ph.commits, color: "#000", dash: true})
 	}
-	var cpu []chartSeries
-	var names []string
-	for n := range ph.cpu {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for i, n := range names {
+	for i, n := range sortedKeys(ph.cpu, strings.Compare) {
 		cpu = append(cpu, chartSeries{name: n, pts: ph.cpu[n], color: palette[i%len(palette)]})
 	}
 	return []template.HTML{
@@ -216,22 +224,26 @@ func phaseCharts(ph *phase) []template.HTML {
 	}
 }
 
-// rampChart draws acquire latency and commits against the step rate.
-func rampChart(r *RampResult) []template.HTML {
-	var p50, p99, max, commits, target []seriesPoint
+// rampHTML renders a ramp's table and its charts of acquire latency and
+// commits against the step rate.
+func rampHTML(r *RampResult) htmlPhase {
+	var p50, p99, maxs, commits, target []seriesPoint
+	var t strings.Builder
+	t.WriteString(`<table><tr><th>acquire/s</th><th>achieved</th><th>ops/s</th><th>commits/s</th><th>p50</th><th>p99</th><th>max</th><th>errors</th><th>result</th></tr>`)
 	for _, s := range r.Steps {
-		p50 = append(p50, seriesPoint{s.TargetRate, s.P50})
-		p99 = append(p99, seriesPoint{s.TargetRate, s.P99})
-		max = append(max, seriesPoint{s.TargetRate, s.Max})
+		p50, p99 = append(p50, seriesPoint{s.TargetRate, s.P50}), append(p99, seriesPoint{s.TargetRate, s.P99})
+		maxs, target = append(maxs, seriesPoint{s.TargetRate, s.Max}), append(target, seriesPoint{s.TargetRate, r.P99TargetMs})
 		commits = append(commits, seriesPoint{s.TargetRate, s.CommitsPerSec})
-		target = append(target, seriesPoint{s.TargetRate, r.P99TargetMs})
+		fmt.Fprintf(&t, `<tr><td>%.0f</td><td>%.0f</td><td>%.0f</td><td>%.0f</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%s</td></tr>`,
+			s.TargetRate, s.AcquireRate, s.TotalOpsRate, s.CommitsPerSec, fmtMs(s.P50), fmtMs(s.P99), fmtMs(s.Max), s.Errors, esc(passText(s)))
 	}
-	return []template.HTML{
+	t.WriteString(`</table>`)
+	return htmlPhase{Name: "ramp of " + r.Target, Table: template.HTML(t.String()), Charts: []template.HTML{
 		template.HTML(lineChart(chartOpts{title: "ramp of " + r.Target + ": acquire latency by step (log scale)", xLabel: "acquires/s intended", yLabel: "ms", logY: true},
-			[]chartSeries{{name: "p50", pts: p50}, {name: "p99", pts: p99}, {name: "max", pts: max}, {name: "p99 target", pts: target, dash: true, color: "#888"}})),
+			[]chartSeries{{name: "p50", pts: p50}, {name: "p99", pts: p99}, {name: "max", pts: maxs}, {name: "p99 target", pts: target, dash: true, color: "#888"}})),
 		template.HTML(lineChart(chartOpts{title: "ramp of " + r.Target + ": commits per second by step", xLabel: "acquires/s intended", yLabel: "commits/s"},
 			[]chartSeries{{name: "commits/s", pts: commits, color: "#000"}})),
-	}
+	}}
 }
 
 type htmlPhase struct {
@@ -242,7 +254,6 @@ type htmlPhase struct {
 
 type htmlData struct {
 	S       *Summary
-	Ramps   []htmlPhase
 	Phases  []htmlPhase
 	Results template.HTML
 	JSON    string
@@ -252,27 +263,12 @@ type htmlData struct {
 func phaseTable(ph *phase) template.HTML {
 	var b strings.Builder
 	b.WriteString(`<table><tr><th>op</th><th>count</th><th>rate/s</th><th>target/s</th><th>p50</th><th>p95</th><th>p99</th><th>p99.9</th><th>max</th><th>errors</th></tr>`)
-	var ops []string
-	for op := range ph.Ops {
-		ops = append(ops, op)
-	}
-	sort.Slice(ops, func(i, j int) bool { return opOrder(ops[i]) < opOrder(ops[j]) })
-	for _, op := range ops {
+	for _, op := range sortedKeys(ph.Ops, load.OpOrder) {
 		s := ph.Ops[op]
 		fmt.Fprintf(&b, `<tr><td>%s</td><td>%d</td><td>%.0f</td><td>%.0f</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>`,
 			esc(op), s.Count, s.Rate, s.TargetRate, fmtMs(s.P50), fmtMs(s.P95), fmtMs(s.P99), fmtMs(s.P999), fmtMs(s.Max), esc(errorText(s)))
 	}
-	fmt.Fprintf(&b, `</table><p>commits %.0f/s over %.1fs.`, ph.CommitsPerSec, ph.DurationS)
-	var names []string
-	for n := range ph.Processes {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		p := ph.Processes[n]
-		fmt.Fprintf(&b, ` %s: %.0f%% CPU, %.0f MB RSS (peak %.0f).`, esc(n), p.CPUPct, p.RSSMB, p.PeakMB)
-	}
-	b.WriteString(`</p>`)
+	fmt.Fprintf(&b, `</table><p>commits %.0f/s over %.1fs. %s</p>`, ph.CommitsPerSec, ph.DurationS, esc(procsText(ph.Processes)))
 	return template.HTML(b.String())
 }
 
@@ -288,51 +284,34 @@ h2{margin-top:32px;border-bottom:1px solid #ddd}
 <p>Started {{.S.Started.Format "2006-01-02 15:04:05 MST"}} on {{.S.Machine.Cores}} cores ({{.S.Machine.CPU}}), {{.S.Machine.MemGB}} GB, {{.S.Machine.OS}}, {{.S.Machine.Go}}.<br>
 Cluster: {{.S.Machine.Cluster}}. Service: {{.S.Machine.Service}}.<br>
 Command: <code>{{.S.Command}}</code></p>
-<p>Latency is measured from each operation's intended send time on an open-loop schedule, so stalls show as latency (no coordinated omission).</p>
+<p>Latency is measured from each operation's intended send time on an open-loop schedule, so stalls show as latency (no coordinated omission); closed-loop scenarios (hotlock, cycles) measure from the send.</p>
 {{.Results}}
-{{range .Ramps}}<h2>{{.Name}}</h2>{{.Table}}{{range .Charts}}<div>{{.}}</div>{{end}}{{end}}
 {{range .Phases}}<h2>{{.Name}}</h2>{{.Table}}{{range .Charts}}<div>{{.}}</div>{{end}}{{end}}
 <h2>Summary JSON</h2><pre>{{.JSON}}</pre>
 </body></html>
 `))
 
-// resultsHTML renders the scenario's own results as preformatted text.
-func resultsHTML(s *Summary) template.HTML {
-	var b strings.Builder
-	printSummary(&b, s)
-	if strings.TrimSpace(b.String()) == "" {
-		return ""
-	}
-	return template.HTML("<h2>Results</h2><pre>" + esc(b.String()) + "</pre>")
-}
-
 // writeHTML writes the HTML report of s to path.
 func writeHTML(path string, s *Summary) error {
-	d := htmlData{S: s, Results: resultsHTML(s)}
+	var results strings.Builder
+	printSummary(&results, s)
+	d := htmlData{S: s}
+	if strings.TrimSpace(results.String()) != "" {
+		d.Results = template.HTML("<h2>Results</h2><pre>" + esc(results.String()) + "</pre>")
+	}
 	for _, r := range []*RampResult{s.RawRamp, s.Ramp} {
-		if r == nil {
-			continue
+		if r != nil {
+			d.Phases = append(d.Phases, rampHTML(r))
 		}
-		hp := htmlPhase{Name: "ramp of " + r.Target, Charts: rampChart(r)}
-		var t strings.Builder
-		t.WriteString(`<table><tr><th>acquire/s</th><th>achieved</th><th>ops/s</th><th>commits/s</th><th>p50</th><th>p99</th><th>max</th><th>errors</th><th>result</th></tr>`)
-		for _, st := range r.Steps {
-			fmt.Fprintf(&t, `<tr><td>%.0f</td><td>%.0f</td><td>%.0f</td><td>%.0f</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%s</td></tr>`,
-				st.TargetRate, st.AcquireRate, st.TotalOpsRate, st.CommitsPerSec, fmtMs(st.P50), fmtMs(st.P99), fmtMs(st.Max), st.Errors, esc(passText(st)))
-		}
-		t.WriteString(`</table>`)
-		hp.Table = template.HTML(t.String())
-		d.Ramps = append(d.Ramps, hp)
 	}
 	for _, ph := range s.Phases {
-		if ph.compact {
-			continue
+		if !ph.compact {
+			hp := htmlPhase{Name: ph.Name + " (" + ph.Target + ")", Table: phaseTable(ph)}
+			if ph.DurationS >= 3 {
+				hp.Charts = phaseCharts(ph)
+			}
+			d.Phases = append(d.Phases, hp)
 		}
-		hp := htmlPhase{Name: ph.Name + " (" + ph.Target + ")", Table: phaseTable(ph)}
-		if ph.DurationS >= 3 {
-			hp.Charts = phaseCharts(ph)
-		}
-		d.Phases = append(d.Phases, hp)
 	}
 	js, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {

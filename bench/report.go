@@ -7,34 +7,39 @@ import (
 	"io"
 	"os"
 	"runtime"
-	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/jetlock/jetlock/bench/internal/load"
+	"github.com/jetlock/jetlock/bench/internal/procstat"
 )
 
-// Summary is the one object --json writes. Ops, CommitsPerSec and
+// Summary is the one object --json writes. Ops, CommitsPerSec, CPU and
 // Processes are those of the scenario's main phase: the measured phase of
-// steady and failover, the service phase of raw, the highest step that met
-// the target of ramp (of the service ramp in all), the waiting phase of
-// hotlock. Every phase is listed under phases.
+// steady, failover, degraded and cycles, the service phase of raw, the
+// highest step that met the target of ramp (of the service ramp in all),
+// the waiting phase of hotlock. Every phase is listed under phases.
 type Summary struct {
-	Scenario      string                 `json:"scenario"`
-	Started       time.Time              `json:"started"`
-	Command       string                 `json:"command"`
-	Machine       Machine                `json:"machine"`
-	Settings      map[string]string      `json:"settings"`
-	Ops           map[string]OpSummary   `json:"ops"`
-	CommitsPerSec float64                `json:"commits_per_s"`
-	Processes     map[string]ProcSummary `json:"processes"`
-	Phases        []*phase               `json:"phases"`
-	Ramp          *RampResult            `json:"ramp,omitempty"`
-	RawRamp       *RampResult            `json:"raw_ramp,omitempty"`
-	Overhead      *Overhead              `json:"overhead,omitempty"`
-	Hotlock       *HotlockResult         `json:"hotlock,omitempty"`
-	Failover      *FailoverResult        `json:"failover,omitempty"`
-	Safety        *SafetyResult          `json:"safety,omitempty"`
-	Notes         []string               `json:"notes,omitempty"`
+	Scenario      string                      `json:"scenario"`
+	Started       time.Time                   `json:"started"`
+	Command       string                      `json:"command"`
+	Machine       Machine                     `json:"machine"`
+	Settings      map[string]string           `json:"settings"`
+	Ops           map[string]load.OpSummary   `json:"ops"`
+	CommitsPerSec float64                     `json:"commits_per_s"`
+	CPU           *CPUCost                    `json:"cpu_per_op,omitempty"`
+	Processes     map[string]procstat.Summary `json:"processes"`
+	Phases        []*phase                    `json:"phases"`
+	Ramp          *RampResult                 `json:"ramp,omitempty"`
+	RawRamp       *RampResult                 `json:"raw_ramp,omitempty"`
+	Overhead      *Overhead                   `json:"overhead,omitempty"`
+	Hotlock       *HotlockResult              `json:"hotlock,omitempty"`
+	Failover      *FailoverResult             `json:"failover,omitempty"`
+	Cycles        *CyclesResult               `json:"cycles,omitempty"`
+	Degraded      *DegradedResult             `json:"degraded,omitempty"`
+	Safety        *load.SafetyResult          `json:"safety,omitempty"`
+	Notes         []string                    `json:"notes,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -77,7 +82,21 @@ func machineInfo() Machine {
 
 // use makes ph the summary's main phase.
 func (s *Summary) use(ph *phase) {
-	s.Ops, s.CommitsPerSec, s.Processes = ph.Ops, ph.CommitsPerSec, ph.Processes
+	s.Ops, s.CommitsPerSec, s.CPU, s.Processes = ph.Ops, ph.CommitsPerSec, ph.CPU, ph.Processes
+}
+
+// check runs the safety check of log (nil: none) into the summary, and
+// returns an error when it found a violation.
+func (s *Summary) check(log *load.GrantLog) error {
+	if log == nil {
+		return nil
+	}
+	r := log.Check()
+	s.Safety = &r
+	if r.Violations > 0 {
+		return fmt.Errorf("%s: %d safety violations", s.Scenario, r.Violations)
+	}
+	return nil
 }
 
 // writeJSON writes the summary to path.
@@ -89,17 +108,12 @@ func writeJSON(path string, s *Summary) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// printPhase prints one phase as a table.
+// printPhase prints one phase as a table and what else was measured.
 func printPhase(w io.Writer, ph *phase) {
 	fmt.Fprintf(w, "\n== %s (%s, %.1fs) ==\n", ph.Name, ph.Target, ph.DurationS)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "op\tcount\trate/s\ttarget/s\tp50\tp95\tp99\tmax\terrors\t")
-	var ops []string
-	for op := range ph.Ops {
-		ops = append(ops, op)
-	}
-	sort.Slice(ops, func(i, j int) bool { return opOrder(ops[i]) < opOrder(ops[j]) })
-	for _, op := range ops {
+	for _, op := range sortedKeys(ph.Ops, load.OpOrder) {
 		s := ph.Ops[op]
 		if s.Count == 0 && s.Skipped == 0 && s.TargetRate == 0 {
 			continue
@@ -113,14 +127,12 @@ func printPhase(w io.Writer, ph *phase) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "commits: %.0f/s\n", ph.CommitsPerSec)
+	if c := ph.CPU; c != nil && costText(c) != "" {
+		fmt.Fprintf(w, "cpu per op: %s over %d answered ops and %d commits\n", costText(c), c.Answered, c.Commits)
+	}
 	if len(ph.ServiceMs) > 0 {
-		var ops []string
-		for op := range ph.ServiceMs {
-			ops = append(ops, op)
-		}
-		sort.Strings(ops)
 		var parts []string
-		for _, op := range ops {
+		for _, op := range sortedKeys(ph.ServiceMs, strings.Compare) {
 			parts = append(parts, fmt.Sprintf("%s %s", op, fmtMs(ph.ServiceMs[op])))
 		}
 		fmt.Fprintf(w, "service's own mean time, receipt to reply: %s\n", strings.Join(parts, ", "))
@@ -129,54 +141,64 @@ func printPhase(w io.Writer, ph *phase) {
 		fmt.Fprintf(w, "service shed (answered unavailable unprocessed): %d after waiting in its queue, %d with its queue full\n",
 			ph.ServiceShed["waited"], ph.ServiceShed["queue_full"])
 	}
-	printProcs(w, ph.Processes)
+	fmt.Fprint(w, procsText(ph.Processes))
 	if m := ph.Machine; m != nil {
-		fmt.Fprintf(w, "machine (%d cores): %.0f%% busy, %.0f%% iowait, %.0f%% idle, %.1f%% stolen by the hypervisor\n",
-			m.Cores, m.BusyPct, m.IOWaitPct, m.IdlePct, m.StealPct)
+		fmt.Fprintln(w, machineText(m))
 	}
 	for _, e := range ph.Events {
 		fmt.Fprintf(w, "event at %.1fs: %s\n", e.T, e.What)
 	}
 }
 
-func errorText(s OpSummary) string {
+// costText renders the CPU costs that were measured.
+func costText(c *CPUCost) string {
+	var parts []string
+	if c.ServiceUsPerOp > 0 {
+		name := "service"
+		if c.ServiceProcess != "service" {
+			name += " (" + c.ServiceProcess + ")"
+		}
+		parts = append(parts, fmt.Sprintf("%s %.0fµs/op (%.0fµs/commit)", name, c.ServiceUsPerOp, c.ServiceUsPerCommit))
+	}
+	if c.ClusterUsPerOp > 0 {
+		parts = append(parts, fmt.Sprintf("cluster %.0fµs/op (%.0fµs/commit)", c.ClusterUsPerOp, c.ClusterUsPerCommit))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func machineText(m *procstat.MachineCPU) string {
+	return fmt.Sprintf("machine (%d cores): %.0f%% busy, %.0f%% iowait, %.0f%% idle, %.1f%% stolen by the hypervisor",
+		m.Cores, m.BusyPct, m.IOWaitPct, m.IdlePct, m.StealPct)
+}
+
+func errorText(s load.OpSummary) string {
 	if s.Errors == 0 {
 		if s.Skipped > 0 {
 			return fmt.Sprintf("0 (skipped %d)", s.Skipped)
 		}
 		return "0"
 	}
-	var codes []string
-	for c := range s.ErrorsByCode {
-		codes = append(codes, c)
-	}
-	sort.Strings(codes)
 	var parts []string
-	for _, c := range codes {
+	for _, c := range sortedKeys(s.ErrorsByCode, strings.Compare) {
 		parts = append(parts, fmt.Sprintf("%s:%d", c, s.ErrorsByCode[c]))
 	}
 	return fmt.Sprintf("%d (%s)", s.Errors, strings.Join(parts, " "))
 }
 
-func printProcs(w io.Writer, ps map[string]ProcSummary) {
+func procsText(ps map[string]procstat.Summary) string {
 	if len(ps) == 0 {
-		return
+		return ""
 	}
-	var names []string
-	for n := range ps {
-		names = append(names, n)
-	}
-	sort.Strings(names)
 	var parts []string
-	for _, n := range names {
+	for _, n := range sortedKeys(ps, strings.Compare) {
 		p := ps[n]
 		s := fmt.Sprintf("%s %.0f%% cpu %.0f MB (peak %.0f)", n, p.CPUPct, p.RSSMB, p.PeakMB)
-		if p.Restart > 0 {
-			s += fmt.Sprintf(" restarted %d", p.Restart)
+		if p.Restarts > 0 {
+			s += fmt.Sprintf(" restarted %d", p.Restarts)
 		}
 		parts = append(parts, s)
 	}
-	fmt.Fprintf(w, "processes: %s\n", strings.Join(parts, "; "))
+	return "processes: " + strings.Join(parts, "; ") + "\n"
 }
 
 // printSummary prints the scenario's results after the phases.
@@ -189,11 +211,17 @@ func printSummary(w io.Writer, s *Summary) {
 	if o := s.Overhead; o != nil {
 		fmt.Fprintf(w, "\n== service overhead over raw KV compare-and-set ==\n%s\n", o.Text)
 	}
-	if h := s.Hotlock; h != nil {
-		printHotlock(w, h)
+	if s.Hotlock != nil {
+		printHotlock(w, s.Hotlock)
 	}
-	if f := s.Failover; f != nil {
-		printFailover(w, f)
+	if s.Failover != nil {
+		printFailover(w, s.Failover)
+	}
+	if s.Cycles != nil {
+		printCycles(w, s.Cycles)
+	}
+	if s.Degraded != nil {
+		printDegraded(w, s.Degraded)
 	}
 	if sf := s.Safety; sf != nil && sf.Checked {
 		fmt.Fprintf(w, "\nsafety: %d grants on %d resources checked, %d violations\n", sf.Grants, sf.Resources, sf.Violations)

@@ -5,31 +5,18 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/bench/internal/load"
+	"github.com/jetlock/jetlock/bench/internal/procstat"
 )
 
-// grantTimes records when each successful acquire was sent and answered,
-// for the failover report. A nil *grantTimes records nothing.
-type grantTimes struct {
-	mu   sync.Mutex
-	sent []time.Time
-	recv []time.Time
-}
-
-func (g *grantTimes) add(sent, recv time.Time) {
-	if g == nil {
-		return
-	}
-	g.mu.Lock()
-	g.sent = append(g.sent, sent)
-	g.recv = append(g.recv, recv)
-	g.mu.Unlock()
-}
+var round2 = load.Round2
 
 // Event marks a moment in a phase (a node killed, a ramp step).
 type Event struct {
@@ -46,37 +33,40 @@ type seriesPoint struct {
 // phase is one measured stretch of a run: its recorders and what the
 // sampler saw meanwhile.
 type phase struct {
-	Name          string                 `json:"name"`
-	Target        string                 `json:"target"` // service or raw
-	Rates         map[string]float64     `json:"target_rates,omitempty"`
-	DurationS     float64                `json:"duration_s"`
-	Ops           map[string]OpSummary   `json:"ops"`
-	CommitsPerSec float64                `json:"commits_per_s"`
-	Processes     map[string]ProcSummary `json:"processes"`
-	Events        []Event                `json:"events,omitempty"`
+	Name          string                      `json:"name"`
+	Target        string                      `json:"target"` // service or raw
+	Rates         map[string]float64          `json:"target_rates,omitempty"`
+	DurationS     float64                     `json:"duration_s"`
+	Ops           map[string]load.OpSummary   `json:"ops"`
+	CommitsPerSec float64                     `json:"commits_per_s"`
+	Commits       int64                       `json:"commits"`
+	CPU           *CPUCost                    `json:"cpu_per_op,omitempty"`
+	Processes     map[string]procstat.Summary `json:"processes"`
+	Events        []Event                     `json:"events,omitempty"`
 	// ServiceMs is the service's own mean time per operation, receipt to
-	// reply, from its metrics (only with the service in this process).
+	// reply, from its metrics (when the bench runs the service).
 	ServiceMs map[string]float64 `json:"service_mean_ms,omitempty"`
 	// ServiceShed counts the requests the service answered unavailable
 	// without processing them, by reason: waited (longer than its queue
-	// wait) or queue_full (only with the service in this process).
+	// wait) or queue_full (when the bench runs the service).
 	ServiceShed map[string]int64 `json:"service_shed,omitempty"`
 	// Machine is how the whole machine's CPU time went.
-	Machine *MachineCPU `json:"machine_cpu,omitempty"`
+	Machine *procstat.MachineCPU `json:"machine_cpu,omitempty"`
 
-	rec     *recorders
-	sched   time.Duration // scheduled length: rates are counted over it
-	compact bool          // a ramp step: printed in the ramp table only
-	start   time.Time
-	end     time.Time
-	grants  grantTimes
-	commits []seriesPoint
-	cpu     map[string][]seriesPoint
-	evMu    sync.Mutex
+	rec      *load.Recorders
+	grants   load.GrantTimes
+	sched    time.Duration // scheduled length: rates are counted over it
+	compact  bool          // a ramp step: printed in the ramp table only
+	start    time.Time
+	end      time.Time
+	commits  []seriesPoint
+	cpu      map[string][]seriesPoint
+	evMu     sync.Mutex
+	inflight func() int64
 }
 
 func newPhase(name, target string) *phase {
-	return &phase{Name: name, Target: target, rec: newRecorders(), cpu: map[string][]seriesPoint{}}
+	return &phase{Name: name, Target: target, rec: load.NewRecorders(), cpu: map[string][]seriesPoint{}}
 }
 
 // event records what happened now.
@@ -86,154 +76,225 @@ func (p *phase) event(what string) {
 	p.evMu.Unlock()
 }
 
+// CPUCost is the CPU time used during a phase, in microseconds, per
+// operation answered and per commit: of the service's process and of the
+// cluster's nodes together.
+type CPUCost struct {
+	Answered int64 `json:"ops_answered"`
+	Commits  int64 `json:"commits"`
+	// ServiceProcess is the process measured as the service: "service",
+	// or "bench+service" when the service runs in the bench process (the
+	// load generator's CPU included).
+	ServiceProcess     string  `json:"service_process,omitempty"`
+	ServiceUsPerOp     float64 `json:"service_us_per_op,omitempty"`
+	ServiceUsPerCommit float64 `json:"service_us_per_commit,omitempty"`
+	ClusterUsPerOp     float64 `json:"cluster_us_per_op,omitempty"`
+	ClusterUsPerCommit float64 `json:"cluster_us_per_commit,omitempty"`
+}
+
+// isNode reports whether a process name is a cluster node's (n1, n2, n3).
+func isNode(name string) bool { return len(name) == 2 && name[0] == 'n' }
+
+// cpuCost divides the CPU time of procs by the operations answered and by
+// the commits; the service's only when the load went to the service.
+func cpuCost(procs map[string]procstat.Summary, ops map[string]load.OpSummary, commits int64, service bool) *CPUCost {
+	c := &CPUCost{Commits: commits}
+	for _, s := range ops {
+		c.Answered += s.Answered()
+	}
+	per := func(seconds float64, n int64) float64 {
+		if n <= 0 {
+			return 0
+		}
+		return round2(seconds * 1e6 / float64(n))
+	}
+	var cluster float64
+	for name, p := range procs {
+		if isNode(name) {
+			cluster += p.CPUSeconds
+		}
+	}
+	c.ClusterUsPerOp, c.ClusterUsPerCommit = per(cluster, c.Answered), per(cluster, commits)
+	for _, name := range []string{"service", "bench+service"} {
+		if p, ok := procs[name]; ok && service {
+			c.ServiceProcess = name
+			c.ServiceUsPerOp, c.ServiceUsPerCommit = per(p.CPUSeconds, c.Answered), per(p.CPUSeconds, commits)
+		}
+	}
+	return c
+}
+
 // sampler takes a reading every second while a phase runs: an interval
 // point for every recorder, the commit rate from the stream's last
 // sequence, and the CPU and memory of the processes; and prints a
 // progress line every progress interval.
 type sampler struct {
 	js       jetstream.JetStream
-	procs    func() []proc
+	procs    func() []procstat.Proc
 	progress time.Duration
 	out      io.Writer
-	inflight func() int64
 }
 
 type seqReading struct {
 	seq uint64
-	at  time.Time
+	at  time.Time // zero: no reading
 }
 
-func (s *sampler) lastSeq(ctx context.Context, stream string) (seqReading, bool) {
+func (s *sampler) lastSeq(ctx context.Context, stream string) seqReading {
 	ctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
 	defer cancel()
 	st, err := s.js.Stream(ctx, stream)
 	if err != nil {
-		return seqReading{}, false
+		return seqReading{}
 	}
 	info, err := st.Info(ctx)
 	if err != nil {
-		return seqReading{}, false
+		return seqReading{}
 	}
-	return seqReading{seq: info.State.LastSeq, at: time.Now()}, true
+	return seqReading{seq: info.State.LastSeq, at: time.Now()}
+}
+
+// sampling is the sampling of one phase.
+type sampling struct {
+	s            *sampler
+	ph           *phase
+	stream       string
+	pt           *procstat.Tracker
+	m0           procstat.MachineSample
+	m0err        error
+	first, last  seqReading
+	prevTick     time.Time
+	lastProgress time.Time
 }
 
 // start begins sampling ph (whose commits are writes to stream) and
 // returns the function that stops it and fills in ph's summary.
 func (s *sampler) start(ctx context.Context, ph *phase, stream string) (stop func()) {
 	ph.start = time.Now()
-	first, firstOK := s.lastSeq(ctx, stream)
-	pt := newProcTracker(ph.start)
-	pt.sample(s.procs())
-	m0, m0err := readMachine()
+	r := &sampling{s: s, ph: ph, stream: stream, pt: procstat.NewTracker(ph.start), prevTick: ph.start, lastProgress: ph.start}
+	r.first = s.lastSeq(ctx, stream)
+	r.last = r.first
+	r.pt.Sample(s.procs())
+	r.m0, r.m0err = procstat.ReadMachine()
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	var last seqReading = first
-	lastOK := firstOK
 	go func() {
 		defer close(done)
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
-		prevTick := ph.start
-		lastProgress := ph.start
 		for {
-			var now time.Time
-			final := false
 			select {
 			case <-sctx.Done():
-				now, final = time.Now(), true
-			case now = <-t.C:
-			}
-			iv := now.Sub(prevTick)
-			prevTick = now
-			el := round2(now.Sub(ph.start).Seconds())
-			stub := final && iv < 500*time.Millisecond
-			pts := map[string]point{}
-			for _, r := range ph.rec.all() {
-				pts[r.name] = r.tick(el, iv, stub)
-			}
-			var commits float64 = -1
-			if rd, ok := s.lastSeq(context.WithoutCancel(ctx), stream); ok {
-				if lastOK && rd.seq >= last.seq && !stub {
-					commits = float64(rd.seq-last.seq) / rd.at.Sub(last.at).Seconds()
-					ph.commits = append(ph.commits, seriesPoint{el, round2(commits)})
-				}
-				if !firstOK {
-					first, firstOK = rd, true
-				}
-				last, lastOK = rd, true
-			}
-			cpu := pt.sample(s.procs())
-			for name, v := range cpu {
-				if !stub {
-					ph.cpu[name] = append(ph.cpu[name], seriesPoint{el, v})
-				}
-			}
-			if s.out != nil && s.progress > 0 && (now.Sub(lastProgress) >= s.progress-50*time.Millisecond) && !final {
-				lastProgress = now
-				fmt.Fprintln(s.out, progressLine(ph.Name, el, pts, commits, cpu, s.inflight()))
-			}
-			if final {
-				ph.end = now
-				ph.DurationS = round2(now.Sub(ph.start).Seconds())
-				ph.Processes = pt.summary(now)
-				if m1, err := readMachine(); err == nil && m0err == nil {
-					ph.Machine = machineCPU(m0, m1, runtime.NumCPU())
-				}
-				if firstOK && lastOK && last.at.After(first.at) {
-					ph.CommitsPerSec = round2(float64(last.seq-first.seq) / last.at.Sub(first.at).Seconds())
-				}
+				r.tick(context.WithoutCancel(ctx), time.Now(), true)
 				return
+			case now := <-t.C:
+				r.tick(ctx, now, false)
 			}
 		}
 	}()
 	return func() {
 		cancel()
 		<-done
-		d := ph.end.Sub(ph.start)
-		if ph.sched > 0 && ph.sched < d {
-			d = ph.sched
-		}
-		ph.Ops = map[string]OpSummary{}
-		for _, r := range ph.rec.all() {
-			ph.Ops[r.name] = r.summary(d)
-		}
 	}
 }
 
+// tick takes one reading at now; the final one fills in the phase.
+func (r *sampling) tick(ctx context.Context, now time.Time, final bool) {
+	ph := r.ph
+	iv := now.Sub(r.prevTick)
+	r.prevTick = now
+	el := round2(now.Sub(ph.start).Seconds())
+	stub := final && iv < 500*time.Millisecond // its rates would mislead
+	pts := map[string]load.Point{}
+	for _, rec := range ph.rec.All() {
+		pts[rec.Name] = rec.Tick(el, iv, stub)
+	}
+	commits := -1.0
+	if rd := r.s.lastSeq(ctx, r.stream); !rd.at.IsZero() {
+		if !r.last.at.IsZero() && rd.seq >= r.last.seq && !stub {
+			commits = float64(rd.seq-r.last.seq) / rd.at.Sub(r.last.at).Seconds()
+			ph.commits = append(ph.commits, seriesPoint{el, round2(commits)})
+		}
+		if r.first.at.IsZero() {
+			r.first = rd
+		}
+		r.last = rd
+	}
+	cpu := r.pt.Sample(r.s.procs())
+	for name, v := range cpu {
+		if !stub {
+			ph.cpu[name] = append(ph.cpu[name], seriesPoint{el, v})
+		}
+	}
+	if r.s.out != nil && r.s.progress > 0 && now.Sub(r.lastProgress) >= r.s.progress-50*time.Millisecond && !final {
+		r.lastProgress = now
+		fmt.Fprintln(r.s.out, progressLine(ph.Name, el, pts, commits, cpu, ph.inflight))
+	}
+	if final {
+		r.finish(now)
+	}
+}
+
+// finish fills in the phase's summary at its end.
+func (r *sampling) finish(now time.Time) {
+	ph := r.ph
+	ph.end = now
+	ph.DurationS = round2(now.Sub(ph.start).Seconds())
+	ph.Processes = r.pt.Summary(now)
+	if m1, err := procstat.ReadMachine(); err == nil && r.m0err == nil {
+		ph.Machine = procstat.Machine(r.m0, m1, runtime.NumCPU())
+	}
+	if !r.first.at.IsZero() && r.last.at.After(r.first.at) {
+		ph.Commits = int64(r.last.seq - r.first.seq)
+		ph.CommitsPerSec = round2(float64(ph.Commits) / r.last.at.Sub(r.first.at).Seconds())
+	}
+	d := ph.end.Sub(ph.start)
+	if ph.sched > 0 && ph.sched < d {
+		d = ph.sched
+	}
+	ph.Ops = map[string]load.OpSummary{}
+	for _, rec := range ph.rec.All() {
+		ph.Ops[rec.Name] = rec.Summary(d)
+	}
+	ph.CPU = cpuCost(ph.Processes, ph.Ops, ph.Commits, ph.Target == "service")
+}
+
 // progressLine renders one line of progress.
-func progressLine(name string, el float64, pts map[string]point, commits float64, cpu map[string]float64, inflight int64) string {
+func progressLine(name string, el float64, pts map[string]load.Point, commits float64, cpu map[string]float64, inflight func() int64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[%s %4.0fs]", name, el)
-	var ops []string
-	for op := range pts {
-		ops = append(ops, op)
-	}
-	sort.Slice(ops, func(i, j int) bool { return opOrder(ops[i]) < opOrder(ops[j]) })
 	var errs int64
-	for _, op := range ops {
+	for _, op := range sortedKeys(pts, load.OpOrder) {
 		p := pts[op]
 		errs += p.Errors
-		if p.Count == 0 {
-			continue
+		if p.Count > 0 {
+			fmt.Fprintf(&b, " %s %.0f/s p99 %s |", op, p.Rate, fmtMs(p.P99))
 		}
-		fmt.Fprintf(&b, " %s %.0f/s p99 %s |", op, p.Rate, fmtMs(p.P99))
 	}
 	if commits >= 0 {
 		fmt.Fprintf(&b, " commits %.0f/s |", commits)
 	}
-	fmt.Fprintf(&b, " errors %d | in flight %d", errs, inflight)
-	var names []string
-	for n := range cpu {
-		names = append(names, n)
+	fmt.Fprintf(&b, " errors %d", errs)
+	if inflight != nil {
+		fmt.Fprintf(&b, " | in flight %d", inflight())
 	}
-	sort.Strings(names)
-	if len(names) > 0 {
+	if len(cpu) > 0 {
 		b.WriteString(" | cpu")
-		for _, n := range names {
+		for _, n := range sortedKeys(cpu, strings.Compare) {
 			fmt.Fprintf(&b, " %s %.0f%%", n, cpu[n])
 		}
 	}
 	return b.String()
+}
+
+// sortedKeys returns the keys of m in the order of cmp.
+func sortedKeys[V any](m map[string]V, cmp func(a, b string) int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, cmp)
+	return keys
 }
 
 // fmtMs formats milliseconds compactly.
@@ -245,5 +306,38 @@ func fmtMs(v float64) string {
 		return fmt.Sprintf("%.0fms", v)
 	default:
 		return fmt.Sprintf("%.2fms", v)
+	}
+}
+
+// measure runs f as phase ph, whose commits are writes to stream, with
+// the sampler running, and adds the service's own figures when the bench
+// runs the service: its mean time per operation (receipt to reply), which
+// tells time inside the service from time getting to it, and the requests
+// it shed unprocessed, which tells its overload from the store's
+// unavailability.
+func (e *env) measure(ctx context.Context, ph *phase, stream string, f func()) {
+	withSvc := e.svc != nil && ph.Target == "service"
+	var before svcStats
+	if withSvc {
+		before = e.svc.stats(ctx)
+	}
+	if ph.inflight == nil {
+		ph.inflight = e.rq.InFlight
+	}
+	stop := e.sampler.start(ctx, ph, stream)
+	f()
+	stop()
+	if !withSvc {
+		return
+	}
+	after := e.svc.stats(context.WithoutCancel(ctx))
+	ph.ServiceMs, ph.ServiceShed = map[string]float64{}, map[string]int64{}
+	for op, t := range after.ops {
+		if n := t.count - before.ops[op].count; n > 0 {
+			ph.ServiceMs[op] = round2(1000 * (t.sum - before.ops[op].sum) / n)
+		}
+	}
+	for reason, n := range after.shed {
+		ph.ServiceShed[reason] = int64(n - before.shed[reason])
 	}
 }

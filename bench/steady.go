@@ -2,127 +2,124 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/bench/internal/load"
+	"github.com/jetlock/jetlock/internal/devcluster"
 )
 
-// measure samples ph while f runs.
-// With the service in this process, it also takes from the service's
-// metrics its own mean time per operation (receipt to reply), which tells
-// time spent inside the service from time spent getting to it, and the
-// requests it shed without processing them, which tells its overload from
-// the store's unavailability.
-func (e *env) measure(ctx context.Context, ph *phase, stream string, f func()) {
-	var before svcStats
-	inproc := e.svc != nil && ph.Target == "service"
-	if inproc {
-		before = e.serviceStats()
-	}
-	stop := e.sampler.start(ctx, ph, stream)
-	f()
-	stop()
-	if inproc {
-		after := e.serviceStats()
-		ph.ServiceMs = map[string]float64{}
-		for op, t := range after.ops {
-			if n := t.count - before.ops[op].count; n > 0 {
-				ph.ServiceMs[op] = round2(1000 * (t.sum - before.ops[op].sum) / float64(n))
-			}
-		}
-		ph.ServiceShed = map[string]int64{}
-		for reason, n := range after.shed {
-			ph.ServiceShed[reason] = int64(n - before.shed[reason])
-		}
-	}
-}
-
-// serviceStats sums the metrics of the in-process service instances.
-func (e *env) serviceStats() svcStats {
-	sum := svcStats{ops: map[string]opTime{}, shed: map[string]float64{}}
-	for _, rs := range e.instances() {
-		st := rs.stats()
-		for op, t := range st.ops {
-			sum.ops[op] = opTime{count: sum.ops[op].count + t.count, sum: sum.ops[op].sum + t.sum}
-		}
-		for reason, n := range st.shed {
-			sum.shed[reason] += n
-		}
-	}
-	return sum
-}
-
 // designRates returns the rates of the flags.
-func (e *env) designRates() rates {
-	return rates{acquire: e.cfg.acquireRate, renew: e.cfg.renewRate, release: e.cfg.releaseRate}
+func (e *env) designRates() load.Rates {
+	return load.Rates{Acquire: e.cfg.acquireRate, Renew: e.cfg.renewRate, Release: e.cfg.releaseRate}
 }
 
 // warm acquires n leases in a phase of its own.
-func (e *env) warm(ctx context.Context, sum *Summary, wl *workload, name string, n int) {
-	ph := newPhase(name, wl.be.name())
-	e.measure(ctx, ph, wl.be.stream(), func() { wl.warmup(ctx, ph.rec, n, e.cfg.warmupRate) })
+func (e *env) warm(ctx context.Context, sum *Summary, wl *load.Workload, name string, n int) {
+	ph := newPhase(name, wl.Backend().Name())
+	ph.inflight = wl.InFlight
+	e.measure(ctx, ph, wl.Backend().Stream(), func() { wl.Warmup(ctx, ph.rec, n, e.cfg.warmupRate) })
 	sum.Phases = append(sum.Phases, ph)
-	held, _ := wl.counts()
-	fmt.Fprintf(e.out, "%s: %d leases held after %.1fs\n", name, held, ph.DurationS)
+	fmt.Fprintf(e.out, "%s: %d leases held after %.1fs\n", name, wl.Held(), ph.DurationS)
 }
 
 // cleanup releases what the workload still holds, unmeasured.
-func (e *env) cleanup(ctx context.Context, wl *workload) {
-	held, _ := wl.counts()
+func (e *env) cleanup(ctx context.Context, wl *load.Workload) {
+	held := wl.Held()
 	if held == 0 || ctx.Err() != nil {
 		return
 	}
 	start := time.Now()
-	wl.releaseAll(ctx, newRecorders(), math.Max(e.cfg.warmupRate, 1000))
+	wl.ReleaseAll(ctx, load.NewRecorders(), max(e.cfg.warmupRate, 1000))
 	fmt.Fprintf(e.out, "released %d leases in %.1fs\n", held, time.Since(start).Seconds())
 }
 
-// steadyPhase warms wl up and runs it at the flags' rates for --duration.
-func (e *env) steadyPhase(ctx context.Context, sum *Summary, wl *workload, name string) *phase {
-	e.warm(ctx, sum, wl, name+" warm-up", wl.cfg.leases)
-	r := e.designRates()
-	fmt.Fprintf(e.out, "%s: %s for %v over %d resources, %d leases\n", name, r, e.cfg.duration, wl.cfg.resources, wl.cfg.leases)
-	ph := newPhase(name, wl.be.name())
-	ph.sched = e.cfg.duration
-	ph.Rates = map[string]float64{opAcquire: r.acquire, opRenew: r.renew, opRelease: r.release}
-	e.measure(ctx, ph, wl.be.stream(), func() {
-		wl.run(ctx, ph, r, e.cfg.duration)
-		wl.drain(ctx)
+// loadPhase runs wl at r for d as phase name, with during (if not nil)
+// running alongside, and waits for the answers.
+func (e *env) loadPhase(ctx context.Context, sum *Summary, wl *load.Workload, name string, r load.Rates, d time.Duration, during func(*phase)) *phase {
+	ph := newPhase(name, wl.Backend().Name())
+	ph.sched, ph.Rates, ph.inflight = d, r.Map(), wl.InFlight
+	e.measure(ctx, ph, wl.Backend().Stream(), func() {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if during != nil {
+				during(ph)
+			}
+		}()
+		wl.Run(ctx, ph.rec, &ph.grants, r, d)
+		wl.Drain(ctx)
+		<-done
 	})
 	sum.Phases = append(sum.Phases, ph)
-	e.cleanup(ctx, wl)
 	return ph
 }
 
-func (e *env) grantLog() *grantLog {
-	if e.cfg.check {
-		return newGrantLog()
-	}
-	return nil
+// steadyPhase warms wl up and runs it at the flags' rates for --duration.
+func (e *env) steadyPhase(ctx context.Context, sum *Summary, wl *load.Workload, name string) *phase {
+	e.warm(ctx, sum, wl, name+" warm-up", wl.Config().Leases)
+	r := e.designRates()
+	fmt.Fprintf(e.out, "%s: %s for %v over %d resources, %d leases\n", name, r, e.cfg.duration, e.cfg.resources, e.cfg.leases)
+	ph := e.loadPhase(ctx, sum, wl, name, r, e.cfg.duration, nil)
+	e.cleanup(ctx, wl)
+	return ph
 }
 
 // runSteady runs the design workload against the service (or, with
 // --target raw, as bare KV writes).
 func runSteady(ctx context.Context, e *env, sum *Summary) error {
 	if e.cfg.target == "raw" {
-		return e.withRawBucket(ctx, func(be backend) {
-			wl := newWorkload(e.workloadConfig("raw"), be, e.rq, nil, e.runID)
-			sum.use(e.steadyPhase(ctx, sum, wl, "raw"))
+		return e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
+			sum.use(e.steadyPhase(ctx, sum, e.workload("raw", be, rq, nil), "raw"))
 		})
 	}
 	log := e.grantLog()
-	wl := newWorkload(e.workloadConfig("steady"), e.serviceBackend(), e.rq, log, e.runID)
-	ph := e.steadyPhase(ctx, sum, wl, "steady")
-	sum.use(ph)
-	if log != nil {
-		s := log.check()
-		sum.Safety = &s
+	sum.use(e.steadyPhase(ctx, sum, e.workload("steady", e.serviceBackend(), e.rq, log), "steady"))
+	return sum.check(log)
+}
+
+// withRawBucket creates the raw baseline's bucket (R3, history 1, file
+// storage, like the lock bucket) as the store user, runs f with its
+// backend and load connections of that user, and deletes the bucket.
+func (e *env) withRawBucket(ctx context.Context, f func(be load.Backend, rq *load.Requester)) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := e.js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{Bucket: e.cfg.rawBucket,
+			Description: "jetlock bench raw baseline", History: 1, Storage: jetstream.FileStorage, Replicas: 3})
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("create raw bucket %s: %w", e.cfg.rawBucket, err)
+		}
+		time.Sleep(250 * time.Millisecond) // the cluster may still be placing peers
 	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := e.js.DeleteKeyValue(dctx, e.cfg.rawBucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			fmt.Fprintf(e.out, "delete raw bucket: %v\n", err)
+		}
+	}()
+	conns, err := e.connect(devcluster.Store, e.url, e.cfg.conns)
+	if err != nil {
+		return err
+	}
+	defer closeAll(conns)
+	rq, err := load.NewRequester(conns, e.cfg.maxInFlight)
+	if err != nil {
+		return err
+	}
+	defer rq.Close()
+	f(load.NewRaw(e.cfg.rawBucket, "bench-"+e.runID), rq)
 	return nil
 }
 
@@ -158,15 +155,14 @@ type RampResult struct {
 
 // judge decides whether a ramp step met the target.
 func judge(ph *phase, target float64, p99Target time.Duration) RampStep {
-	acq := ph.Ops[opAcquire]
-	st := RampStep{TargetRate: target, AcquireRate: acq.Rate, CommitsPerSec: ph.CommitsPerSec,
-		P50: acq.P50, P99: acq.P99, Max: acq.Max}
-	var why []string
+	acq := ph.Ops[load.OpAcquire]
+	st := RampStep{TargetRate: target, AcquireRate: acq.Rate, CommitsPerSec: ph.CommitsPerSec, P50: acq.P50, P99: acq.P99, Max: acq.Max}
 	for _, s := range ph.Ops {
 		st.Errors += s.Errors
 		st.TotalOpsRate += s.Rate
 	}
 	st.TotalOpsRate = round2(st.TotalOpsRate)
+	var why []string
 	if p99 := time.Duration(acq.P99 * float64(time.Millisecond)); p99 > p99Target {
 		why = append(why, fmt.Sprintf("acquire p99 %s > %v", fmtMs(acq.P99), p99Target))
 	}
@@ -176,8 +172,7 @@ func judge(ph *phase, target float64, p99Target time.Duration) RampStep {
 	if acq.Rate < 0.95*target {
 		why = append(why, fmt.Sprintf("achieved %.0f/s of %.0f/s", acq.Rate, target))
 	}
-	st.Pass = len(why) == 0
-	st.Why = strings.Join(why, "; ")
+	st.Pass, st.Why = len(why) == 0, strings.Join(why, "; ")
 	return st
 }
 
@@ -186,38 +181,24 @@ func judge(ph *phase, target float64, p99Target time.Duration) RampStep {
 // workload scaled by rate/--acquire-rate: renewals, releases and the
 // leases held (topped up, unmeasured, before the step) scale with it, so
 // every lease is still renewed each --renew-interval.
-func (e *env) ramp(ctx context.Context, sum *Summary, be backend, kind string) *RampResult {
+func (e *env) ramp(ctx context.Context, sum *Summary, wl *load.Workload, kind string) *RampResult {
 	c := e.cfg
-	wl := newWorkload(e.workloadConfig(kind), be, e.rq, nil, e.runID)
-	renewRatio, releaseRatio, leaseRatio := 1.0, 1.0, 10.0
+	mix := load.Rates{Acquire: 1, Renew: 1, Release: 1}
+	leaseRatio := 10.0
 	if c.acquireRate > 0 {
-		renewRatio, releaseRatio = c.renewRate/c.acquireRate, c.releaseRate/c.acquireRate
+		mix = load.Rates{Acquire: 1, Renew: c.renewRate / c.acquireRate, Release: c.releaseRate / c.acquireRate}
 		leaseRatio = float64(c.leases) / c.acquireRate
 	}
-	leasesAt := func(rate float64) int {
-		return min(int(leaseRatio*rate), c.resources/2)
-	}
-	res := &RampResult{Target: be.name(), P99TargetMs: float64(c.p99Target) / float64(time.Millisecond),
-		Mix: fmt.Sprintf("per acquire/s: %.2f renewals/s, %.2f releases/s, %.0f leases held; %d resources", renewRatio, releaseRatio, leaseRatio, c.resources)}
+	leasesAt := func(rate float64) int { return min(int(leaseRatio*rate), c.resources/2) }
+	res := &RampResult{Target: wl.Backend().Name(), P99TargetMs: float64(c.p99Target) / float64(time.Millisecond), StoppedBy: "ramp-max reached",
+		Mix: fmt.Sprintf("per acquire/s: %.2f renewals/s, %.2f releases/s, %.0f leases held; %d resources", mix.Renew, mix.Release, leaseRatio, c.resources)}
 	e.warm(ctx, sum, wl, kind+" warm-up", leasesAt(c.rampStart))
-	res.StoppedBy = "ramp-max reached"
-	for rate := c.rampStart; rate <= c.rampMax+1e-9; rate += c.rampStep {
-		if ctx.Err() != nil {
-			res.StoppedBy = "interrupted"
-			break
-		}
-		wl.warmup(ctx, newRecorders(), leasesAt(rate), c.warmupRate)
-		r := rates{acquire: rate, renew: rate * renewRatio, release: rate * releaseRatio}
-		ph := newPhase(fmt.Sprintf("%s %.0f/s", kind, rate), be.name())
-		ph.sched, ph.compact = c.rampStepDur, true
-		ph.Rates = map[string]float64{opAcquire: r.acquire, opRenew: r.renew, opRelease: r.release}
-		held, _ := wl.counts()
-		fmt.Fprintf(e.out, "%s step: %s, %d leases held\n", kind, r, held)
-		e.measure(ctx, ph, be.stream(), func() {
-			wl.run(ctx, ph, r, c.rampStepDur)
-			wl.drain(ctx)
-		})
-		sum.Phases = append(sum.Phases, ph)
+	for rate := c.rampStart; rate <= c.rampMax+1e-9 && ctx.Err() == nil; rate += c.rampStep {
+		wl.Warmup(ctx, load.NewRecorders(), leasesAt(rate), c.warmupRate)
+		r := load.Rates{Acquire: rate, Renew: rate * mix.Renew, Release: rate * mix.Release}
+		fmt.Fprintf(e.out, "%s step: %s, %d leases held\n", kind, r, wl.Held())
+		ph := e.loadPhase(ctx, sum, wl, fmt.Sprintf("%s %.0f/s", kind, rate), r, c.rampStepDur, nil)
+		ph.compact = true
 		st := judge(ph, rate, c.p99Target)
 		res.Steps = append(res.Steps, st)
 		fmt.Fprintf(e.out, "%s step %.0f/s: acquire p99 %s, commits %.0f/s, errors %d: %s\n", kind, rate,
@@ -227,6 +208,9 @@ func (e *env) ramp(ctx context.Context, sum *Summary, be backend, kind string) *
 			break
 		}
 		res.MaxAcquireRate, res.MaxCommitsPerS, res.MaxTotalOpsRate, res.best = rate, st.CommitsPerSec, st.TotalOpsRate, ph
+	}
+	if ctx.Err() != nil {
+		res.StoppedBy = "interrupted"
 	}
 	e.cleanup(ctx, wl)
 	return res
@@ -254,20 +238,19 @@ func printRamp(w io.Writer, r *RampResult) {
 
 // runRamp ramps the service (or, with --target raw, bare KV writes).
 func runRamp(ctx context.Context, e *env, sum *Summary) error {
+	use := func(r *RampResult) {
+		if r.best != nil {
+			sum.use(r.best)
+		}
+	}
 	if e.cfg.target == "raw" {
-		return e.withRawBucket(ctx, func(be backend) {
-			r := e.ramp(ctx, sum, be, "raw ramp")
-			sum.RawRamp = r
-			if r.best != nil {
-				sum.use(r.best)
-			}
+		return e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
+			sum.RawRamp = e.ramp(ctx, sum, e.workload("raw", be, rq, nil), "raw ramp")
+			use(sum.RawRamp)
 		})
 	}
-	r := e.ramp(ctx, sum, e.serviceBackend(), "ramp")
-	sum.Ramp = r
-	if r.best != nil {
-		sum.use(r.best)
-	}
+	sum.Ramp = e.ramp(ctx, sum, e.workload("ramp", e.serviceBackend(), e.rq, nil), "ramp")
+	use(sum.Ramp)
 	return nil
 }
 
@@ -284,27 +267,10 @@ type Overhead struct {
 	Text         string  `json:"text"`
 }
 
-// withRawBucket creates the raw baseline's bucket, runs f with its
-// backend, and deletes the bucket.
-func (e *env) withRawBucket(ctx context.Context, f func(be backend)) error {
-	if err := ensureRawBucket(ctx, e.js, e.cfg.rawBucket); err != nil {
-		return fmt.Errorf("create raw bucket %s: %w", e.cfg.rawBucket, err)
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := e.js.DeleteKeyValue(dctx, e.cfg.rawBucket); err != nil && err != jetstream.ErrBucketNotFound {
-			fmt.Fprintf(e.out, "delete raw bucket: %v\n", err)
-		}
-	}()
-	f(newRawBackend(e.cfg.rawBucket, "bench-"+e.runID))
-	return nil
-}
-
 func nodeCPU(ph *phase) float64 {
 	var sum float64
 	for name, p := range ph.Processes {
-		if strings.HasPrefix(name, "n") && len(name) == 2 {
+		if isNode(name) {
 			sum += p.CPUPct
 		}
 	}
@@ -322,28 +288,19 @@ func ratio(a, b float64) float64 {
 // against the service, and reports the service's overhead.
 func runRaw(ctx context.Context, e *env, sum *Summary) error {
 	var rawPh *phase
-	err := e.withRawBucket(ctx, func(be backend) {
-		wl := newWorkload(e.workloadConfig("raw"), be, e.rq, nil, e.runID)
-		rawPh = e.steadyPhase(ctx, sum, wl, "raw")
+	err := e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
+		rawPh = e.steadyPhase(ctx, sum, e.workload("raw", be, rq, nil), "raw")
+		sum.use(rawPh)
 	})
-	if err != nil {
+	if err != nil || ctx.Err() != nil {
 		return err
 	}
-	if ctx.Err() != nil {
-		sum.use(rawPh)
-		return nil
-	}
 	log := e.grantLog()
-	wl := newWorkload(e.workloadConfig("steady"), e.serviceBackend(), e.rq, log, e.runID)
-	svcPh := e.steadyPhase(ctx, sum, wl, "steady")
+	svcPh := e.steadyPhase(ctx, sum, e.workload("steady", e.serviceBackend(), e.rq, log), "steady")
 	sum.use(svcPh)
-	if log != nil {
-		s := log.check()
-		sum.Safety = &s
-	}
 	o := &Overhead{P50Ratio: map[string]float64{}, P99Ratio: map[string]float64{}}
 	var lines []string
-	for _, op := range []string{opAcquire, opRenew, opRelease} {
+	for _, op := range []string{load.OpAcquire, load.OpRenew, load.OpRelease} {
 		s, r := svcPh.Ops[op], rawPh.Ops[op]
 		o.P50Ratio[op], o.P99Ratio[op] = ratio(s.P50, r.P50), ratio(s.P99, r.P99)
 		lines = append(lines, fmt.Sprintf("%-8s p50 %s vs raw %s (x%.2f), p99 %s vs raw %s (x%.2f)", op,
@@ -354,7 +311,7 @@ func runRaw(ctx context.Context, e *env, sum *Summary) error {
 		svcPh.CommitsPerSec, rawPh.CommitsPerSec, nodeCPU(svcPh), nodeCPU(rawPh), o.NodeCPURatio))
 	o.Text = strings.Join(lines, "\n")
 	sum.Overhead = o
-	return nil
+	return sum.check(log)
 }
 
 // runAll ramps raw KV writes and the service with the same mix, so that
@@ -363,14 +320,13 @@ func runRaw(ctx context.Context, e *env, sum *Summary) error {
 // system leaves leases whose grants timed out, and their expiry (TTL
 // later) would add sweeper deletes to whatever runs next.
 func runAll(ctx context.Context, e *env, sum *Summary) error {
-	err := e.withRawBucket(ctx, func(be backend) { sum.RawRamp = e.ramp(ctx, sum, be, "raw ramp") })
-	if err != nil {
+	err := e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
+		sum.RawRamp = e.ramp(ctx, sum, e.workload("raw", be, rq, nil), "raw ramp")
+	})
+	if err != nil || ctx.Err() != nil {
 		return err
 	}
-	if ctx.Err() != nil {
-		return nil
-	}
-	sum.Ramp = e.ramp(ctx, sum, e.serviceBackend(), "ramp")
+	sum.Ramp = e.ramp(ctx, sum, e.workload("ramp", e.serviceBackend(), e.rq, nil), "ramp")
 	o := &Overhead{MaxRateRatio: ratio(sum.Ramp.MaxAcquireRate, sum.RawRamp.MaxAcquireRate)}
 	o.Text = fmt.Sprintf("ramp maximum: service %.0f acquires/s (%.0f commits/s) vs raw KV %.0f (%.0f commits/s): x%.2f",
 		sum.Ramp.MaxAcquireRate, sum.Ramp.MaxCommitsPerS, sum.RawRamp.MaxAcquireRate, sum.RawRamp.MaxCommitsPerS, o.MaxRateRatio)

@@ -1,4 +1,4 @@
-package main
+package load
 
 import (
 	"testing"
@@ -7,9 +7,9 @@ import (
 
 func TestScheduleIntendedTimesAreEvenlySpaced(t *testing.T) {
 	start := time.Now()
-	s := newSchedule(start, 4, time.Second, 0) // 4/s for 1s: 0, 250, 500, 750ms
+	s := NewSchedule(start, 4, time.Second, 0) // 4/s for 1s: 0, 250, 500, 750ms
 	var got []time.Duration
-	s.due(start.Add(10*time.Second), func(it time.Time) { got = append(got, it.Sub(start)) })
+	s.Due(start.Add(10*time.Second), func(it time.Time) { got = append(got, it.Sub(start)) })
 	want := []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 750 * time.Millisecond}
 	if len(got) != len(want) {
 		t.Fatalf("got %v, want %v", got, want)
@@ -19,21 +19,21 @@ func TestScheduleIntendedTimesAreEvenlySpaced(t *testing.T) {
 			t.Fatalf("op %d intended at %v, want %v", i, got[i], want[i])
 		}
 	}
-	if !s.done() {
+	if !s.Done() {
 		t.Fatal("schedule not done after its duration")
 	}
 }
 
 func TestScheduleHandsOutOnlyWhatIsDue(t *testing.T) {
 	start := time.Now()
-	s := newSchedule(start, 1000, time.Hour, 0)
-	if n := s.due(start.Add(-time.Millisecond), func(time.Time) {}); n != 0 {
+	s := NewSchedule(start, 1000, time.Hour, 0)
+	if n := s.Due(start.Add(-time.Millisecond), func(time.Time) {}); n != 0 {
 		t.Fatalf("%d ops due before start", n)
 	}
-	if n := s.due(start.Add(9500*time.Microsecond), func(time.Time) {}); n != 10 {
+	if n := s.Due(start.Add(9500*time.Microsecond), func(time.Time) {}); n != 10 {
 		t.Fatalf("%d ops due in the first 9.5ms at 1000/s, want 10 (0..9ms)", n)
 	}
-	next, ok := s.nextAt()
+	next, ok := s.NextAt()
 	if !ok || next.Sub(start) != 10*time.Millisecond {
 		t.Fatalf("next at %v, want 10ms", next.Sub(start))
 	}
@@ -44,9 +44,9 @@ func TestScheduleHandsOutOnlyWhatIsDue(t *testing.T) {
 // makes the latency measurement safe from coordinated omission.
 func TestScheduleCatchUpKeepsIntendedTimes(t *testing.T) {
 	start := time.Now()
-	s := newSchedule(start, 100, time.Hour, 0)
+	s := NewSchedule(start, 100, time.Hour, 0)
 	var intended []time.Time
-	s.due(start.Add(time.Second), func(it time.Time) { intended = append(intended, it) })
+	s.Due(start.Add(time.Second), func(it time.Time) { intended = append(intended, it) })
 	if len(intended) != 101 {
 		t.Fatalf("after a 1s stall %d ops are due, want 101", len(intended))
 	}
@@ -57,18 +57,18 @@ func TestScheduleCatchUpKeepsIntendedTimes(t *testing.T) {
 
 func TestScheduleBoundedByCount(t *testing.T) {
 	start := time.Now()
-	s := newSchedule(start, 1e6, time.Hour, 5)
-	if n := s.due(start.Add(time.Second), func(time.Time) {}); n != 5 {
+	s := NewSchedule(start, 1e6, time.Hour, 5)
+	if n := s.Due(start.Add(time.Second), func(time.Time) {}); n != 5 {
 		t.Fatalf("handed out %d, want the limit 5", n)
 	}
-	if _, ok := s.nextAt(); ok {
+	if _, ok := s.NextAt(); ok {
 		t.Fatal("schedule past its limit has a next op")
 	}
 }
 
 func TestScheduleZeroRateIsDone(t *testing.T) {
-	s := newSchedule(time.Now(), 0, time.Hour, 0)
-	if !s.done() {
+	s := NewSchedule(time.Now(), 0, time.Hour, 0)
+	if !s.Done() {
 		t.Fatal("zero-rate schedule not done")
 	}
 }

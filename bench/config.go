@@ -1,0 +1,251 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jetlock/jetlock/service"
+)
+
+// config is the parsed command line.
+type config struct {
+	url, serviceMode, lockd string
+	auth, check             bool
+	instances               int
+	tune                    tuning // of the service the bench starts
+	tuned, authSet          bool   // a --service-* flag, --auth was given
+	leader, clients         string
+	scenario, target        string
+	duration, progress      time.Duration
+	jsonPath, htmlPath      string
+	dataDir                 string
+	keep                    bool
+	prefix, bucket          string
+	rawBucket               string
+	conns, maxInFlight      int
+	timeout                 time.Duration
+	retries                 int
+
+	resources, leases                    int
+	acquireRate, releaseRate, renewRate  float64
+	renewInterval, ttl                   time.Duration
+	renewJitter, warmupRate              float64
+	p99Target, rampStepDur               time.Duration
+	rampStart, rampStep, rampMax         float64
+	hotResources, waiters, workers       int
+	hold, wait                           time.Duration
+	wakeSubject                          string
+	killAt, restartAfter                 time.Duration
+	failoverMode, cpuProfile, memProfile string
+}
+
+var scenarios = []string{"steady", "ramp", "raw", "all", "hotlock", "failover", "cycles", "degraded"}
+
+func parseFlags(args []string) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&c.url, "url", "", "NATS URL(s) of an existing deployment; the default starts a 3-node cluster of separate processes")
+	fs.BoolVar(&c.auth, "auth", true, "run the bench's cluster with the least-privilege accounts of deploy/ (callers through imports, the service's two users); false: no accounts, for a service that connects without credentials (an older lockd)")
+	fs.StringVar(&c.serviceMode, "service", "", "where the jetlock service runs: proc (a process of its own, measured apart), inproc (in this process), none (already deployed). The default is proc, or none with --url")
+	fs.StringVar(&c.lockd, "lockd", "", "run this lockd binary as the service process (--service proc), started with --url, --prefix, --bucket and the users in NATS_USER/JETLOCK_STORE_USER...; to compare with an older build")
+	c.tune.register(fs, "service-")
+	fs.IntVar(&c.instances, "instances", 1, "with --service inproc: service instances in this process, each on its own connections")
+	fs.StringVar(&c.leader, "leader", "any", "with --service inproc, the lock stream's leader: any (where JetStream put it), service (on the service's node), away (on another node)")
+	fs.StringVar(&c.clients, "clients", "any", "with --service inproc, where the load connects: any (a node at random) or service (the service's node: requests cross no route)")
+	fs.StringVar(&c.scenario, "scenario", "steady", "one of "+strings.Join(scenarios, ", "))
+	fs.StringVar(&c.target, "target", "service", "steady, ramp and cycles: service, or raw (the same load as bare KV compare-and-set writes, no service)")
+	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, hotlock, failover, cycles, degraded, and of each phase of raw")
+	fs.DurationVar(&c.progress, "progress", 5*time.Second, "interval of progress lines; 0 for none")
+	fs.StringVar(&c.jsonPath, "json", "", "write the summary as JSON to this file")
+	fs.StringVar(&c.htmlPath, "html", "", "write an HTML report with latency-over-time charts to this file")
+	fs.StringVar(&c.dataDir, "data-dir", "", "directory for node data and logs; the default is a temporary directory")
+	fs.BoolVar(&c.keep, "keep", false, "keep the data directory (node data and logs) after the run")
+	fs.StringVar(&c.prefix, "prefix", "jetlock", "subject prefix of the service")
+	fs.StringVar(&c.bucket, "bucket", "jetlock", "lock bucket of the service (its stream counts commits)")
+	fs.StringVar(&c.rawBucket, "raw-bucket", "jetlock_bench_raw", "KV bucket of the raw baseline (created, and deleted afterwards)")
+	fs.IntVar(&c.conns, "conns", 2, "load connections")
+	fs.IntVar(&c.maxInFlight, "max-inflight", 50000, "requests in flight at most; beyond, sends count as 'backlog' errors")
+	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "request timeout")
+	fs.IntVar(&c.retries, "retries", 1, "retries, with the same request_id, of an acquire whose outcome is unknown (timeout, unavailable)")
+	fs.BoolVar(&c.check, "check", true, "check the answers for double grants and tokens going backwards (not in ramp)")
+	registerLoadFlags(fs, c)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: go run ./bench [flags]\n\nMeasures jetlock under the design workload and beyond. Flags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	fs.Visit(func(f *flag.Flag) {
+		c.tuned = c.tuned || strings.HasPrefix(f.Name, "service-")
+		c.authSet = c.authSet || f.Name == "auth"
+	})
+	return c, errors.Join(c.finishModes(), c.finishLoad())
+}
+
+// registerLoadFlags adds the flags that shape the load of the scenarios.
+func registerLoadFlags(fs *flag.FlagSet, c *config) {
+	fs.IntVar(&c.resources, "resources", 100_000, "lockable resources")
+	fs.IntVar(&c.leases, "leases", 20_000, "leases held at once (acquired in a warm-up before measuring)")
+	fs.Float64Var(&c.acquireRate, "acquire-rate", 2000, "acquires per second")
+	fs.Float64Var(&c.releaseRate, "release-rate", -1, "releases per second; the default equals --acquire-rate")
+	fs.Float64Var(&c.renewRate, "renew-rate", -1, "renewals per second; the default is --leases / --renew-interval")
+	fs.DurationVar(&c.renewInterval, "renew-interval", 10*time.Second, "each lease is renewed about this often")
+	fs.Float64Var(&c.renewJitter, "renew-jitter", 0.2, "jitter of the renew interval, as a ± fraction")
+	fs.DurationVar(&c.ttl, "ttl", 30*time.Second, "lease TTL")
+	fs.Float64Var(&c.warmupRate, "warmup-rate", 4000, "acquires per second of the unmeasured warm-up at most (and at most 256 in flight); also the clean-up release rate")
+	fs.DurationVar(&c.p99Target, "p99-target", 200*time.Millisecond, "ramp and degraded: the acquire p99 to meet")
+	fs.Float64Var(&c.rampStart, "ramp-start", 250, "ramp: acquire rate of the first step")
+	fs.Float64Var(&c.rampStep, "ramp-step", 250, "ramp: acquire rate added each step")
+	fs.Float64Var(&c.rampMax, "ramp-max", 20000, "ramp: highest acquire rate tried")
+	fs.DurationVar(&c.rampStepDur, "ramp-step-duration", 10*time.Second, "ramp: duration of each step")
+	fs.IntVar(&c.hotResources, "hot-resources", 10, "hotlock: contended resources")
+	fs.IntVar(&c.waiters, "waiters", 20, "hotlock: callers per resource, each acquiring again as soon as it released")
+	fs.DurationVar(&c.hold, "hold", 5*time.Millisecond, "hotlock: how long a caller holds the lock")
+	fs.DurationVar(&c.wait, "wait", 30*time.Second, "hotlock: wait_ms of the waiting acquires")
+	fs.StringVar(&c.wakeSubject, "wake-subject", "", "hotlock: subject to count wake messages on; the default is '<prefix>.>' minus the request and heartbeat subjects")
+	fs.IntVar(&c.workers, "workers", 64, "cycles: closed-loop workers, each acquiring and releasing one resource after another")
+	fs.DurationVar(&c.killAt, "kill-at", 0, "failover: when to kill the stream leader; the default is a third of --duration")
+	fs.DurationVar(&c.restartAfter, "restart-after", 15*time.Second, "failover: restart the killed node this long after; 0 never")
+	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process) or stepdown (ask the leader to step down; works with --url)")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
+	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
+}
+
+// finishModes fills in where the service runs and refuses combinations
+// that cannot work.
+func (c *config) finishModes() error {
+	if c.serviceMode == "" {
+		c.serviceMode = "proc"
+		if c.url != "" && c.lockd == "" {
+			c.serviceMode = "none"
+		}
+	}
+	own := c.url == ""
+	var errs []error
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(!slices.Contains(scenarios, c.scenario), "unknown scenario %q (want one of %s)", c.scenario, strings.Join(scenarios, ", "))
+	check(c.target != "service" && c.target != "raw", "--target %q: want service or raw", c.target)
+	check(!slices.Contains([]string{"inproc", "proc", "none"}, c.serviceMode), "--service %q: want proc, inproc or none", c.serviceMode)
+	check(c.lockd != "" && c.serviceMode != "proc", "--lockd runs the service as a process: it needs --service proc")
+	check(!slices.Contains([]string{"any", "service", "away"}, c.leader), "--leader %q: want any, service or away", c.leader)
+	check(c.clients != "any" && c.clients != "service", "--clients %q: want any or service", c.clients)
+	check(c.serviceMode != "inproc" && (c.clients != "any" || c.leader != "any"),
+		"--clients and --leader other than any need --service inproc (the bench knows only that service's node)")
+	check(own && c.serviceMode == "none", "--service none needs --url")
+	check(!own && c.authSet, "--auth applies to the bench's own cluster, not to --url")
+	check(c.tuned && c.serviceMode == "none", "the --service-* flags tune the service the bench starts; with --service none set them on lockd")
+	check(c.instances < 1 || (c.instances > 1 && c.serviceMode != "inproc"), "--instances %d: want 1, or more with --service inproc", c.instances)
+	check(!own && (c.scenario == "degraded" || c.scenario == "failover" && c.failoverMode == "kill"),
+		"%s stops nodes: it needs the bench's own cluster (failover also runs with --failover-mode stepdown)", c.scenario)
+	check(c.failoverMode != "kill" && c.failoverMode != "stepdown", "--failover-mode %q: want kill or stepdown", c.failoverMode)
+	if err := c.tune.config(service.DefaultConfig()).Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// finishLoad fills in the derived rates and checks the load's shape.
+func (c *config) finishLoad() error {
+	if c.releaseRate < 0 {
+		c.releaseRate = c.acquireRate
+	}
+	if c.renewRate < 0 && c.renewInterval > 0 {
+		c.renewRate = float64(c.leases) / c.renewInterval.Seconds()
+	}
+	if c.killAt == 0 {
+		c.killAt = c.duration / 3
+	}
+	switch {
+	case c.resources < 1 || c.leases < 0 || c.leases > c.resources:
+		return fmt.Errorf("need 0 <= --leases (%d) <= --resources (%d)", c.leases, c.resources)
+	case c.duration <= 0 || c.timeout <= 0 || c.ttl <= 0 || c.renewInterval <= 0:
+		return errors.New("durations must be positive")
+	case c.conns < 1 || c.maxInFlight < 1 || c.workers < 1:
+		return errors.New("--conns, --max-inflight and --workers must be at least 1")
+	case c.acquireRate < 0 || c.renewRate < 0 || c.releaseRate < 0 || c.warmupRate <= 0:
+		return errors.New("rates must not be negative (warm-up rate positive)")
+	case c.rampStart <= 0 || c.rampStep <= 0 || c.rampMax < c.rampStart:
+		return errors.New("ramp: need 0 < --ramp-start <= --ramp-max and --ramp-step > 0")
+	case c.hotResources < 1 || c.waiters < 1:
+		return errors.New("hotlock: need at least one resource and one waiter")
+	case c.killAt >= c.duration:
+		return fmt.Errorf("--kill-at %v must lie within --duration %v", c.killAt, c.duration)
+	}
+	return nil
+}
+
+// settings lists the flags that shape the run, for the reports.
+func (c *config) settings() map[string]string {
+	m := map[string]string{
+		"duration": c.duration.String(), "resources": fmt.Sprint(c.resources), "leases": fmt.Sprint(c.leases),
+		"acquire_rate": fmt.Sprint(c.acquireRate), "release_rate": fmt.Sprint(c.releaseRate),
+		"renew_rate": fmt.Sprint(c.renewRate), "renew_interval": c.renewInterval.String(),
+		"renew_jitter": fmt.Sprint(c.renewJitter), "ttl": c.ttl.String(), "timeout": c.timeout.String(),
+		"conns": fmt.Sprint(c.conns), "p99_target": c.p99Target.String(), "ramp_start": fmt.Sprint(c.rampStart),
+		"ramp_step": fmt.Sprint(c.rampStep), "ramp_step_duration": c.rampStepDur.String(),
+		"hot_resources": fmt.Sprint(c.hotResources), "waiters": fmt.Sprint(c.waiters), "hold": c.hold.String(),
+		"wait": c.wait.String(), "service": c.serviceMode, "target": c.target, "retries": fmt.Sprint(c.retries),
+		"failover_mode": c.failoverMode, "leader": c.leader, "clients": c.clients, "instances": fmt.Sprint(c.instances),
+		"workers": fmt.Sprint(c.workers), "auth": fmt.Sprint(c.auth && c.url == ""),
+	}
+	if c.lockd != "" {
+		m["lockd"] = c.lockd
+	}
+	if c.serviceMode != "none" {
+		for k, v := range c.tune.settings() {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// tuning is the service's overload settings the bench can change, with
+// lockd's flag names: the bench registers them with a "service-" prefix,
+// the service process without.
+type tuning struct {
+	maxInFlight, maxQueued int
+	queueWait, opTimeout   time.Duration
+}
+
+// register adds the settings' flags to fs, each prefixed, with the
+// service's defaults.
+func (t *tuning) register(fs *flag.FlagSet, prefix string) {
+	d := service.DefaultConfig()
+	fs.IntVar(&t.maxInFlight, prefix+"max-in-flight", d.MaxInFlight, "service: requests processed at once (lockd --max-in-flight)")
+	fs.IntVar(&t.maxQueued, prefix+"max-queued", d.MaxQueued, "service: requests waiting for a place (lockd --max-queued)")
+	fs.DurationVar(&t.queueWait, prefix+"queue-wait", d.QueueWait, "service: how long a request may wait for a place (lockd --queue-wait)")
+	fs.DurationVar(&t.opTimeout, prefix+"op-timeout", d.OpTimeout, "service: store work bound; a request's budget is --queue-wait plus this (lockd --op-timeout)")
+}
+
+// config returns cfg with the settings; finishModes (before the cluster
+// starts) and service.New validate them.
+func (t tuning) config(cfg service.Config) service.Config {
+	cfg.MaxInFlight, cfg.MaxQueued, cfg.QueueWait, cfg.OpTimeout = t.maxInFlight, t.maxQueued, t.queueWait, t.opTimeout
+	return cfg
+}
+
+// args returns the flags that pass the settings to a service process, in
+// lockd's spelling.
+func (t tuning) args() []string {
+	return []string{"--max-in-flight", strconv.Itoa(t.maxInFlight), "--max-queued", strconv.Itoa(t.maxQueued),
+		"--queue-wait", t.queueWait.String(), "--op-timeout", t.opTimeout.String()}
+}
+
+// settings returns the settings for a report's settings map.
+func (t tuning) settings() map[string]string {
+	return map[string]string{"service_max_in_flight": strconv.Itoa(t.maxInFlight), "service_max_queued": strconv.Itoa(t.maxQueued),
+		"service_queue_wait": t.queueWait.String(), "service_op_timeout": t.opTimeout.String()}
+}

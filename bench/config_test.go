@@ -1,0 +1,103 @@
+package main
+
+import (
+	"flag"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/service"
+)
+
+// TestMain lets the test binary serve as a cluster node and as the service
+// process, as the bench binary does (both re-execute the running binary).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case devcluster.NodeCommand:
+			os.Exit(devcluster.NodeMain())
+		case cmdService:
+			os.Exit(serviceMain(os.Args[2:]))
+		}
+	}
+	os.Exit(m.Run())
+}
+
+func TestParseFlagsDefaultsAreTheDesignWorkload(t *testing.T) {
+	c, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.scenario != "steady" || c.resources != 100_000 || c.leases != 20_000 || c.acquireRate != 2000 ||
+		c.releaseRate != 2000 || c.renewRate != 2000 || c.serviceMode != "proc" || !c.auth || c.instances != 1 ||
+		c.clients != "any" || c.workers != 64 {
+		t.Fatalf("defaults %+v", c)
+	}
+	c, err = parseFlags([]string{"--url", "nats://127.0.0.1:4222"})
+	if err != nil || c.serviceMode != "none" {
+		t.Fatalf("--url: service %q err %v", c.serviceMode, err)
+	}
+	c, err = parseFlags([]string{"--lockd", "/bin/lockd", "--auth=false"})
+	if err != nil || c.serviceMode != "proc" || c.auth || c.settings()["lockd"] != "/bin/lockd" {
+		t.Fatalf("--lockd: %+v err %v", c, err)
+	}
+}
+
+func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
+	for _, args := range [][]string{
+		{"--scenario", "nope"},
+		{"--leases", "10", "--resources", "5"},
+		{"--scenario", "failover", "--url", "nats://127.0.0.1:4222"},
+		{"--scenario", "degraded", "--url", "nats://127.0.0.1:4222"},
+		{"--service", "none"},
+		{"--target", "etcd"},
+		{"--instances", "0"},
+		{"--instances", "2"}, // the default service process is one instance
+		{"--url", "nats://127.0.0.1:4222", "--service-queue-wait", "2s"},
+		{"--url", "nats://127.0.0.1:4222", "--auth=false"},
+		{"--lockd", "/bin/lockd", "--service", "inproc"},
+		{"--service-max-in-flight", "0"},
+		{"--service-queue-wait", "-1s"},
+		{"--clients", "nearby"},
+		{"--clients", "service"},
+		{"--leader", "away"},
+		{"--leader", "service", "--service", "inproc", "--url", "nats://127.0.0.1:4222", "--service", "none"},
+		{"--workers", "0"},
+		{"--poll", "20ms"}, // the polling fallback is gone
+	} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}
+
+// The service's overload settings default to the service's own, and reach
+// a service process through its flags (lockd's) unchanged.
+func TestServiceTuningFlags(t *testing.T) {
+	c, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, d := c.tune.config(service.Config{}), service.DefaultConfig()
+	if cfg.MaxInFlight != d.MaxInFlight || cfg.MaxQueued != d.MaxQueued || cfg.QueueWait != d.QueueWait || cfg.OpTimeout != d.OpTimeout {
+		t.Fatalf("default tuning %+v, want the service's defaults", c.tune)
+	}
+	c, err = parseFlags([]string{"--service-max-in-flight", "100", "--service-max-queued", "7", "--service-queue-wait", "1.5s", "--service-op-timeout", "2500ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := tuning{maxInFlight: 100, maxQueued: 7, queueWait: 1500 * time.Millisecond, opTimeout: 2500 * time.Millisecond}
+	if c.tune != want {
+		t.Fatalf("tuning %+v, want %+v", c.tune, want)
+	}
+	if s := c.settings(); s["service_queue_wait"] != "1.5s" || s["service_max_in_flight"] != "100" {
+		t.Fatalf("settings %v", s)
+	}
+	fs := flag.NewFlagSet(cmdService, flag.ContinueOnError)
+	var child tuning
+	child.register(fs, "")
+	if err := fs.Parse(c.tune.args()); err != nil || child != want {
+		t.Fatalf("child's tuning %+v (%v), want %+v", child, err, want)
+	}
+}

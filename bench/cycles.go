@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jetlock/jetlock/bench/internal/load"
+	"github.com/jetlock/jetlock/streams"
+)
+
+// CyclesResult is the outcome of the cycles scenario: closed-loop
+// workers, each acquiring and releasing one resource after another, the
+// shape of etcd's concurrency.Mutex benchmark. Latencies count from each
+// request's send (ops has every percentile).
+type CyclesResult struct {
+	Target     string  `json:"target"` // service, or raw (bare KV create + delete)
+	Workers    int     `json:"workers"`
+	Cycles     int64   `json:"cycles"`
+	CyclesPerS float64 `json:"cycles_per_s"`
+	Errors     int64   `json:"errors"`
+	AcquireP50 float64 `json:"acquire_p50_ms"`
+	AcquireP99 float64 `json:"acquire_p99_ms"`
+	ReleaseP50 float64 `json:"release_p50_ms"`
+	ReleaseP99 float64 `json:"release_p99_ms"`
+	CycleP50   float64 `json:"cycle_p50_ms"`
+	CycleP99   float64 `json:"cycle_p99_ms"`
+}
+
+// runCycles runs --workers closed-loop workers for --duration against the
+// service (or, with --target raw, as bare KV create + delete).
+func runCycles(ctx context.Context, e *env, sum *Summary) error {
+	if e.cfg.target == "raw" {
+		return e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) { e.cycles(ctx, sum, be, rq, nil) })
+	}
+	log := e.grantLog()
+	e.cycles(ctx, sum, e.serviceBackend(), e.rq, log)
+	return sum.check(log)
+}
+
+func (e *env) cycles(ctx context.Context, sum *Summary, be load.Backend, rq *load.Requester, log *load.GrantLog) {
+	c := e.cfg
+	ph := newPhase("cycles", be.Name())
+	ph.sched, ph.inflight = c.duration, rq.InFlight
+	fmt.Fprintf(e.out, "cycles: %d workers acquire and release random resources of %d (%s) for %v\n", c.workers, c.resources, be.Name(), c.duration)
+	e.measure(ctx, ph, be.Stream(), func() {
+		end := time.Now().Add(c.duration)
+		var wg sync.WaitGroup
+		for w := range c.workers {
+			cy := &cycler{e: e, be: be, rq: rq, log: log, rec: ph.rec, w: w, names: e.names("cycles"),
+				revs: map[int]uint64{}, dead: map[int]bool{}, rng: rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cy.run(ctx, end)
+			}()
+		}
+		wg.Wait()
+	})
+	sum.Phases = append(sum.Phases, ph)
+	sum.use(ph)
+	acq, rel, cyc := ph.Ops[load.OpAcquire], ph.Ops[load.OpRelease], ph.Ops[load.OpCycle]
+	sum.Cycles = &CyclesResult{Target: be.Name(), Workers: c.workers, Cycles: cyc.Count, CyclesPerS: cyc.Rate,
+		Errors: acq.Errors + rel.Errors, AcquireP50: acq.P50, AcquireP99: acq.P99, ReleaseP50: rel.P50, ReleaseP99: rel.P99,
+		CycleP50: cyc.P50, CycleP99: cyc.P99}
+}
+
+// cycler is one closed-loop worker. Worker w of W uses the resources
+// w, w+W, w+2W, ...: random among its share, never contended, so that a
+// raw worker knows each key's revision (as a lock holder would) and the
+// service never makes it wait.
+type cycler struct {
+	e     *env
+	be    load.Backend
+	rq    *load.Requester
+	log   *load.GrantLog
+	rec   *load.Recorders
+	w     int
+	names string
+	revs  map[int]uint64 // raw: the revision of each key it wrote
+	dead  map[int]bool   // resources whose state is unknown after a failure
+	rng   *rand.Rand
+	seq   int
+}
+
+// run cycles until end.
+func (cy *cycler) run(ctx context.Context, end time.Time) {
+	workers := cy.e.cfg.workers
+	share := (cy.e.cfg.resources - cy.w + workers - 1) / workers
+	for time.Now().Before(end) && ctx.Err() == nil && len(cy.dead) < share {
+		if id := cy.w + cy.rng.IntN(share)*workers; !cy.dead[id] && !cy.cycle(ctx, id) {
+			cy.dead[id] = true
+		}
+	}
+}
+
+// cycle acquires and releases resource id, and reports whether both
+// succeeded.
+func (cy *cycler) cycle(ctx context.Context, id int) bool {
+	c := cy.e.cfg
+	ctx = context.WithoutCancel(ctx) // finish the cycle: each request is bounded by --timeout
+	name := fmt.Sprintf("%sr%06d", cy.names, id)
+	cy.seq++
+	start := time.Now()
+	m := cy.be.Acquire(name, fmt.Sprintf("%s-c%d-%d", cy.e.runID, cy.w, cy.seq), "", c.ttl, 0, cy.revs[id])
+	reply, at, err := cy.rq.Do(ctx, m, c.timeout)
+	res := cy.be.Parse(streams.OpAcquire, reply, err)
+	cy.rec.Get(load.OpAcquire, 0).Record(at.Sub(start), res.Code)
+	if res.Code != load.CodeOK {
+		return false
+	}
+	g := cy.log.Granted(name, res.Token, res.Lease, start, at, c.ttl)
+	sent := time.Now()
+	cy.log.ReleasedAt(g, sent)
+	reply, done, err := cy.rq.Do(ctx, cy.be.Release(name, res.Lease, res.Rev), c.timeout)
+	rr := cy.be.Parse(streams.OpRelease, reply, err)
+	code := rr.Code
+	if code == load.CodeOK && !rr.Released {
+		code = load.CodeReleasedFalse
+	}
+	cy.rec.Get(load.OpRelease, 0).Record(done.Sub(sent), code)
+	if code != load.CodeOK {
+		return false
+	}
+	cy.rec.Get(load.OpCycle, 0).Record(done.Sub(start), load.CodeOK)
+	cy.revs[id] = rr.Rev
+	return true
+}
+
+func printCycles(w io.Writer, r *CyclesResult) {
+	fmt.Fprintf(w, "\n== cycles: %d closed-loop workers, acquire + release (%s) ==\n", r.Workers, r.Target)
+	fmt.Fprintf(w, "%d cycles, %.0f/s, %d errors; acquire p50 %s p99 %s, release p50 %s p99 %s, whole cycle p50 %s p99 %s\n",
+		r.Cycles, r.CyclesPerS, r.Errors, fmtMs(r.AcquireP50), fmtMs(r.AcquireP99), fmtMs(r.ReleaseP50), fmtMs(r.ReleaseP99),
+		fmtMs(r.CycleP50), fmtMs(r.CycleP99))
+}

@@ -1,0 +1,209 @@
+package load
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Outcome codes besides the contract's error codes.
+const (
+	CodeOK            = "ok"
+	CodeTimeout       = "timeout"        // no reply within the request timeout
+	CodeBacklog       = "backlog"        // not sent: too many requests in flight
+	CodeNoResponders  = "no_responders"  // nobody listens on the subject
+	CodeReleasedFalse = "released_false" // release of a lease the bench held found it gone
+	CodeConflict      = "cas_conflict"   // raw: compare-and-set lost
+	CodePublish       = "publish_error"  // the connection refused the publish
+)
+
+// Result is what a reply (or its absence) means to the load.
+type Result struct {
+	Code     string // CodeOK or an error code
+	Lease    string // service: lease_id
+	Token    uint64 // service: fencing token; raw: revision of the write
+	Rev      uint64 // raw: revision of the key after the write
+	Released bool   // release: whether a lease was removed
+	Unknown  bool   // the outcome is unknown: the write may or may not have happened
+}
+
+// Backend turns operations into NATS messages and replies into results.
+// Two exist: the jetlock service (Service), and bare compare-and-set writes
+// on a KV bucket (Raw, the baseline).
+type Backend interface {
+	Name() string
+	// Stream is the stream whose last sequence counts commits.
+	Stream() string
+	// Acquire builds an acquire; owner "" means the backend's owner. Raw
+	// writes expect the key's revision rev.
+	Acquire(res, reqID, owner string, ttl, wait time.Duration, rev uint64) *nats.Msg
+	Renew(res, lease string, ttl time.Duration, rev uint64) *nats.Msg
+	Release(res, lease string, rev uint64) *nats.Msg
+	Parse(op string, reply *nats.Msg, err error) Result
+}
+
+// clientResult maps a requester error (no reply) to a result.
+func clientResult(err error) Result {
+	switch {
+	case errors.Is(err, ErrTimeout), errors.Is(err, ErrClosed):
+		return Result{Code: CodeTimeout, Unknown: true}
+	case errors.Is(err, ErrNoAnswer):
+		return Result{Code: CodeNoResponders, Unknown: true}
+	}
+	return Result{Code: CodePublish, Unknown: true}
+}
+
+// SendCode is the result code of a request that could not be sent.
+func SendCode(err error) string {
+	if errors.Is(err, ErrBacklog) {
+		return CodeBacklog
+	}
+	return CodePublish
+}
+
+// Service talks to the jetlock service over its wire contract.
+type Service struct {
+	Prefix, Bucket, Owner string
+}
+
+func (b *Service) Name() string   { return "service" }
+func (b *Service) Stream() string { return streams.StreamName(b.Bucket) }
+
+// Msg returns a request of op with body v.
+func (b *Service) Msg(op string, v any) *nats.Msg {
+	data, _ := json.Marshal(v)
+	return &nats.Msg{Subject: streams.Subject(b.Prefix, op), Data: data}
+}
+
+func (b *Service) Acquire(res, reqID, owner string, ttl, wait time.Duration, _ uint64) *nats.Msg {
+	return b.Msg(streams.OpAcquire, &streams.AcquireRequest{Resource: res, RequestID: reqID, Owner: cmp.Or(owner, b.Owner),
+		TTLms: ttl.Milliseconds(), WaitMs: wait.Milliseconds()})
+}
+
+func (b *Service) Renew(res, lease string, ttl time.Duration, _ uint64) *nats.Msg {
+	return b.Msg(streams.OpRenew, &streams.RenewRequest{Resource: res, LeaseID: lease, TTLms: ttl.Milliseconds()})
+}
+
+func (b *Service) Release(res, lease string, _ uint64) *nats.Msg {
+	return b.Msg(streams.OpRelease, &streams.ReleaseRequest{Resource: res, LeaseID: lease})
+}
+
+// ServiceError returns the contract error code of a reply, or "" for a
+// success. The body's code is preferred; the header's number is the
+// fallback for a body that cannot be parsed.
+func ServiceError(m *nats.Msg) string {
+	h := m.Header.Get(streams.HeaderErrorCode)
+	if h == "" {
+		return ""
+	}
+	var er streams.ErrorResponse
+	if jsonv2.Unmarshal(m.Data, &er) == nil && er.Error.Code != "" {
+		return er.Error.Code
+	}
+	n, _ := strconv.Atoi(h)
+	return streams.CodeForStatus(n)
+}
+
+func (b *Service) Parse(op string, m *nats.Msg, err error) Result {
+	if err != nil {
+		return clientResult(err)
+	}
+	if code := ServiceError(m); code != "" {
+		return Result{Code: code, Unknown: code == streams.CodeUnavailable || code == streams.CodeInternal}
+	}
+	if op == streams.OpRelease {
+		var r streams.ReleaseResponse
+		if err := jsonv2.Unmarshal(m.Data, &r); err != nil {
+			return Result{Code: streams.CodeInternal, Unknown: true}
+		}
+		return Result{Code: CodeOK, Released: r.Released}
+	}
+	var r streams.LeaseResponse
+	if err := jsonv2.Unmarshal(m.Data, &r); err != nil || r.LeaseID == "" {
+		return Result{Code: streams.CodeInternal, Unknown: true}
+	}
+	return Result{Code: CodeOK, Lease: r.LeaseID, Token: r.Token}
+}
+
+// Raw writes the records the service would write, as bare compare-and-set
+// publishes to a KV bucket's stream, with the headers the service's writes
+// carry (expected last subject sequence; a message id on grants), so that
+// the server does the same work and the difference is the service's own
+// cost.
+type Raw struct {
+	bucket, owner, pfx string
+}
+
+// NewRaw returns the raw baseline on bucket.
+func NewRaw(bucket, owner string) *Raw {
+	return &Raw{bucket: bucket, owner: owner, pfx: streams.SubjectPrefix(bucket)}
+}
+
+func (b *Raw) Name() string   { return "raw" }
+func (b *Raw) Stream() string { return streams.StreamName(b.bucket) }
+
+func (b *Raw) write(res string, rec *streams.Record, rev uint64, msgID string) *nats.Msg {
+	m := nats.NewMsg(b.pfx + streams.LeaseKey(res))
+	if rec != nil {
+		m.Data, _ = json.Marshal(rec)
+	} else {
+		m.Header.Set("KV-Operation", "DEL")
+	}
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	if msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	return m
+}
+
+func (b *Raw) record(reqID string, ttl time.Duration, token uint64) *streams.Record {
+	now := time.Now()
+	return &streams.Record{LeaseID: "0123456789abcdef0123456789abcdef", Owner: b.owner, RequestID: reqID,
+		TTLms: ttl.Milliseconds(), Token: token, GrantedAt: streams.FormatTime(now),
+		RenewedAt: streams.FormatTime(now), ExpiresAt: streams.FormatTime(now.Add(ttl))}
+}
+
+func (b *Raw) Acquire(res, reqID, _ string, ttl, _ time.Duration, rev uint64) *nats.Msg {
+	return b.write(res, b.record(reqID, ttl, 0), rev, "acq-"+reqID)
+}
+
+func (b *Raw) Renew(res, lease string, ttl time.Duration, rev uint64) *nats.Msg {
+	return b.write(res, b.record(lease, ttl, rev), rev, "")
+}
+
+func (b *Raw) Release(res, _ string, rev uint64) *nats.Msg { return b.write(res, nil, rev, "") }
+
+func (b *Raw) Parse(op string, m *nats.Msg, err error) Result {
+	if err != nil {
+		return clientResult(err)
+	}
+	var ack struct {
+		Seq   uint64 `json:"seq"`
+		Error *struct {
+			Code    int `json:"code"`
+			ErrCode int `json:"err_code"`
+		} `json:"error"`
+	}
+	if err := jsonv2.Unmarshal(m.Data, &ack); err != nil {
+		return Result{Code: streams.CodeInternal, Unknown: true}
+	}
+	switch e := ack.Error; {
+	case e == nil:
+		return Result{Code: CodeOK, Lease: "raw", Token: ack.Seq, Rev: ack.Seq, Released: op == streams.OpRelease}
+	case e.ErrCode == int(jetstream.JSErrCodeStreamWrongLastSequence), // the CAS lost (R1)
+		e.ErrCode == int(jetstream.JSErrCodeStreamWrongLastSequenceConstant): // lost, or a write to the key in flight (R3)
+		return Result{Code: CodeConflict}
+	case e.Code == 503 || e.Code == 408:
+		return Result{Code: streams.CodeUnavailable, Unknown: true}
+	default:
+		return Result{Code: "js_" + strconv.Itoa(e.ErrCode), Unknown: true}
+	}
+}

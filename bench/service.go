@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/service"
+)
+
+// cmdService is the hidden subcommand with which the bench runs the
+// service in a process of its own (--service proc without --lockd).
+const cmdService = "__service"
+
+// The environment variables that carry the service's two users to a
+// service process: lockd's own.
+var userEnv = map[devcluster.Role][2]string{
+	devcluster.Service: {"NATS_USER", "NATS_PASSWORD"},
+	devcluster.Store:   {"JETLOCK_STORE_USER", "JETLOCK_STORE_PASSWORD"},
+}
+
+// connOptions returns the options of a connection of a role.
+type connOptions func(devcluster.Role) []nats.Option
+
+// serviceRun is the service the bench started: instances in this process,
+// or one process of its own. Each serves its metrics on loopback.
+type serviceRun struct {
+	inproc  []*inprocService
+	proc    *devcluster.Child
+	metrics []string  // metrics URLs, one per instance
+	log     io.Closer // the in-process instances' log
+}
+
+// inprocService is a service instance running in this process.
+type inprocService struct {
+	nc, store *nats.Conn
+	cancel    context.CancelFunc
+	done      chan error
+	http      *http.Server
+}
+
+// startInproc connects the service's two connections, starts the service,
+// serves its metrics on addr and waits until it serves. It returns the
+// metrics URL.
+func startInproc(ctx context.Context, url string, opts connOptions, cfg service.Config, addr string) (*inprocService, string, error) {
+	rs := &inprocService{done: make(chan error, 1)}
+	svc, l, err := rs.setup(url, opts, cfg, addr)
+	if err != nil {
+		rs.closeAll()
+		return nil, "", fmt.Errorf("start the service: %w", err)
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	rs.cancel = cancel
+	go func() { rs.done <- svc.Run(rctx) }()
+	select {
+	case <-svc.Ready():
+		return rs, "http://" + l.Addr().String() + "/metrics", nil
+	case err = <-rs.done:
+		err = fmt.Errorf("service: %w", err)
+	case <-time.After(60 * time.Second):
+		err = errors.New("service not ready after 60s")
+	}
+	rs.stop()
+	return nil, "", err
+}
+
+func (rs *inprocService) setup(url string, opts connOptions, cfg service.Config, addr string) (*service.Service, net.Listener, error) {
+	base := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond), nats.ReconnectBufSize(64 << 20)}
+	var err error
+	if rs.nc, err = nats.Connect(url, append(append(base, nats.Name("jetlock-bench-service")), opts(devcluster.Service)...)...); err != nil {
+		return nil, nil, err
+	}
+	if rs.store, err = nats.Connect(url, append(append(base, nats.Name("jetlock-bench-store")), opts(devcluster.Store)...)...); err != nil {
+		return nil, nil, err
+	}
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	rs.http = &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = rs.http.Serve(l) }()
+	svc, err := service.New(rs.nc, rs.store, cfg)
+	return svc, l, err
+}
+
+// closeAll closes the metrics server and the connections.
+func (rs *inprocService) closeAll() {
+	if rs.http != nil {
+		_ = rs.http.Close()
+	}
+	for _, nc := range []*nats.Conn{rs.nc, rs.store} {
+		if nc != nil {
+			nc.Close()
+		}
+	}
+}
+
+// stop cancels the service and waits (up to 15s) for it to drain.
+func (rs *inprocService) stop() {
+	rs.cancel()
+	select {
+	case <-rs.done:
+	case <-time.After(15 * time.Second):
+	}
+	rs.closeAll()
+}
+
+// startServiceProc starts the service as a process of its own: this
+// program's __service, or a lockd binary; it logs to dir/service.log.
+func startServiceProc(cfg *config, url, dir string, users []string) (*serviceRun, error) {
+	port, err := devcluster.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	metrics := fmt.Sprintf("127.0.0.1:%d", port)
+	args := append([]string{"--url", url, "--prefix", cfg.prefix, "--bucket", cfg.bucket, "--metrics", metrics}, cfg.tune.args()...)
+	ch := &devcluster.Child{Name: "service", Path: cfg.lockd, Args: append([]string{cmdService}, args...),
+		Env: users, Log: filepath.Join(dir, "service.log")}
+	if cfg.lockd != "" {
+		ch.Args = args
+	}
+	if err := ch.Start(); err != nil {
+		return nil, err
+	}
+	return &serviceRun{proc: ch, metrics: []string{"http://" + metrics + "/metrics"}}, nil
+}
+
+// serviceMain runs the service in a process of its own until its stdin
+// closes or SIGTERM/SIGINT arrive. Its flags are lockd's; the users come in
+// lockd's environment variables.
+func serviceMain(args []string) int {
+	fs := flag.NewFlagSet(cmdService, flag.ContinueOnError)
+	url := fs.String("url", nats.DefaultURL, "NATS URLs")
+	prefix := fs.String("prefix", "jetlock", "subject prefix")
+	bucket := fs.String("bucket", "jetlock", "bucket")
+	metrics := fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on this address")
+	var tune tuning
+	tune.register(fs, "")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	cfg := tune.config(service.DefaultConfig())
+	cfg.Prefix, cfg.Bucket.Bucket = *prefix, *bucket
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	rs, _, err := startInproc(ctx, *url, envUsers, cfg, *metrics)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	<-ctx.Done()
+	rs.stop()
+	return 0
+}
+
+// envUsers returns the options of the service's connections from lockd's
+// environment variables (none set: no credentials).
+func envUsers(r devcluster.Role) []nats.Option {
+	opts := []nats.Option{nats.CustomInboxPrefix(devcluster.InboxPrefix(r))}
+	if user := os.Getenv(userEnv[r][0]); user != "" {
+		opts = append(opts, nats.UserInfo(user, os.Getenv(userEnv[r][1])))
+	}
+	return opts
+}
+
+// stop stops the service and waits for it to end.
+func (s *serviceRun) stop() {
+	for _, rs := range s.inproc {
+		rs.stop()
+	}
+	if s.proc != nil {
+		s.proc.Stop(15 * time.Second)
+	}
+	if s.log != nil {
+		s.log.Close()
+	}
+}
+
+// node returns the node the first in-process instance is connected to,
+// or "" for a service process.
+func (s *serviceRun) node() string {
+	if len(s.inproc) == 0 {
+		return ""
+	}
+	return s.inproc[0].nc.ConnectedServerName()
+}
+
+// opTime is the service's own count and total time (receipt to reply) of
+// one operation, from its metrics.
+type opTime struct {
+	count, sum float64 // requests, seconds
+}
+
+// svcStats is a reading of the service's metrics: its own time per
+// operation, and the requests it shed by reason (see
+// jetlock_requests_shed_total).
+type svcStats struct {
+	ops  map[string]opTime
+	shed map[string]float64
+}
+
+// stats reads and sums the metrics of every instance; an instance that
+// does not answer counts nothing.
+func (s *serviceRun) stats(ctx context.Context) svcStats {
+	st := svcStats{ops: map[string]opTime{}, shed: map[string]float64{}}
+	for _, url := range s.metrics {
+		_ = scrape(ctx, url, st)
+	}
+	return st
+}
+
+// scrape adds the request-duration sums and counts and the shed counters
+// of the Prometheus text exposition at url to st.
+func scrape(ctx context.Context, url string, st svcStats) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("service metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	return parseMetrics(resp.Body, st)
+}
+
+// parseMetrics adds the service's figures in the Prometheus text format
+// read from r to st.
+func parseMetrics(r io.Reader, st svcStats) error {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(sc.Text(), "{")
+		labels, value, ok2 := strings.Cut(rest, "} ")
+		v, err := strconv.ParseFloat(value, 64)
+		if !ok || !ok2 || err != nil {
+			continue
+		}
+		switch op := label(labels, "op"); name {
+		case "jetlock_request_duration_seconds_sum":
+			st.ops[op] = opTime{count: st.ops[op].count, sum: st.ops[op].sum + v}
+		case "jetlock_request_duration_seconds_count":
+			st.ops[op] = opTime{count: st.ops[op].count + v, sum: st.ops[op].sum}
+		case "jetlock_requests_shed_total":
+			st.shed[label(labels, "reason")] += v
+		}
+	}
+	return sc.Err()
+}
+
+// label returns the value of label name in a Prometheus label list.
+func label(labels, name string) string {
+	for _, l := range strings.Split(labels, ",") {
+		if k, v, ok := strings.Cut(l, "="); ok && k == name {
+			return strings.Trim(v, `"`)
+		}
+	}
+	return ""
+}
