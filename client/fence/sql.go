@@ -36,10 +36,8 @@ func SQLTable(name string) SQLOption {
 	}
 }
 
-// SQLExecer is what CheckTx needs: *sql.Tx, *sql.Conn and *sql.DB have
-// these methods.
-type SQLExecer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+// queryer reads the fence row: *sql.Tx and *sql.DB have these methods.
+type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
@@ -119,7 +117,10 @@ func (s *SQL) CreateTable(ctx context.Context) error {
 
 // CheckTx checks token inside the caller's transaction tx: run it before
 // the protected statements and commit them together; if it returns an
-// error, roll back. An accepted token is recorded only when tx commits, and
+// error, roll back. It takes a *sql.Tx, not a *sql.DB or *sql.Conn: on a
+// handle that autocommits, the check would commit on its own and the
+// protected write after it would be unfenced. A nil tx is an error
+// wrapping ErrInvalid. An accepted token is recorded only when tx commits, and
 // the fence row stays locked until then, so fenced writers of one resource
 // are serialized. On SQLite make CheckTx the first statement of the
 // transaction (or begin IMMEDIATE), so the transaction does not read an
@@ -127,7 +128,10 @@ func (s *SQL) CreateTable(ctx context.Context) error {
 //
 // Errors are those of Guard.Check, plus an error wrapping ErrInvalid for a
 // token above math.MaxInt64 and driver errors wrapped as they come.
-func (s *SQL) CheckTx(ctx context.Context, tx SQLExecer, resource string, token uint64) error {
+func (s *SQL) CheckTx(ctx context.Context, tx *sql.Tx, resource string, token uint64) error {
+	if tx == nil {
+		return invalidf("CheckTx needs a transaction (*sql.Tx), got nil")
+	}
 	if err := validate(resource, token); err != nil {
 		return err
 	}
@@ -211,7 +215,7 @@ func (s *SQL) Highest(ctx context.Context, resource string) (uint64, error) {
 	return s.highest(ctx, s.db, resource)
 }
 
-func (s *SQL) highest(ctx context.Context, q SQLExecer, resource string) (uint64, error) {
+func (s *SQL) highest(ctx context.Context, q queryer, resource string) (uint64, error) {
 	var h int64
 	err := q.QueryRowContext(ctx, s.selectQ, resource).Scan(&h)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"reflect"
 	"sync"
 	"testing"
 
@@ -242,4 +243,23 @@ func queryString(t *testing.T, db *sql.DB, q string) string {
 		t.Fatalf("%s: %v", q, err)
 	}
 	return s
+}
+
+// CheckTx takes a transaction and nothing that autocommits: with a *sql.DB
+// the check would commit by itself and the protected write after it would
+// go unfenced. The type says so; a nil transaction is refused and changes
+// nothing.
+func TestSQLCheckTxNeedsATransaction(t *testing.T) {
+	if got, want := reflect.TypeOf((*fence.SQL).CheckTx).In(2), reflect.TypeOf((*sql.Tx)(nil)); got != want {
+		t.Fatalf("CheckTx takes %v, want %v (a handle that autocommits would split the check from the write)", got, want)
+	}
+	ctx := context.Background()
+	db := openSQLite(t)
+	g := newSQLGuard(t, db)
+	if err := g.CheckTx(ctx, nil, "docs/d", 7); !errors.Is(err, fence.ErrInvalid) {
+		t.Fatalf("CheckTx with a nil transaction = %v, want ErrInvalid", err)
+	}
+	if h, err := g.Highest(ctx, "docs/d"); err != nil || h != 0 {
+		t.Fatalf("after a refused CheckTx the fence reads %d, %v; want 0", h, err)
+	}
 }
