@@ -48,6 +48,10 @@ type Lease struct {
 	// minus the safety margin. No deadline lies beyond it.
 	holdLimit time.Time
 
+	// reply is the service's reply to the last successful acquire or
+	// renew (see Reply); guarded by mu.
+	reply streams.LeaseResponse
+
 	stopCtx context.Context // cancelled to stop the renewer
 	stop    context.CancelFunc
 	done    chan struct{} // closed when the renewer has returned
@@ -65,6 +69,7 @@ func (c *Client) newLease(resource, owner string, want time.Duration, resp *stre
 		l.holdLimit = sent.Add(hold - min(c.opts.safetyMargin, hold/4))
 	}
 	l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+	l.recordReply(resp)
 	return l
 }
 
@@ -118,6 +123,7 @@ func (l *Lease) renewOnce(ctx context.Context) error {
 		return err
 	}
 	l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+	l.recordReply(&resp)
 	return nil
 }
 
@@ -229,6 +235,7 @@ func (l *Lease) renewUntilDeadline() error {
 		switch {
 		case err == nil:
 			l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+			l.recordReply(&resp)
 			return nil
 		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrInvalidRequest):
 			return fmt.Errorf("%w: renewal refused: %w", ErrLeaseLost, err)
