@@ -47,7 +47,8 @@
 // A rejection is a *StaleTokenError matching ErrStaleToken: the caller has
 // lost its lease and must stop, not retry with the same token. Any other
 // error leaves the outcome unknown; treat the token as not accepted. Each
-// guard counts its rejections (Rejected) for operators.
+// guard counts its rejections (Rejected) for operators; NewCollector
+// exports them to Prometheus.
 //
 // The fence state must live at least as long as the data it protects: if it
 // is lost (a wiped Memory, a deleted guard record) while the data survives,
