@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -267,16 +268,24 @@ func (g *streamGuard) permissionProblems() []string {
 	return nil
 }
 
-// Health returns the instance's readiness as its last check saw it.
+// Health returns the instance's readiness as its last check saw it. It
+// may be called at any time, also before Run serves (not ready: "not
+// serving yet") and once Run has begun to shut down (not ready: "instance
+// not serving"), so a readiness probe can call it from the start.
 func (s *Service) Health() Health {
-	if s.guard == nil {
-		return Health{Problems: []string{"not started"}}
+	select {
+	case <-s.ready: // s.guard is set before ready is closed
+	default:
+		return Health{Problems: []string{"not serving yet"}}
 	}
 	s.guard.mu.Lock()
-	defer s.guard.mu.Unlock()
 	h := s.guard.health
+	s.guard.mu.Unlock()
 	if h.Checked.IsZero() {
 		h.Problems = []string{"not checked yet"}
+	}
+	if !s.serving.Load() && h.Ready {
+		h.Ready, h.Problems = false, append(slices.Clone(h.Problems), "instance not serving")
 	}
 	return h
 }
