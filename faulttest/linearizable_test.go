@@ -31,13 +31,12 @@ type lockState struct {
 func (s lockState) free() lockState { return lockState{max: s.max} }
 
 type lockInput struct {
-	kind      Kind
-	lease     string // renew, release: the lease named; status: the lease that had the token read, if known
-	req       string
-	at        int64 // reply time: by then the operation took effect
-	deadline  int64 // of a granted acquire or renewal
-	unknown   bool
-	statusArg bool
+	kind     Kind
+	lease    string // renew, release: the lease named; status: the lease that had the token read, if known
+	req      string
+	at       int64 // reply time: by then the operation took effect
+	deadline int64 // of a granted acquire or renewal
+	unknown  bool
 }
 
 type lockOutput struct {

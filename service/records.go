@@ -47,7 +47,7 @@ func decodeEntry(key string, rev uint64, deleted bool, data []byte, wakeRoot str
 	case strings.HasPrefix(key, streams.WaitKeyPrefix):
 		e.rec, err = streams.ParseWaiter(data, rev, wakeRoot)
 	default:
-		err = fmt.Errorf("%w: key outside lease. and wait.", streams.ErrForeign)
+		err = fmt.Errorf("%w: key outside the lease and wait prefixes", streams.ErrForeign)
 	}
 	if err != nil {
 		e.rec, e.foreign = nil, true

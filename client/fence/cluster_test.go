@@ -42,10 +42,8 @@ func newBucket(t *testing.T, js jetstream.JetStream) jetstream.KeyValue {
 	}
 	// Just after the cluster starts, the meta leader may not yet count
 	// every peer as online and refuses an R3 placement (10005).
-	var kv jetstream.KeyValue
 	for {
-		var err error
-		kv, err = js.CreateKeyValue(ctx, cfg)
+		_, err := js.CreateKeyValue(ctx, cfg)
 		if err == nil {
 			break
 		}
@@ -67,7 +65,8 @@ func newBucket(t *testing.T, js jetstream.JetStream) jetstream.KeyValue {
 	if _, err := js.UpdateStream(ctx, scfg); err != nil {
 		t.Fatalf("bucket %s: leader-only reads: %v", cfg.Bucket, err)
 	}
-	if kv, err = js.KeyValue(ctx, cfg.Bucket); err != nil {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if err != nil {
 		t.Fatal(err)
 	}
 	// A new R3 stream answers reads only once its leader is up; until
