@@ -16,22 +16,27 @@ type conn struct {
 	InboxPrefix string `help:"Inbox prefix; the user's permissions should allow subscribing only under it." env:"INBOX_PREFIX"`
 }
 
+// serverFlags are the servers and TLS settings every connection shares.
+type serverFlags struct {
+	URL     string `help:"NATS server URL(s), comma separated (ignored with --dev)." default:"nats://127.0.0.1:4222" env:"NATS_URL"`
+	TLSCert string `help:"TLS client certificate." name:"tls-cert" env:"NATS_CERT" type:"existingfile"`
+	TLSKey  string `help:"TLS client key." name:"tls-key" env:"NATS_KEY" type:"existingfile"`
+	TLSCA   string `help:"TLS CA certificate." name:"tls-ca" env:"NATS_CA" type:"existingfile"`
+}
+
 // connFlags are lockd's connection settings: the servers, TLS, and the two
 // users. Requests are served as one user, which must have no rights on
 // $JS, $KV and $SYS, because a request names the subject its reply goes
 // to; the bucket is reached as the other (see deploy/).
 type connFlags struct {
-	URL     string `help:"NATS server URL(s), comma separated (ignored with --dev)." default:"nats://127.0.0.1:4222" env:"NATS_URL"`
-	TLSCert string `help:"TLS client certificate." name:"tls-cert" env:"NATS_CERT" type:"existingfile"`
-	TLSKey  string `help:"TLS client key." name:"tls-key" env:"NATS_KEY" type:"existingfile"`
-	TLSCA   string `help:"TLS CA certificate." name:"tls-ca" env:"NATS_CA" type:"existingfile"`
+	serverFlags `embed:""`
 
 	Requests conn `embed:"" prefix:"" envprefix:"NATS_" group:"Request connection: answers requests; its user must have no rights on $JS, $KV, $SYS"`
 	Store    conn `embed:"" prefix:"store-" envprefix:"JETLOCK_STORE_" group:"Store connection: the bucket and the JetStream API"`
 }
 
 // options returns the nats.Options of one connection.
-func (f *connFlags) options(c conn, name, defaultInbox string) ([]nats.Option, error) {
+func (f *serverFlags) options(c conn, name, defaultInbox string) ([]nats.Option, error) {
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
 	if c.Creds != "" {
 		opts = append(opts, nats.UserCredentials(c.Creds))

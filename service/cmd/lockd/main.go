@@ -1,29 +1,117 @@
-// Command lockd runs the jetlock lock service.
+// Command lockd runs the jetlock lock service, and checks its bucket.
 //
 //	lockd --dev                  # embedded three-node dev cluster + service
-//	lockd --url nats://host:4222 --creds svc.creds --store-creds store.creds
+//	lockd --url nats://host:4222 --creds svc.creds --store-creds store.creds \
+//	      --metrics 127.0.0.1:9090 --audit /var/log/jetlock/audit.json
+//	lockd check --url nats://host:4222 --store-creds store.creds [--json] [--fix]
+//	lockd check --dev            # the bucket of a running lockd --dev
+//
+// With --metrics ADDR, lockd serves /metrics (Prometheus), /healthz (200
+// while the process runs) and /readyz (200 and the instance's Health as
+// JSON when it is ready; 503 and the problems otherwise) on ADDR.
+//
+// Exit codes: 0 success (check: no drift); 1 the service failed, or check
+// found drift that remains; 2 bad flags or values (nothing is started),
+// or check could not reach the bucket or could not apply --fix.
 //
 // Every flag can also be set through the environment variable named in
 // --help.
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 
 	"github.com/alecthomas/kong"
 )
 
+// Exit codes.
+const (
+	exitOK     = 0
+	exitFailed = 1 // serve: the service failed; check: drift remains
+	exitUsage  = 2 // bad flags or values; check: no connection or API error
+)
+
 type cli struct {
 	Serve serveCmd `cmd:"" default:"withargs" help:"Serve lock requests (the default command)."`
+	Check checkCmd `cmd:"" help:"Compare the bucket stream's live configuration with jetlock's definition. Exit 0: no drift; 1: drift; 2: usage, connection or API error."`
+}
+
+// exitError is an error with the exit code it causes.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageError(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+// stdio is where a command writes its output.
+type stdio struct {
+	out, err io.Writer
 }
 
 func main() {
-	var c cli
-	kctx := kong.Parse(&c, kong.Name("lockd"), kong.Description("jetlock: exclusive leases with fencing tokens over NATS."),
-		kong.UsageOnError())
-	if err := kctx.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "lockd:", err)
-		os.Exit(1)
-	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
+
+// kongExit carries the exit code of --help through a panic out of kong.
+type kongExit int
+
+// run runs lockd with args until ctx ends (serve) or the command is done,
+// and returns the exit code. Every error is one line on stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (code int) {
+	var c cli
+	parser, err := kong.New(&c, kong.Name("lockd"),
+		kong.Description("jetlock: exclusive leases with fencing tokens over NATS."),
+		kong.Writers(stdout, stderr),
+		kong.Exit(func(code int) { panic(kongExit(code)) }),
+		kong.BindTo(ctx, (*context.Context)(nil)),
+		kong.Bind(&stdio{out: stdout, err: stderr}))
+	if err != nil {
+		fmt.Fprintln(stderr, "lockd:", err)
+		return exitUsage
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			e, ok := r.(kongExit)
+			if !ok {
+				panic(r)
+			}
+			code = int(e)
+		}
+	}()
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		fmt.Fprintf(stderr, "lockd: %s (see lockd --help)\n", oneLine(err))
+		return exitUsage
+	}
+	if err := kctx.Run(); err != nil {
+		var ee *exitError
+		if errors.As(err, &ee) {
+			code = ee.code
+		} else {
+			code = exitFailed
+		}
+		if ee == nil || ee.err != nil {
+			fmt.Fprintln(stderr, "lockd:", oneLine(err))
+		}
+		return code
+	}
+	return exitOK
+}
+
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }

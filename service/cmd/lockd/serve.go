@@ -2,61 +2,160 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
-	"os/signal"
+	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
 )
 
-type serveCmd struct {
-	Dev      bool   `help:"Start an embedded three-node cluster (loopback, sync always, zones az:a/b/c, the users of deploy/) and serve on it." env:"JETLOCK_DEV"`
-	DevDir   string `help:"Data directory of the dev cluster; kept across runs so tokens keep rising." default:".jetlock" env:"JETLOCK_DEV_DIR"`
-	DevPorts []int  `help:"Client ports of the three dev nodes." default:"4222,4223,4224" env:"JETLOCK_DEV_PORTS"`
-
-	connFlags `embed:""`
-
-	Prefix      string        `help:"Subject prefix." default:"jetlock" env:"JETLOCK_PREFIX"`
+// bucketFlags define the lock bucket; serve and check share them (and
+// their environment variables), so check compares against the definition
+// serve ensures.
+type bucketFlags struct {
 	Bucket      string        `help:"KV bucket holding lock state." default:"jetlock" env:"JETLOCK_BUCKET"`
 	Replicas    int           `help:"Bucket replicas (3 = one per zone; fewer needs --allow-single-replica)." default:"3" env:"JETLOCK_REPLICAS"`
 	AllowR1     bool          `help:"Allow fewer than 3 replicas (loses acknowledged state when a server dies)." name:"allow-single-replica" env:"JETLOCK_ALLOW_SINGLE_REPLICA"`
-	RetryWindow time.Duration `help:"How long an acquire retried with the same request_id is recognised." default:"2m" env:"JETLOCK_RETRY_WINDOW"`
+	RetryWindow time.Duration `help:"How long an acquire retried with the same request_id is recognised (the stream's duplicate window)." default:"2m" env:"JETLOCK_RETRY_WINDOW"`
+}
+
+func (b bucketFlags) config() streams.BucketConfig {
+	return streams.BucketConfig{Bucket: b.Bucket, Replicas: b.Replicas, AllowSingleReplica: b.AllowR1, RetryWindow: b.RetryWindow}
+}
+
+// devFlags locate lockd's dev cluster.
+type devFlags struct {
+	DevDir string `help:"Data directory of the dev cluster; kept across runs so tokens keep rising." default:".jetlock" env:"JETLOCK_DEV_DIR"`
+}
+
+// devStoreFile, in the dev directory, holds the URLs and the store user of
+// a running lockd --dev (mode 0600, removed when it stops), so that
+// lockd check --dev can reach the bucket with the rights --fix needs. The
+// dev cluster gives its service users new random passwords at every start.
+const devStoreFile = "lockd-dev-store.json"
+
+type devStore struct {
+	URLs     string `json:"urls"`
+	User     string `json:"user"`
+	Password string `json:"password"`
+}
+
+type serveCmd struct {
+	Dev      bool  `help:"Start an embedded three-node cluster (loopback, sync always, zones az:a/b/c, the users of deploy/) and serve on it." env:"JETLOCK_DEV"`
+	DevPorts []int `help:"Client ports of the three dev nodes." default:"4222,4223,4224" env:"JETLOCK_DEV_PORTS"`
+	devFlags `embed:""`
+
+	connFlags `embed:""`
+
+	Prefix      string `help:"Subject prefix." default:"jetlock" env:"JETLOCK_PREFIX"`
+	bucketFlags `embed:""`
 	DefaultTTL  time.Duration `help:"TTL of a lease whose request names none." default:"30s" name:"default-ttl" env:"JETLOCK_DEFAULT_TTL"`
 	MinTTL      time.Duration `help:"Smallest ttl_ms accepted." default:"1s" name:"min-ttl" env:"JETLOCK_MIN_TTL"`
 	MaxTTL      time.Duration `help:"Largest ttl_ms accepted." default:"10m" name:"max-ttl" env:"JETLOCK_MAX_TTL"`
+	MaxHold     time.Duration `help:"Longest a lease may be held in total, renewals included: the cap on max_hold_ms, also applied when a request names none; 0 = no cap." default:"24h" env:"JETLOCK_MAX_HOLD"`
 	MaxWait     time.Duration `help:"Largest wait_ms accepted." default:"5m" env:"JETLOCK_MAX_WAIT"`
 	ExpiryGrace time.Duration `help:"Added to a lease's TTL before the service expires it." default:"2s" env:"JETLOCK_EXPIRY_GRACE"`
 
+	OwnerRate float64 `help:"Fair use: acquires a second per owner (burst twice that); over it, acquire is answered unavailable with retry_after_ms; 0 = no limit." default:"0" env:"JETLOCK_OWNER_RATE"`
+	UserRate  float64 `help:"Fair use: acquires a second per NATS user (as the server vouches for it on an import; burst twice that); 0 = no limit." default:"0" env:"JETLOCK_USER_RATE"`
+
 	MaxInFlight int           `help:"Requests processed at once." default:"4096" env:"JETLOCK_MAX_IN_FLIGHT"`
 	MaxQueued   int           `help:"Requests waiting for a place beyond --max-in-flight; more are answered unavailable." default:"16384" env:"JETLOCK_MAX_QUEUED"`
+	MaxPerKey   int           `help:"Requests of this instance that may wait behind others on the same resource; more are answered unavailable." default:"64" env:"JETLOCK_MAX_PER_KEY"`
 	QueueWait   time.Duration `help:"How long a request may wait for a place before it is answered unavailable." default:"1s" env:"JETLOCK_QUEUE_WAIT"`
 	OpTimeout   time.Duration `help:"Bound on the store work of one request: it ends within --queue-wait plus this of the request's receipt; keep that sum below the clients' request timeout." default:"3s" env:"JETLOCK_OP_TIMEOUT"`
 
-	Metrics  string `help:"Serve Prometheus metrics on this address (e.g. 127.0.0.1:9090); empty disables." env:"JETLOCK_METRICS"`
+	Metrics  string `help:"Serve /metrics (Prometheus), /healthz and /readyz on this address (e.g. 127.0.0.1:9090; port 0 picks one, shown in the banner); empty disables." env:"JETLOCK_METRICS"`
+	Audit    string `help:"Audit log (JSON lines: grants, renew refusals, releases, expiries, hand-overs, cancels, revokes; never a lease id): a file path (appended, mode 0600), stderr or stdout; empty disables." env:"JETLOCK_AUDIT"`
 	LogLevel string `help:"Log level: debug, info, warn, error." default:"info" enum:"debug,info,warn,error" env:"JETLOCK_LOG_LEVEL"`
 }
 
-func (c *serveCmd) Run() error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+// config returns the service configuration of the flags, validated: a bad
+// value is a usage error, found before anything starts.
+func (c *serveCmd) config() (service.Config, error) {
+	cfg := service.DefaultConfig()
+	cfg.Prefix = c.Prefix
+	cfg.Bucket = c.bucketFlags.config()
+	cfg.DefaultTTL, cfg.MinTTL, cfg.MaxTTL, cfg.MaxWait = c.DefaultTTL, c.MinTTL, c.MaxTTL, c.MaxWait
+	cfg.MaxHold, cfg.ExpiryGrace = c.MaxHold, c.ExpiryGrace
+	cfg.OwnerRate, cfg.UserRate = c.OwnerRate, c.UserRate
+	cfg.MaxInFlight, cfg.MaxQueued, cfg.MaxPerKey = c.MaxInFlight, c.MaxQueued, c.MaxPerKey
+	cfg.QueueWait, cfg.OpTimeout = c.QueueWait, c.OpTimeout
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError("%v", err)
+	}
+	if c.Dev && len(c.DevPorts) != devcluster.Size {
+		return cfg, usageError("--dev-ports needs %d ports", devcluster.Size)
+	}
+	return cfg, nil
+}
+
+// openAudit opens the audit sink: nil for none.
+func openAudit(dest string, std *stdio) (*slog.Logger, func(), error) {
+	var w io.Writer
+	closer := func() {}
+	switch dest {
+	case "":
+		return nil, closer, nil
+	case "stderr":
+		w = std.err
+	case "stdout":
+		w = std.out
+	default:
+		f, err := os.OpenFile(dest, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, nil, fmt.Errorf("audit log: %w", err)
+		}
+		w, closer = f, func() { _ = f.Close() }
+	}
+	return slog.New(slog.NewJSONHandler(w, nil)), closer, nil
+}
+
+func (c *serveCmd) Run(ctx context.Context, out *stdio) error {
+	cfg, err := c.config()
+	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return usageError("%v", err)
+	}
+	log := slog.New(slog.NewTextHandler(out.err, &slog.HandlerOptions{Level: level}))
+	cfg.Logger = log
+	audit, closeAudit, err := openAudit(c.Audit, out)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
+	cfg.Audit = audit
+
+	// Take the metrics address before anything starts, so that a bad or
+	// busy one stops lockd at once.
+	var ln net.Listener
+	var reg *prometheus.Registry
+	if c.Metrics != "" {
+		if ln, err = net.Listen("tcp", c.Metrics); err != nil {
+			return fmt.Errorf("--metrics: %w", err)
+		}
+		defer ln.Close()
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		cfg.Registerer = reg
+	}
 
 	nc, storeNC, url, cleanup, err := c.connect()
 	if err != nil {
@@ -66,35 +165,27 @@ func (c *serveCmd) Run() error {
 	if !c.Dev && c.sameUser() {
 		log.Warn("the request and store connections use the same credentials: replies are then published with rights on the bucket; give the request connection a user without $JS/$KV rights (see deploy/)")
 	}
-
-	cfg := service.DefaultConfig()
-	cfg.Prefix = c.Prefix
-	cfg.Bucket = streams.BucketConfig{Bucket: c.Bucket, Replicas: c.Replicas, AllowSingleReplica: c.AllowR1, RetryWindow: c.RetryWindow}
-	cfg.DefaultTTL, cfg.MinTTL, cfg.MaxTTL, cfg.MaxWait = c.DefaultTTL, c.MinTTL, c.MaxTTL, c.MaxWait
-	cfg.ExpiryGrace = c.ExpiryGrace
-	cfg.MaxInFlight, cfg.MaxQueued, cfg.QueueWait, cfg.OpTimeout = c.MaxInFlight, c.MaxQueued, c.QueueWait, c.OpTimeout
-	cfg.Logger = log
-	if c.Metrics != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		cfg.Registerer = reg
-		srv := &http.Server{Addr: c.Metrics, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	svc, err := service.New(nc, storeNC, cfg)
+	if err != nil {
+		return err
+	}
+	metricsURL := ""
+	if ln != nil {
+		srv := &http.Server{Handler: newHTTPHandler(reg, svc), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("metrics server", "err", err)
 			}
 		}()
 		defer srv.Close()
-	}
-	svc, err := service.New(nc, storeNC, cfg)
-	if err != nil {
-		return err
+		metricsURL = "http://" + ln.Addr().String()
+		log.Info("serving /metrics, /healthz and /readyz", "url", metricsURL)
 	}
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
 	select {
 	case <-svc.Ready():
-		c.printBanner(url)
+		c.printBanner(out.out, url, metricsURL)
 	case err := <-done:
 		return err
 	}
@@ -105,9 +196,6 @@ func (c *serveCmd) Run() error {
 // connections. cleanup closes them and stops the cluster.
 func (c *serveCmd) connect() (nc, storeNC *nats.Conn, url string, cleanup func(), err error) {
 	if c.Dev {
-		if len(c.DevPorts) != devcluster.Size {
-			return nil, nil, "", nil, fmt.Errorf("--dev-ports needs %d ports", devcluster.Size)
-		}
 		cl, err := devcluster.Start(devcluster.Options{Dir: c.DevDir, ClientPorts: c.DevPorts, Prefix: c.Prefix})
 		if err != nil {
 			return nil, nil, "", nil, err
@@ -117,15 +205,23 @@ func (c *serveCmd) connect() (nc, storeNC *nats.Conn, url string, cleanup func()
 			cl.Shutdown()
 			return nil, nil, "", nil, err
 		}
-		return nc, storeNC, cl.URLs(), func() { nc.Close(); storeNC.Close(); cl.Shutdown() }, nil
+		user, password := cl.User(devcluster.Store)
+		removeStore, err := writeDevStore(c.DevDir, devStore{URLs: cl.URLs(), User: user, Password: password})
+		if err != nil {
+			nc.Close()
+			storeNC.Close()
+			cl.Shutdown()
+			return nil, nil, "", nil, err
+		}
+		return nc, storeNC, cl.URLs(), func() { removeStore(); nc.Close(); storeNC.Close(); cl.Shutdown() }, nil
 	}
 	reqOpts, err := c.options(c.Requests, "jetlock-lockd", streams.ServiceInboxPrefix)
 	if err != nil {
-		return nil, nil, "", nil, err
+		return nil, nil, "", nil, usageError("%v", err)
 	}
 	storeOpts, err := c.options(c.Store, "jetlock-lockd-store", streams.StoreInboxPrefix)
 	if err != nil {
-		return nil, nil, "", nil, err
+		return nil, nil, "", nil, usageError("%v", err)
 	}
 	if nc, err = nats.Connect(c.URL, reqOpts...); err != nil {
 		return nil, nil, "", nil, fmt.Errorf("connect %s: %w", c.URL, err)
@@ -137,21 +233,45 @@ func (c *serveCmd) connect() (nc, storeNC *nats.Conn, url string, cleanup func()
 	return nc, storeNC, c.URL, func() { nc.Close(); storeNC.Close() }, nil
 }
 
-func (c *serveCmd) printBanner(url string) {
+// writeDevStore writes the dev store file (see devStoreFile) and returns
+// the function that removes it.
+func writeDevStore(dir string, s devStore) (func(), error) {
+	path := filepath.Join(dir, devStoreFile)
+	_ = os.Remove(path) // a stale one, of a lockd --dev that was killed
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("dev store file: %w", err)
+	}
+	err = json.NewEncoder(f).Encode(s)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("dev store file: %w", err)
+	}
+	return func() { _ = os.Remove(path) }, nil
+}
+
+func (c *serveCmd) printBanner(w io.Writer, url, metricsURL string) {
 	first := strings.Split(url, ",")[0]
 	p := c.Prefix
-	fmt.Printf(`jetlock is serving.
+	fmt.Fprintf(w, `jetlock is serving.
   NATS URLs: %s
 `, url)
+	if metricsURL != "" {
+		fmt.Fprintf(w, "  Metrics: %s/metrics  Health: %s/healthz  Ready: %s/readyz\n", metricsURL, metricsURL, metricsURL)
+	}
 	if !c.Dev {
 		return
 	}
-	fmt.Printf(`Callers connect without credentials; the operator is user %q, password %q (loopback only).
+	fmt.Fprintf(w, `Callers connect without credentials; the operator is user %q, password %q (loopback only).
 Try it with the nats CLI (go install github.com/nats-io/natscli/nats@v0.5.0):
   nats -s %s req %s.v1.acquire '{"resource":"orders/1","request_id":"r1","owner":"me","ttl_ms":30000}'
   nats -s %s req %s.v1.status  '{"resource":"orders/1"}'
   nats -s %s --user operator --password operator kv get %s lease.orders/1
   nats -s %s --user operator --password operator micro stats jetlock
+Check the bucket's configuration: lockd check --dev --dev-dir %s
 Ctrl-C stops the service and the cluster (data stays in %s).
-`, "operator", devcluster.OperatorPassword, first, p, first, p, first, c.Bucket, first, c.DevDir)
+`, "operator", devcluster.OperatorPassword, first, p, first, p, first, c.Bucket, first, c.DevDir, c.DevDir)
 }
