@@ -1,0 +1,162 @@
+package deploytest
+
+import (
+	"crypto/tls"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/jetlock/jetlock/internal/testca"
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Every server configuration of deploy/nats parses with nats-server's own
+// parser, its includes and environment variables resolved as README.md
+// says, and says what DESIGN.md requires: its zone tag, unique_tag "az:",
+// fsync on every write, JetStream limits, routes to all three zones,
+// mutual TLS on clients and routes, and the accounts of the model.
+func TestServerConfigsParse(t *testing.T) {
+	ks := setIdentities(t)
+	dir := t.TempDir()
+	ca, err := testca.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.Server("server"); err != nil {
+		t.Fatal(err)
+	}
+	files := confFiles(t)
+	for _, s := range servers {
+		if !slices.Contains(files, s.name+".conf") {
+			t.Fatalf("deploy/nats has no %s.conf: %v", s.name, files)
+		}
+	}
+	// Every file names only the identities README.md lists.
+	for _, f := range files {
+		for _, ref := range envRefs(readDeploy(t, filepath.Join("nats", f))) {
+			if _, ok := identities[ref]; !ok {
+				t.Errorf("%s refers to $%s, which is not one of README.md's identities", f, ref)
+			}
+		}
+	}
+	for _, s := range servers {
+		t.Run(s.name, func(t *testing.T) {
+			d := filepath.Join(dir, s.name)
+			render(t, d, [][2]string{{tlsDir, dir + "/"}, {storeDir, filepath.Join(d, "data")}})
+			o := parse(t, filepath.Join(d, s.name+".conf"))
+			checkServer(t, o, s.name, s.zone)
+			checkAccounts(t, o, ks)
+		})
+	}
+	// A server without an identity in its environment does not start.
+	os.Unsetenv("JETLOCK_STORE_NKEY")
+	d := filepath.Join(dir, "unset")
+	render(t, d, [][2]string{{tlsDir, dir + "/"}, {storeDir, filepath.Join(d, "data")}})
+	if _, err := server.ProcessConfigFile(filepath.Join(d, "nats-a.conf")); err == nil || !strings.Contains(err.Error(), "JETLOCK_STORE_NKEY") {
+		t.Fatalf("nats-a.conf without JETLOCK_STORE_NKEY: %v, want an error naming it", err)
+	}
+}
+
+func checkServer(t *testing.T, o *server.Options, name, zone string) {
+	t.Helper()
+	if o.ServerName != name || !slices.Equal([]string(o.Tags), []string{zone}) {
+		t.Errorf("server name %q tags %v, want %q [%s]", o.ServerName, o.Tags, name, zone)
+	}
+	if !o.JetStream || !o.SyncAlways || o.JetStreamUniqueTag != "az:" {
+		t.Errorf("jetstream %v sync always %v unique tag %q", o.JetStream, o.SyncAlways, o.JetStreamUniqueTag)
+	}
+	if o.JetStreamMaxMemory <= 0 || o.JetStreamMaxStore <= 0 {
+		t.Errorf("JetStream limits memory %d store %d, want both set", o.JetStreamMaxMemory, o.JetStreamMaxStore)
+	}
+	if o.Port != clientPort || o.Cluster.Port != routePort || o.HTTPPort != monitorPort {
+		t.Errorf("ports client %d route %d monitor %d, want %d %d %d", o.Port, o.Cluster.Port, o.HTTPPort, clientPort, routePort, monitorPort)
+	}
+	var routes []string
+	for _, r := range o.Routes {
+		routes = append(routes, r.Host)
+	}
+	if want := []string{"nats-a:6222", "nats-b:6222", "nats-c:6222"}; !slices.Equal(routes, want) {
+		t.Errorf("routes %v, want %v", routes, want)
+	}
+	if o.TLSConfig == nil || o.TLSConfig.ClientAuth != tls.RequireAndVerifyClientCert {
+		t.Errorf("client TLS %v, want mutual TLS", o.TLSConfig)
+	}
+	if o.Cluster.TLSConfig == nil || !o.Cluster.TLSCheckKnownURLs {
+		t.Errorf("route TLS %v check known URLs %v, want mutual TLS with the route hosts checked", o.Cluster.TLSConfig != nil, o.Cluster.TLSCheckKnownURLs)
+	}
+	if o.NoAuthUser != "" || len(o.Users) != 0 {
+		t.Errorf("no_auth_user %q, %d password users: want every user an nkey", o.NoAuthUser, len(o.Users))
+	}
+	if o.SystemAccount != "SYS" {
+		t.Errorf("system account %q", o.SystemAccount)
+	}
+}
+
+// checkAccounts checks the users of each role: in the right account, with
+// the permissions of DESIGN.md §3.
+func checkAccounts(t *testing.T, o *server.Options, ks keys) {
+	t.Helper()
+	users := map[string]*server.NkeyUser{}
+	for _, u := range o.Nkeys {
+		users[u.Nkey] = u
+	}
+	account := map[string]string{"service": "JETLOCK", "store": "JETLOCK", "operator": "JETLOCK",
+		"orders": "CALLERS", "billing": "CALLERS", "sys": "SYS"}
+	for role, acc := range account {
+		u := users[ks.public(t, role)]
+		if u == nil {
+			t.Errorf("no user for %s", role)
+			continue
+		}
+		if u.Account == nil || u.Account.Name != acc {
+			t.Errorf("%s in account %v, want %s", role, u.Account, acc)
+		}
+	}
+	pubAllow := func(role string) []string {
+		u := users[ks.public(t, role)]
+		if u == nil || u.Permissions == nil || u.Permissions.Publish == nil {
+			return nil
+		}
+		return u.Permissions.Publish.Allow
+	}
+	subAllow := func(role string) []string {
+		u := users[ks.public(t, role)]
+		if u == nil || u.Permissions == nil || u.Permissions.Subscribe == nil {
+			return nil
+		}
+		return u.Permissions.Subscribe.Allow
+	}
+	for _, role := range []string{"orders", "billing"} {
+		for _, s := range pubAllow(role) {
+			if strings.HasPrefix(s, "$") || strings.Contains(s, "admin") || strings.Contains(s, ">") || strings.Contains(s, "*") {
+				t.Errorf("caller %s may publish %q", role, s)
+			}
+		}
+		if want := []string{"_INBOX_" + role + ".>"}; !slices.Equal(subAllow(role), want) {
+			t.Errorf("caller %s may subscribe %v, want %v", role, subAllow(role), want)
+		}
+	}
+	if u := users[ks.public(t, "service")]; u != nil {
+		for _, s := range u.Permissions.Publish.Allow {
+			if strings.HasPrefix(s, "$") || s == ">" {
+				t.Errorf("the service's request user may publish %q", s)
+			}
+		}
+		if !slices.Contains(subAllow("service"), streams.ServiceInboxPrefix+".>") {
+			t.Errorf("the service's request user subscribes %v, without its inbox", subAllow("service"))
+		}
+	}
+	if !slices.Equal(subAllow("store"), []string{streams.StoreInboxPrefix + ".>"}) {
+		t.Errorf("the store user subscribes %v, want its inbox only", subAllow("store"))
+	}
+	for _, s := range pubAllow("operator") {
+		if strings.HasPrefix(s, "$KV") || strings.Contains(s, "PURGE") || strings.Contains(s, "DELETE.") && !strings.Contains(s, "CONSUMER") ||
+			s == "$JS.API.>" || strings.Contains(s, "STREAM.CREATE") || strings.Contains(s, "STREAM.UPDATE") {
+			t.Errorf("the operator may publish %q", s)
+		}
+	}
+}
