@@ -1,5 +1,7 @@
 package streams
 
+import "github.com/nats-io/nats.go/micro"
+
 // Error codes of the wire contract (the "code" field of an error reply).
 const (
 	CodeInvalidRequest = "invalid_request"
@@ -10,10 +12,11 @@ const (
 	CodeInternal       = "internal"
 )
 
-// Header names of the micro error convention.
+// Header names of the micro error convention, as nats.go's micro package
+// names them.
 const (
-	HeaderErrorCode = "Nats-Service-Error-Code"
-	HeaderError     = "Nats-Service-Error"
+	HeaderErrorCode = micro.ErrorCodeHeader
+	HeaderError     = micro.ErrorHeader
 )
 
 // StatusCode returns the numeric header code of an error code: 400, 409,

@@ -30,7 +30,7 @@ func foreignf(format string, args ...any) error {
 func decodeRecord(b []byte) (*Record, error) {
 	var r Record
 	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, foreignf("%v", err)
+		return nil, foreignf("%w", err)
 	}
 	return &r, nil
 }
@@ -40,7 +40,7 @@ func decodeRecord(b []byte) (*Record, error) {
 // an earlier revision than rev, the record's own.
 func (r *Record) checkCommon(rev uint64) error {
 	if err := ValidateRequestID(r.RequestID); err != nil {
-		return foreignf("%v", err)
+		return foreignf("%w", err)
 	}
 	if r.TTLms <= 0 || r.TTLms > MaxRecordTTL.Milliseconds() {
 		return foreignf("ttl_ms %d outside (0, %d]", r.TTLms, MaxRecordTTL.Milliseconds())
@@ -49,7 +49,7 @@ func (r *Record) checkCommon(rev uint64) error {
 		return foreignf("token %d not below the record's revision %d", r.Token, rev)
 	}
 	if err := ValidateOwner(r.Owner); err != nil {
-		return foreignf("%v", err)
+		return foreignf("%w", err)
 	}
 	return nil
 }
@@ -63,7 +63,7 @@ func ParseLease(b []byte, rev uint64) (*Record, error) {
 		return nil, err
 	}
 	if err := ValidateLeaseID(r.LeaseID); err != nil {
-		return nil, foreignf("%v", err)
+		return nil, foreignf("%w", err)
 	}
 	if r.Wake != "" {
 		return nil, foreignf("a lease record names a wake subject")
