@@ -1,0 +1,333 @@
+package deploytest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/client"
+	"github.com/jetlock/jetlock/streams"
+)
+
+func errorsIsPermission(err error) bool { return errors.Is(err, nats.ErrPermissionViolation) }
+
+var (
+	bucketStream = streams.StreamName(streams.DefaultBucket)
+	kvPrefix     = streams.SubjectPrefix(streams.DefaultBucket)
+)
+
+// deploy/'s account setup, started for real: three servers from
+// deploy/nats's files (mutual TLS on clients and routes, a throw-away CA),
+// the service as its two deploy users. What each kind of user of DESIGN.md
+// §3 can and cannot do.
+func TestAccountSetup(t *testing.T) {
+	c := startCluster(t)
+	svc := c.serve()
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+
+	orders := c.connect("orders", "")
+	billing := c.connect("billing", "")
+	operator := c.connect("operator", "")
+	cl := newClient(t, orders)
+
+	t.Run("caller uses the contract", func(t *testing.T) {
+		l, err := cl.TryAcquire(ctx, "deploy/1", client.TTL(1500*time.Millisecond), client.Owner("orders"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := l.Expires()
+		// The client renews at a third of the TTL.
+		eventually(t, 5*time.Second, func() bool { return l.Expires().After(first) }, "the lease renewed")
+		select {
+		case <-l.Lost():
+			t.Fatal("lease lost while renewing")
+		default:
+		}
+		st, err := cl.Status(ctx, "deploy/1")
+		if err != nil || !st.Held || st.Token != l.Token() || st.Owner != "orders" {
+			t.Fatalf("status %+v %v, want held by orders with token %d", st, err, l.Token())
+		}
+		found := false
+		for s, err := range cl.List(ctx, "deploy/") {
+			if err != nil {
+				t.Fatal(err)
+			}
+			found = found || s.Resource == "deploy/1" && s.Token == l.Token()
+		}
+		if !found {
+			t.Fatal("list does not show deploy/1")
+		}
+		// A waiting acquire of another caller gets the lock when it is
+		// released (wake subjects, waiter records).
+		got := make(chan error, 1)
+		go func() {
+			w, err := newClient(t, billing).Acquire(ctx, "deploy/1", client.Wait(10*time.Second), client.Owner("billing"))
+			if err == nil {
+				if w.Token() <= l.Token() {
+					err = errors.New("waiter's token not above the holder's")
+				}
+				_ = w.Release(ctx)
+			}
+			got <- err
+		}()
+		eventually(t, 5*time.Second, func() bool {
+			st, err := cl.Status(ctx, "deploy/1")
+			return err == nil && st.Waiters == 1
+		}, "billing waits")
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatalf("waiting acquire: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiter was not granted in 10s")
+		}
+		if st, err := cl.Status(ctx, "deploy/1"); err != nil || st.Held {
+			t.Fatalf("status after release %+v %v", st, err)
+		}
+	})
+
+	t.Run("caller cannot reach the bucket or the JetStream API", func(t *testing.T) {
+		cc := c.connect("orders", "")
+		victim := kvPrefix + streams.LeaseKey("deploy/1")
+		tries := []struct{ what, kind, subject string }{
+			{"write a lease record", "Publish", victim},
+			{"purge the bucket", "Publish", "$JS.API.STREAM.PURGE." + bucketStream},
+			{"read a lease record", "Publish", "$JS.API.DIRECT.GET." + bucketStream + "." + victim},
+			{"read the stream leader's record", "Publish", "$JS.API.STREAM.MSG.GET." + bucketStream},
+			{"call the JetStream API", "Publish", "$JS.API.INFO"},
+			{"call admin.revoke", "Publish", streams.Subject(streams.DefaultPrefix, streams.OpRevoke)},
+		}
+		for _, tr := range tries {
+			if err := cc.PublishRequest(tr.subject, cc.NewRespInbox(), []byte(`{"resource":"deploy/1","reason":"x"}`)); err != nil {
+				t.Fatal(err)
+			}
+			cc.violation(t, tr.what, tr.kind, tr.subject)
+		}
+		if _, err := cc.SubscribeSync(kvPrefix + ">"); err != nil {
+			t.Fatal(err)
+		}
+		cc.violation(t, "watch the bucket", "Subscription", kvPrefix+">")
+		// Through the jetstream API as a program would: no answer.
+		js, err := jetstream.New(cc.Conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		jctx, jcancel := context.WithTimeout(ctx, 2*time.Second)
+		defer jcancel()
+		if _, err := js.KeyValue(jctx, streams.DefaultBucket); err == nil {
+			t.Fatal("a caller bound the bucket")
+		}
+		// The client's Revoke finds no service: the subject is neither
+		// allowed nor imported.
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		defer rcancel()
+		if _, err := newClient(t, cc).Revoke(rctx, "deploy/1", "caller tries"); err == nil {
+			t.Fatal("a caller revoked")
+		}
+	})
+
+	t.Run("caller cannot see other callers' replies or serve requests", func(t *testing.T) {
+		cc := c.connect("orders", "")
+		for _, subj := range []string{"_INBOX_billing.>", "_INBOX.>", "_R_.>", streams.Subject(streams.DefaultPrefix, streams.OpAcquire)} {
+			if _, err := cc.SubscribeSync(subj); err != nil {
+				t.Fatal(err)
+			}
+			cc.violation(t, "subscribe "+subj, "Subscription", subj)
+		}
+		acq := streams.Subject(streams.DefaultPrefix, streams.OpAcquire)
+		if _, err := cc.QueueSubscribeSync(acq, streams.QueueGroup); err != nil {
+			t.Fatal(err)
+		}
+		cc.violation(t, "join the jetlock queue group", "Subscription", acq)
+		// and billing's replies keep reaching billing alone
+		if _, err := newClient(t, billing).Status(ctx, "deploy/1"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("operator revokes and inspects, read only", func(t *testing.T) {
+		l, err := cl.TryAcquire(ctx, "deploy/revoke", client.TTL(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := jetstream.New(operator.Conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv, err := js.KeyValue(ctx, streams.DefaultBucket)
+		if err != nil {
+			t.Fatalf("operator binds the bucket: %v", err)
+		}
+		e, err := kv.Get(ctx, streams.LeaseKey("deploy/revoke"))
+		if err != nil {
+			t.Fatalf("operator reads a lease record: %v", err)
+		}
+		if rec, err := streams.ParseLease(e.Value(), e.Revision()); err != nil || rec.LeaseID != l.ID() {
+			t.Fatalf("record %+v %v, want lease %s", rec, err, l.ID())
+		}
+		st, err := js.Stream(ctx, bucketStream)
+		if err != nil {
+			t.Fatalf("operator's stream info: %v", err)
+		}
+		if info := st.CachedInfo(); info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+			t.Fatalf("stream info: replicas %d, cluster %+v", info.Config.Replicas, info.Cluster)
+		}
+		rev, err := newClient(t, operator).Revoke(ctx, "deploy/revoke", "deploytest")
+		if err != nil || !rev.Revoked || rev.Token != l.Token() {
+			t.Fatalf("revoke: %+v %v", rev, err)
+		}
+		select {
+		case <-l.Lost():
+		case <-time.After(15 * time.Second):
+			t.Fatal("the revoked holder's Lost did not close in 15s")
+		}
+		// Not write: no put, delete, purge or stream change.
+		before, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
+		defer wcancel()
+		if _, err := kv.Put(wctx, streams.LeaseKey("deploy/op"), []byte("x")); err == nil {
+			t.Fatal("operator wrote the bucket")
+		}
+		operator.violation(t, "put", "Publish", kvPrefix+streams.LeaseKey("deploy/op"))
+		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+		defer dcancel()
+		if err := kv.Delete(dctx, streams.LeaseKey("deploy/revoke")); err == nil {
+			t.Fatal("operator deleted a key")
+		}
+		operator.violation(t, "delete", "Publish", kvPrefix+streams.LeaseKey("deploy/revoke"))
+		for _, subj := range []string{"$JS.API.STREAM.PURGE." + bucketStream, "$JS.API.STREAM.DELETE." + bucketStream, "$JS.API.STREAM.UPDATE." + bucketStream, "$JS.API.STREAM.MSG.DELETE." + bucketStream} {
+			if err := operator.PublishRequest(subj, operator.NewRespInbox(), []byte(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+			operator.violation(t, "call "+subj, "Publish", subj)
+		}
+		after, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after.State.LastSeq < before.State.LastSeq || after.State.Msgs == 0 {
+			t.Fatalf("stream state moved from %+v to %+v", before.State, after.State)
+		}
+	})
+
+	t.Run("reply-subject attack", func(t *testing.T) {
+		victim, err := newClient(t, billing).TryAcquire(ctx, "victim", client.TTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer victim.Release(ctx)
+		onVictim := kvPrefix + streams.LeaseKey("victim")
+		recBefore, seqBefore := leaseRecord(t, ctx, operator, "victim")
+
+		// A caller renews its own lease with the victim's lease key as
+		// reply subject: the renewal is served, and its reply lands in
+		// the caller's own account, where there is no bucket.
+		x, err := cl.TryAcquire(ctx, "x", client.TTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer x.Release(ctx)
+		body, _ := json.Marshal(streams.RenewRequest{Resource: "x", LeaseID: x.ID()})
+		if err := orders.PublishRequest(streams.Subject(streams.DefaultPrefix, streams.OpRenew), onVictim, body); err != nil {
+			t.Fatal(err)
+		}
+		_, xSeq := leaseRecord(t, ctx, operator, "x")
+		eventually(t, 5*time.Second, func() bool {
+			_, s := leaseRecord(t, ctx, operator, "x")
+			return s != xSeq
+		}, "the attacker's renewal served")
+
+		// An operator (in the service's account, where the reply
+		// subject is not mapped) tries the same: the service's own
+		// check drops the request unanswered.
+		ocl := newClient(t, operator)
+		ox, err := ocl.TryAcquire(ctx, "ox", client.TTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ox.Release(ctx)
+		body, _ = json.Marshal(streams.RenewRequest{Resource: "ox", LeaseID: ox.ID()})
+		if err := operator.PublishRequest(streams.Subject(streams.DefaultPrefix, streams.OpRenew), onVictim, body); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 5*time.Second, func() bool {
+			return metric(t, svc.reg, "jetlock_requests_refused_total", map[string]string{"op": streams.OpRenew, "reason": "reply_subject"}) == 1
+		}, "the service refused the reply subject")
+
+		// And had it published there, the server would have refused:
+		// the service's request user has no right on $KV.
+		asService := c.connect("service", "")
+		if err := asService.Publish(onVictim, []byte(`{"lease_id":"mine","request_id":"r","ttl_ms":30000}`)); err != nil {
+			t.Fatal(err)
+		}
+		asService.violation(t, "publish on the victim's lease key", "Publish", onVictim)
+
+		recAfter, seqAfter := leaseRecord(t, ctx, operator, "victim")
+		if seqAfter != seqBefore || recAfter.LeaseID != recBefore.LeaseID || recAfter.LeaseID != victim.ID() {
+			t.Fatalf("the victim's record changed: %d %+v → %d %+v", seqBefore, recBefore, seqAfter, recAfter)
+		}
+		select {
+		case <-victim.Lost():
+			t.Fatal("the victim lost its lease")
+		default:
+		}
+	})
+
+	// The service ran the whole time as deploy/'s users without a single
+	// permission error on either connection.
+	for _, conn := range []string{"requests", "store"} {
+		if n := metric(t, svc.reg, "jetlock_permission_errors_total", map[string]string{"conn": conn}); n != 0 {
+			t.Errorf("%v permission errors on the service's %s connection", n, conn)
+		}
+	}
+	svc.requests.noViolations(t)
+	svc.store.noViolations(t)
+	if metric(t, svc.reg, "jetlock_ready", nil) != 1 {
+		t.Error("the service is not ready")
+	}
+}
+
+func newClient(t *testing.T, cc *conn) *client.Client {
+	t.Helper()
+	cl, err := client.New(cc.Conn, client.WithRequestTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// leaseRecord reads resource's lease record from the stream leader, as an
+// operator.
+func leaseRecord(t *testing.T, ctx context.Context, operator *conn, resource string) (*streams.Record, uint64) {
+	t.Helper()
+	js, err := jetstream.New(operator.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, bucketStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, kvPrefix+streams.LeaseKey(resource))
+	if err != nil {
+		t.Fatalf("operator reads %s from the stream leader: %v", resource, err)
+	}
+	rec, err := streams.ParseLease(m.Data, m.Sequence)
+	if err != nil {
+		t.Fatalf("record of %s: %v", resource, err)
+	}
+	return rec, m.Sequence
+}
