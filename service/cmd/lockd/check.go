@@ -34,6 +34,8 @@ type checkCmd struct {
 	JSON    bool          `help:"Print one JSON document: stream, first_seq, last_seq, high_water, leader, drifts (the remaining ones), fixed, warnings." name:"json"`
 	Fix     bool          `help:"Put right the drifts that a stream update can, by tightening only (deny delete and purge, no roll-ups, atomic batches and message TTLs allowed); report what remains. Needs the store user's rights."`
 	Timeout time.Duration `help:"Bound on each request to the JetStream API." default:"10s" env:"JETLOCK_CHECK_TIMEOUT"`
+
+	denied chan error // permission violations, see asyncError
 }
 
 // checkReport is what check prints.
@@ -102,11 +104,24 @@ func (c *checkCmd) connect() (*nats.Conn, error) {
 	if err != nil {
 		return nil, usageError("%v", err)
 	}
-	nc, err := nats.Connect(url, append(opts, nats.Timeout(c.Timeout))...)
+	c.denied = make(chan error, 1)
+	nc, err := nats.Connect(url, append(opts, nats.Timeout(c.Timeout), nats.ErrorHandler(c.asyncError))...)
 	if err != nil {
 		return nil, usageError("connect %s: %v", url, err)
 	}
 	return nc, nil
+}
+
+// asyncError receives the server's asynchronous errors: a permission
+// violation (the user may not call the API a request needs) is reported
+// at once instead of after the request's timeout.
+func (c *checkCmd) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
+	if errors.Is(err, nats.ErrPermissionViolation) {
+		select {
+		case c.denied <- err:
+		default:
+		}
+	}
 }
 
 // check loads the stream with jsm.go and the high-water mark, lists the
@@ -146,7 +161,7 @@ func (c *checkCmd) check(ctx context.Context, nc *nats.Conn, bc streams.BucketCo
 		return nil, err
 	}
 	if c.Fix && slices.ContainsFunc(drifts, func(d streams.Drift) bool { return d.Fixable }) {
-		if err := fix(st, bc); err != nil {
+		if err := c.fix(st, bc); err != nil {
 			rep.FixError = err.Error()
 		} else if info, err = st.LatestInformation(); err != nil { // reloaded by the update
 			return nil, fmt.Errorf("stream %s info after --fix: %w", name, err)
@@ -191,7 +206,9 @@ func (rep *checkReport) observe(info *api.StreamInfo, bc streams.BucketConfig) (
 }
 
 // fix applies streams' Fixed to the stream's configuration with jsm.go.
-func fix(st *jsm.Stream, bc streams.BucketConfig) error {
+// A permission violation ends it at once (the update's request would
+// otherwise wait for its timeout).
+func (c *checkCmd) fix(st *jsm.Stream, bc streams.BucketConfig) error {
 	sc, err := toNATS(st.Configuration())
 	if err != nil {
 		return err
@@ -200,7 +217,14 @@ func fix(st *jsm.Stream, bc streams.BucketConfig) error {
 	if err != nil {
 		return err
 	}
-	return st.UpdateConfiguration(fixed)
+	done := make(chan error, 1)
+	go func() { done <- st.UpdateConfiguration(fixed) }()
+	select {
+	case err := <-done:
+		return err
+	case err := <-c.denied:
+		return fmt.Errorf("%w (the stream update needs the store user's rights)", err)
+	}
 }
 
 // toNATS and toJSM convert between jsm.go's and nats.go's views of a stream
