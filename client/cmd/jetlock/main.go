@@ -1,0 +1,114 @@
+// Command jetlock runs a process under a jetlock lock, and inspects and
+// revokes locks, from any shell.
+//
+//	go install github.com/jetlock/jetlock/client/cmd/jetlock@latest
+//
+//	jetlock run --wait 1m lock:backup:user123 -- ./backup.sh user123
+//	jetlock ls lock:backup:
+//	jetlock --user operator --password operator revoke lock:backup:user123 --reason "stuck job"
+//
+// It connects like the nats CLI: --server/-s or NATS_URL, --creds,
+// --user/--password, --nkey, --tlscert/--tlskey/--tlsca, or --context NAME
+// (a nats CLI context; the flags given override its settings).
+//
+// Exit codes (see exitcodes.go):
+//
+//	0    success; `run` passes the command's own code through
+//	1    any other failure (internal error, too_many_waiters)
+//	2    bad input: unknown flag, invalid resource, duration out of bounds,
+//	     no command after --, or invalid_request from the service; nothing started
+//	69   unavailable: no service answered, or NATS could not be reached
+//	75   locked: the resource is held by another lease (no --wait, or it ran out)
+//	77   permission denied (revoke and watch need operator credentials)
+//	79   lease lost: `run` stopped its command (SIGTERM, SIGKILL after --grace)
+//	     because renewal was refused or unprovable, the lease was revoked, or
+//	     its hold limit passed; `renew` of a lease that is no longer current
+//	126  `run`: the command could not be started
+//	127  `run`: the command was not found
+//	128+N `run`: the command was killed by signal N (like a shell)
+//
+// Every error is one line on stderr: "jetlock: CODE: message", with the
+// wire contract's code where the service gave one.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/alecthomas/kong"
+)
+
+type cli struct {
+	globals `embed:""`
+
+	Run     runCmd     `cmd:"" help:"Run a command while holding a lock; stop it if the lock is lost."`
+	Acquire acquireCmd `cmd:"" help:"Acquire a lock for a script (the script renews and releases it)."`
+	Renew   renewCmd   `cmd:"" help:"Renew a lease acquired with 'jetlock acquire'."`
+	Release releaseCmd `cmd:"" help:"Release a lease acquired with 'jetlock acquire'."`
+	Status  statusCmd  `cmd:"" help:"Show who holds a resource."`
+	Ls      lsCmd      `cmd:"" help:"List held locks (resource, owner, token, expires in, waiters)."`
+	Revoke  revokeCmd  `cmd:"" help:"End a lease, whoever holds it (operators only)."`
+	Watch   watchCmd   `cmd:"" help:"Print grants, releases and expiries as they happen (operators only)."`
+}
+
+const description = `jetlock: exclusive leases with fencing tokens over NATS.
+
+Exit codes: 0 success (run: the command's own), 1 other failure, 2 bad input
+(nothing started), 69 service unavailable, 75 locked, 77 permission denied,
+79 lease lost (run stopped its command), 126/127 command not executable/not
+found, 128+N command killed by signal N.
+
+Examples:
+  jetlock -s nats://127.0.0.1:4222 run --wait 1m lock:backup:user123 -- ./backup.sh user123
+  jetlock ls lock:backup:
+  jetlock --user operator --password operator revoke lock:backup:user123 --reason "stuck"
+Every command has --help with an example.`
+
+func main() {
+	os.Exit(realMain(os.Args[1:]))
+}
+
+func realMain(args []string) int {
+	var c cli
+	parser, err := kong.New(&c, kong.Name("jetlock"), kong.Description(description),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "jetlock:", err)
+		return exitUsage
+	}
+	kctx, err := parser.Parse(args)
+	if err != nil {
+		msg := "usage: " + err.Error()
+		if ee := (*exitError)(nil); errors.As(err, &ee) {
+			msg = ee.msg // a Validate method's, wrapped by kong in the command's name
+		}
+		fmt.Fprintf(os.Stderr, "jetlock: %s (see jetlock %s--help)\n", oneLine(msg), commandOf(args))
+		return exitUsage
+	}
+	err = kctx.Run(&c.globals)
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if !errors.As(err, &ee) {
+		ee = classify(err)
+	}
+	if ee.msg != "" {
+		fmt.Fprintln(os.Stderr, "jetlock: "+oneLine(ee.msg))
+	}
+	return ee.code
+}
+
+// commandOf returns "NAME " when args name a command, for the help hint.
+func commandOf(args []string) string {
+	for _, a := range args {
+		switch a {
+		case "run", "acquire", "renew", "release", "status", "ls", "revoke", "watch":
+			return a + " "
+		case "--":
+			return ""
+		}
+	}
+	return ""
+}

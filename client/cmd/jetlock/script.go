@@ -1,0 +1,296 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jetlock/jetlock/client"
+	"github.com/jetlock/jetlock/streams"
+)
+
+// The commands for scripts: acquire hands out a lease whose renewals and
+// release are the script's business (jetlock renew, jetlock release).
+
+type acquireCmd struct {
+	Wait      time.Duration `help:"Wait up to this long for the lock (default: try once; exit 75 if held)." placeholder:"D"`
+	TTL       time.Duration `name:"ttl" help:"Lease TTL (default: the service's, 30s). Nothing renews it: run 'jetlock renew' within it." placeholder:"D"`
+	MaxHold   time.Duration `help:"Longest the lease may be held, renewals included (default: the deployment's cap)." placeholder:"D"`
+	Owner     string        `help:"Owner text shown to others."`
+	RequestID string        `help:"Request id (default: random); reuse it to make a retried acquire idempotent."`
+	JSON      bool          `name:"json" help:"Print the service's reply as JSON (lease_id included)."`
+	Env       bool          `name:"env" help:"Print 'export JETLOCK_RESOURCE=... JETLOCK_TOKEN=... JETLOCK_LEASE_ID=...' for eval."`
+	Resource  string        `arg:"" help:"Resource to lock."`
+}
+
+// Help is the long help of `jetlock acquire`.
+func (a *acquireCmd) Help() string {
+	return `Acquires RESOURCE and prints the lease: its lease_id (the only command that
+shows it: keep it secret, it alone renews and releases the lease) and its
+fencing token. The lease lasts its TTL unless renewed with 'jetlock renew';
+prefer 'jetlock run', which renews for you.
+
+Example:
+  eval "$(jetlock acquire --env --ttl 1m lock:backup:user123)"
+  ./backup.sh --token "$JETLOCK_TOKEN"; jetlock renew lock:backup:user123
+  jetlock release lock:backup:user123   # lease id from $JETLOCK_LEASE_ID`
+}
+
+// Validate checks the flags before anything connects.
+func (a *acquireCmd) Validate() error {
+	if a.JSON && a.Env {
+		return usagef("--json and --env exclude each other")
+	}
+	return firstErr(
+		checkResource(a.Resource),
+		checkDuration("wait", a.Wait, time.Millisecond, 24*time.Hour),
+		checkDuration("ttl", a.TTL, time.Second, streams.MaxRecordTTL),
+		checkDuration("max-hold", a.MaxHold, time.Second, streams.MaxHoldCeiling),
+		checkText("owner", a.Owner, streams.ValidateOwner),
+		checkText("request-id", a.RequestID, optional(streams.ValidateRequestID)),
+	)
+}
+
+// Run acquires and prints.
+func (a *acquireCmd) Run(g *globals) error {
+	s, err := g.connect()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	opts := []client.AcquireOption{client.Owner(a.Owner)}
+	if a.TTL > 0 {
+		opts = append(opts, client.TTL(a.TTL))
+	}
+	if a.MaxHold > 0 {
+		opts = append(opts, client.MaxHold(a.MaxHold))
+	}
+	if a.RequestID != "" {
+		opts = append(opts, client.RequestID(a.RequestID))
+	}
+	ctx, cancel := s.opCtx(g, a.Wait)
+	defer cancel()
+	var lease *client.Lease
+	if a.Wait > 0 {
+		lease, err = s.c.Acquire(ctx, a.Resource, append(opts, client.Wait(a.Wait))...)
+	} else {
+		lease, err = s.c.TryAcquire(ctx, a.Resource, opts...)
+	}
+	if err != nil {
+		return s.fail(err)
+	}
+	// The process exits now, and with it the client's renewer: the lease
+	// lasts its TTL unless the script renews it.
+	r := lease.Reply()
+	switch {
+	case a.JSON:
+		return printJSON(r)
+	case a.Env:
+		fmt.Printf("export JETLOCK_RESOURCE=%s JETLOCK_TOKEN=%d JETLOCK_LEASE_ID=%s\n",
+			shellQuote(r.Resource), r.Token, shellQuote(r.LeaseID))
+	default:
+		fmt.Printf("acquired %s: token %d, ttl %v, expires %s%s\nlease_id %s\n", r.Resource, r.Token,
+			time.Duration(r.TTLms)*time.Millisecond, r.ExpiresAt, holdText(r.HoldUntil), r.LeaseID)
+	}
+	return nil
+}
+
+type renewCmd struct {
+	LeaseID  string        `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire' (default: $JETLOCK_LEASE_ID)."`
+	TTL      time.Duration `name:"ttl" help:"New TTL (default: the service's default)." placeholder:"D"`
+	JSON     bool          `name:"json" help:"Print the service's reply as JSON (without the lease id)."`
+	Resource string        `arg:"" help:"Resource of the lease."`
+}
+
+// Help is the long help of `jetlock renew`.
+func (r *renewCmd) Help() string {
+	return `Renews a lease acquired with 'jetlock acquire'. Exit 79 (lease_lost) when it is
+no longer current: expired, released, revoked, or past its hold limit.
+
+Example:
+  JETLOCK_LEASE_ID=... jetlock renew --ttl 1m lock:backup:user123`
+}
+
+// Validate checks the flags before anything connects.
+func (r *renewCmd) Validate() error {
+	return firstErr(checkResource(r.Resource), checkLeaseID(r.LeaseID),
+		checkDuration("ttl", r.TTL, time.Second, streams.MaxRecordTTL))
+}
+
+func checkLeaseID(id string) error {
+	if id == "" {
+		return usagef("--lease-id (or JETLOCK_LEASE_ID) is required")
+	}
+	return checkText("lease-id", id, streams.ValidateLeaseID)
+}
+
+// Run renews and prints.
+func (r *renewCmd) Run(g *globals) error {
+	s, err := g.connect()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	ctx, cancel := s.opCtx(g, 0)
+	defer cancel()
+	resp, err := s.c.Renew(ctx, r.Resource, r.LeaseID, r.TTL)
+	if err != nil {
+		return s.fail(err)
+	}
+	if r.JSON {
+		return printJSON(grantView{Resource: resp.Resource, Token: resp.Token, TTLms: resp.TTLms,
+			ExpiresAt: resp.ExpiresAt, HoldUntil: resp.HoldUntil})
+	}
+	fmt.Printf("renewed %s: token %d, ttl %v, expires %s%s\n", resp.Resource, resp.Token,
+		time.Duration(resp.TTLms)*time.Millisecond, resp.ExpiresAt, holdText(resp.HoldUntil))
+	return nil
+}
+
+// grantView is a lease reply without its lease id.
+type grantView struct {
+	Resource  string `json:"resource"`
+	Token     uint64 `json:"token"`
+	TTLms     int64  `json:"ttl_ms"`
+	ExpiresAt string `json:"expires_at"`
+	HoldUntil string `json:"hold_until,omitempty"`
+}
+
+type releaseCmd struct {
+	LeaseID  string `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire' (default: $JETLOCK_LEASE_ID)."`
+	JSON     bool   `name:"json" help:"Print the service's reply as JSON."`
+	Resource string `arg:"" help:"Resource of the lease."`
+}
+
+// Help is the long help of `jetlock release`.
+func (r *releaseCmd) Help() string {
+	return `Releases a lease acquired with 'jetlock acquire'. Idempotent: a lease that has
+ended already answers "released": false, exit 0.
+
+Example:
+  jetlock release --lease-id "$JETLOCK_LEASE_ID" lock:backup:user123`
+}
+
+// Validate checks the flags before anything connects.
+func (r *releaseCmd) Validate() error {
+	return firstErr(checkResource(r.Resource), checkLeaseID(r.LeaseID))
+}
+
+// Run releases and prints.
+func (r *releaseCmd) Run(g *globals) error {
+	s, err := g.connect()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	ctx, cancel := s.opCtx(g, 0)
+	defer cancel()
+	released, err := s.c.Release(ctx, r.Resource, r.LeaseID)
+	if err != nil {
+		return s.fail(err)
+	}
+	if r.JSON {
+		return printJSON(streams.ReleaseResponse{Resource: r.Resource, Released: released})
+	}
+	if released {
+		fmt.Printf("released %s\n", r.Resource)
+	} else {
+		fmt.Printf("%s: the lease had already ended\n", r.Resource)
+	}
+	return nil
+}
+
+type statusCmd struct {
+	JSON     bool   `name:"json" help:"Print the service's reply as JSON."`
+	Resource string `arg:"" help:"Resource to look at."`
+}
+
+// Help is the long help of `jetlock status`.
+func (c *statusCmd) Help() string {
+	return `Shows who holds RESOURCE (never the lease id), its token, when it expires in the
+service's view, and how many wait.
+
+Example:
+  jetlock status --json lock:backup:user123`
+}
+
+// Validate checks the resource before anything connects.
+func (c *statusCmd) Validate() error { return checkResource(c.Resource) }
+
+// Run asks and prints.
+func (c *statusCmd) Run(g *globals) error {
+	s, err := g.connect()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	ctx, cancel := s.opCtx(g, 0)
+	defer cancel()
+	st, err := s.c.Status(ctx, c.Resource)
+	if err != nil {
+		return s.fail(err)
+	}
+	if c.JSON {
+		return printJSON(streams.StatusResponse{Resource: st.Resource, Held: st.Held, Owner: st.Owner, Token: st.Token,
+			ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil)})
+	}
+	if !st.Held {
+		fmt.Printf("%s: free, %d waiting\n", st.Resource, st.Waiters)
+		return nil
+	}
+	fmt.Printf("%s: held by %s, token %d, expires in %s, %d waiting\n", st.Resource, ownerText(st.Owner), st.Token,
+		expiresIn(st.ExpiresAt), st.Waiters)
+	return nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	return enc.Encode(v)
+}
+
+func wireTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return streams.FormatTime(t)
+}
+
+func holdText(holdUntil string) string {
+	if holdUntil == "" {
+		return ""
+	}
+	return ", held until " + holdUntil + " at most"
+}
+
+func ownerText(o string) string {
+	if o == "" {
+		return "(no owner)"
+	}
+	return strconv.Quote(o)
+}
+
+// expiresIn renders how long until t, by this machine's clock.
+func expiresIn(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := time.Until(t).Round(100 * time.Millisecond)
+	if d < 0 {
+		return "0s (expiring)"
+	}
+	return d.String()
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	out := "'"
+	for _, c := range s {
+		if c == '\'' {
+			out += `'\''`
+			continue
+		}
+		out += string(c)
+	}
+	return out + "'"
+}

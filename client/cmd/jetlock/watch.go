@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+type watchCmd struct {
+	Bucket   string        `default:"jetlock" env:"JETLOCK_BUCKET" help:"KV bucket of the lock state."`
+	For      time.Duration `name:"for" help:"Stop after this long (default: until Ctrl-C)." placeholder:"D"`
+	Renewals bool          `help:"Also print renewals."`
+	JSON     bool          `name:"json" help:"One JSON object per event."`
+	Prefix   string        `arg:"" optional:"" help:"Only resources that start with this (default: all)."`
+}
+
+// Help is the long help of `jetlock watch`.
+func (c *watchCmd) Help() string {
+	return `Prints the leases held now ("held"), then grants, releases and expiries as they
+happen, read from the lock bucket through a KV watcher: needs operator
+credentials (read access to the bucket), without them exit 77. "released"
+covers releases, revokes and cancels; "expired" a lease that ended after its
+expiry. Never prints lease ids. Stops on Ctrl-C or after --for.
+
+Example:
+  jetlock --user operator --password operator watch --for 1h lock:backup:`
+}
+
+// Validate checks the flags before anything connects.
+func (c *watchCmd) Validate() error {
+	if err := (&streams.ListRequest{Prefix: c.Prefix}).Validate(); err != nil {
+		return usagef("prefix %q: %s", c.Prefix, clean(err))
+	}
+	if err := (streams.BucketConfig{Bucket: c.Bucket, AllowSingleReplica: true, Replicas: 1}).Validate(); err != nil {
+		return usagef("--bucket: %s", clean(err))
+	}
+	return checkDuration("for", c.For, time.Millisecond, 366*24*time.Hour)
+}
+
+// watchEvent is one line of output.
+type watchEvent struct {
+	Time      string `json:"time"`
+	Event     string `json:"event"`
+	Resource  string `json:"resource"`
+	Owner     string `json:"owner"`
+	Token     uint64 `json:"token"`
+	ExpiresAt string `json:"expires_at,omitempty"`
+}
+
+// Run watches until Ctrl-C or --for.
+func (c *watchCmd) Run(g *globals) error {
+	s, err := g.connect()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	ctx, stop := signal.NotifyContext(s.ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if c.For > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.For)
+		defer cancel()
+	}
+	js, err := jetstream.New(s.nc)
+	if err != nil {
+		return s.fail(err)
+	}
+	bctx, bcancel := context.WithTimeout(ctx, 2*g.Timeout)
+	kv, err := js.KeyValue(bctx, c.Bucket)
+	bcancel()
+	if err != nil {
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return exitf(exitFailure, "bucket %s not found (is this jetlock's cluster and account?)", c.Bucket)
+		}
+		return s.fail(err)
+	}
+	w, err := kv.Watch(ctx, streams.LeaseKeyPrefix+">")
+	if err != nil {
+		return s.fail(err)
+	}
+	defer w.Stop() //nolint:errcheck // ending anyway
+	last := map[string]*streams.Record{}
+	initial := true
+	for {
+		select {
+		case <-ctx.Done():
+			if errors.Is(context.Cause(s.ctx), errPermission) {
+				return s.fail(ctx.Err())
+			}
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return exitf(exitUnavailable, "unavailable: the watch ended")
+			}
+			if e == nil {
+				initial = false
+				continue
+			}
+			for _, ev := range c.events(e, last, initial) {
+				c.print(ev)
+			}
+		}
+	}
+}
+
+// events turns one bucket entry into the events it means, keeping last,
+// the current record of every key.
+func (c *watchCmd) events(e jetstream.KeyValueEntry, last map[string]*streams.Record, initial bool) []watchEvent {
+	resource, err := streams.DecodeResource(strings.TrimPrefix(e.Key(), streams.LeaseKeyPrefix))
+	if err != nil || !strings.HasPrefix(resource, c.Prefix) {
+		return nil
+	}
+	at := streams.FormatTime(e.Created())
+	prev := last[e.Key()]
+	var out []watchEvent
+	ended := func(how string) {
+		if prev != nil {
+			out = append(out, watchEvent{Time: at, Event: how, Resource: resource, Owner: prev.Owner, Token: prev.Token})
+		}
+	}
+	switch e.Operation() {
+	case jetstream.KeyValuePut:
+		rec, err := streams.ParseLease(e.Value(), e.Revision())
+		if err != nil {
+			return nil // not a lease record: nobody's lease
+		}
+		fresh := rec.Token == 0
+		rec.Token = rec.TokenAt(e.Revision())
+		last[e.Key()] = rec
+		ev := watchEvent{Time: at, Resource: resource, Owner: rec.Owner, Token: rec.Token, ExpiresAt: rec.ExpiresAt}
+		switch {
+		case initial:
+			ev.Event = "held"
+		case fresh:
+			ended(endHow(prev, rec.GrantedAt))
+			ev.Event = "granted"
+		case c.Renewals:
+			ev.Event = "renewed"
+		default:
+			return out
+		}
+		out = append(out, ev)
+	default: // a delete marker: the lease ended
+		delete(last, e.Key())
+		if initial {
+			return nil
+		}
+		endedAt := at
+		if m := streams.DecodeEndMark(e.Value()); m != nil && m.EndedAt != "" {
+			endedAt = m.EndedAt
+		}
+		ended(endHow(prev, endedAt))
+	}
+	return out
+}
+
+// endHow names how prev ended at endedAt (a wire time): "expired" when
+// that is past its expiry, else "released" (a release, revoke or cancel).
+func endHow(prev *streams.Record, endedAt string) string {
+	if prev == nil {
+		return "released"
+	}
+	exp, err1 := time.Parse(time.RFC3339Nano, prev.ExpiresAt)
+	end, err2 := time.Parse(time.RFC3339Nano, endedAt)
+	if err1 == nil && err2 == nil && !end.Before(exp) {
+		return "expired"
+	}
+	return "released"
+}
+
+func (c *watchCmd) print(ev watchEvent) {
+	if c.JSON {
+		_ = printJSON(ev)
+		return
+	}
+	line := fmt.Sprintf("%s  %-8s %s  owner=%s token=%d", ev.Time, ev.Event, ev.Resource, dash(ev.Owner), ev.Token)
+	if ev.ExpiresAt != "" {
+		line += " expires=" + ev.ExpiresAt
+	}
+	fmt.Println(line)
+}
+
+// parseWire parses a wire time ("" is the zero time).
+func parseWire(s string) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, s)
+	return t
+}
