@@ -54,7 +54,8 @@ func classify(err error) *exitError {
 	var held *client.HeldError
 	switch {
 	case errors.Is(err, errPermission), errors.Is(err, nats.ErrPermissionViolation), errors.Is(err, nats.ErrAuthorization):
-		return exitf(exitNoPerm, "permission denied: %s", clean(err))
+		return exitf(exitNoPerm, "permission denied: %s (this needs other credentials: --creds, --user/--password, --nkey or --context; revoke and watch need an operator's)",
+			strings.TrimPrefix(strings.TrimPrefix(clean(err), errPermission.Error()+": "), "nats: permissions violation: "))
 	case errors.As(err, &held):
 		return exitf(exitLocked, "%s: resource is held by another lease (%s)", streams.CodeLocked, holderText(held.Owner, held.Token))
 	case errors.Is(err, client.ErrLeaseLost):

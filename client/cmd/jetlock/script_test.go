@@ -1,0 +1,267 @@
+package main_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Bad input to every command is one line on stderr and exit 2, before
+// anything connects or starts: a run's command never runs and no lease
+// is taken.
+func TestBadInputExitsTwoAndStartsNothing(t *testing.T) {
+	t.Parallel()
+	marker := filepath.Join(t.TempDir(), "ran")
+	long := strings.Repeat("a", 201)
+	for _, args := range [][]string{
+		{},
+		{"bogus"},
+		{"--bogus", "status", "bad:1"},
+		{"--timeout", "0s", "status", "bad:1"},
+		{"run", "bad:1"},
+		{"run", "bad:1", "--"},
+		{"run", "--bogus", "bad:1", "--", "touch", marker},
+		{"run", "bad res", "--", "touch", marker},
+		{"run", ".bad", "--", "touch", marker},
+		{"run", long, "--", "touch", marker},
+		{"run", "--ttl", "500ms", "bad:1", "--", "touch", marker},
+		{"run", "--ttl", "25h", "bad:1", "--", "touch", marker},
+		{"run", "--ttl", "1500us", "bad:1", "--", "touch", marker},
+		{"run", "--wait=-1s", "bad:1", "--", "touch", marker},
+		{"run", "--max-hold", "100ms", "bad:1", "--", "touch", marker},
+		{"run", "--grace", "0s", "bad:1", "--", "touch", marker},
+		{"run", "--ttl", "soon", "bad:1", "--", "touch", marker},
+		{"run", "--owner", "a\x01b", "bad:1", "--", "touch", marker},
+		{"run", "--request-id", strings.Repeat("r", 129), "bad:1", "--", "touch", marker},
+		{"acquire"},
+		{"acquire", "--bogus", "bad:1"},
+		{"acquire", "bad/"},
+		{"acquire", "--ttl", "0.2s", "bad:1"},
+		{"acquire", "--json", "--env", "bad:1"},
+		{"renew", "bad:1"},
+		{"renew", "--lease-id", "x", "bad res"},
+		{"renew", "--lease-id", "x", "--ttl", "10ms", "bad:1"},
+		{"renew", "--lease-id", "x", "--bogus", "bad:1"},
+		{"release", "bad:1"},
+		{"release", "--lease-id", strings.Repeat("x", 65), "bad:1"},
+		{"release", "--lease-id", "x", "--bogus", "bad:1"},
+		{"status"},
+		{"status", "bad res"},
+		{"status", "--bogus", "bad:1"},
+		{"ls", "bad prefix"},
+		{"ls", "--bogus"},
+		{"ls", "a", "b"},
+		{"revoke", "bad:1"},
+		{"revoke", "bad res", "--reason", "x"},
+		{"revoke", "bad:1", "--reason", ""},
+		{"revoke", "--bogus", "bad:1", "--reason", "x"},
+		{"watch", "bad prefix"},
+		{"watch", "--for=-1s"},
+		{"watch", "--bucket", "no.dots", "--for", "1s"},
+		{"watch", "--bogus"},
+	} {
+		r := jl(t, args...)
+		if r.code != 2 {
+			t.Errorf("jetlock %q: exit %d, want 2; stderr %q", args, r.code, r.stderr)
+			continue
+		}
+		if lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "jetlock: ") {
+			t.Errorf("jetlock %q: stderr is not one jetlock line: %q", args, r.stderr)
+		}
+		if r.stdout != "" {
+			t.Errorf("jetlock %q printed %q", args, r.stdout)
+		}
+	}
+	if exists(marker) {
+		t.Fatal("a refused run started its command")
+	}
+	if st := status(t, newClient(t), "bad:1"); st.Held || st.Waiters != 0 {
+		t.Fatalf("bad input left state behind: %+v", st)
+	}
+}
+
+// A service that cannot be reached is exit 69, at once.
+func TestUnavailable(t *testing.T) {
+	t.Parallel()
+	marker := filepath.Join(t.TempDir(), "ran")
+	user, pw := cluster.User(devcluster.Admin) // may publish anything: nobody answers
+	for _, args := range [][]string{
+		{"--user", user, "--password", pw, "--prefix", "nobody", "run", "un:1", "--", "touch", marker},
+		{"--user", user, "--password", pw, "--prefix", "nobody", "status", "un:1"},
+		{"--server", "nats://127.0.0.1:1", "run", "un:1", "--", "touch", marker},
+	} {
+		r := jl(t, args...)
+		wantCode(t, r, 69)
+		if !strings.Contains(r.stderr, "unavailable") || r.took > 15*time.Second {
+			t.Errorf("jetlock %q: %q after %v", args, r.stderr, r.took)
+		}
+	}
+	if exists(marker) {
+		t.Fatal("a run without a service started its command")
+	}
+}
+
+func decode[T any](t *testing.T, s string) T {
+	t.Helper()
+	var v T
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("output %q: %v", s, err)
+	}
+	return v
+}
+
+// The script commands' --json output is the wire JSON; only acquire shows
+// the lease id; a lease renewed by the script outlives its TTL, and one
+// not renewed ends.
+func TestScriptCommandsJSON(t *testing.T) {
+	t.Parallel()
+	const res = "script:json"
+	r := jl(t, "acquire", "--json", "--ttl", "2s", "--owner", "cron", res)
+	wantCode(t, r, 0)
+	g := decode[streams.LeaseResponse](t, r.stdout)
+	if g.Resource != res || g.LeaseID == "" || g.Token == 0 || g.TTLms != 2000 || g.ExpiresAt == "" {
+		t.Fatalf("acquire --json: %+v", g)
+	}
+	env := []string{"JETLOCK_LEASE_ID=" + g.LeaseID}
+
+	r = jl(t, "status", "--json", res)
+	wantCode(t, r, 0)
+	st := decode[streams.StatusResponse](t, r.stdout)
+	if !st.Held || st.Owner != "cron" || st.Token != g.Token {
+		t.Fatalf("status --json: %+v", st)
+	}
+	r = jl(t, "acquire", res)
+	wantCode(t, r, 75)
+
+	// The script renews past the first TTL.
+	for range 3 {
+		time.Sleep(time.Second)
+		r = start(t, env, "renew", "--json", "--ttl", "2s", res).wait(t, 30*time.Second)
+		wantCode(t, r, 0)
+		var raw map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil {
+			t.Fatalf("renew --json %q: %v", r.stdout, err)
+		}
+		if _, ok := raw["lease_id"]; ok || raw["token"] != float64(g.Token) || raw["ttl_ms"] != float64(2000) {
+			t.Fatalf("renew --json: %s", r.stdout)
+		}
+	}
+	r = jl(t, "ls", "--json", "script:")
+	wantCode(t, r, 0)
+	list := decode[streams.ListResponse](t, r.stdout)
+	if len(list.Leases) != 1 || list.Leases[0].Resource != res || list.Leases[0].Token != g.Token || strings.Contains(r.stdout, g.LeaseID) {
+		t.Fatalf("ls --json: %s", r.stdout)
+	}
+	r = jl(t, "ls", "script:")
+	if wantCode(t, r, 0); strings.Contains(r.stdout, g.LeaseID) || !strings.Contains(r.stdout, "cron") {
+		t.Fatalf("ls: %s", r.stdout)
+	}
+
+	r = start(t, env, "release", "--json", res).wait(t, 30*time.Second)
+	wantCode(t, r, 0)
+	if rel := decode[streams.ReleaseResponse](t, r.stdout); !rel.Released || rel.Resource != res {
+		t.Fatalf("release --json: %+v", rel)
+	}
+	r = start(t, env, "release", res).wait(t, 30*time.Second)
+	if wantCode(t, r, 0); !strings.Contains(r.stdout, "already ended") {
+		t.Fatalf("second release: %q", r.stdout)
+	}
+	r = start(t, env, "renew", res).wait(t, 30*time.Second)
+	wantCode(t, r, 79)
+	if !strings.HasPrefix(r.stderr, "jetlock: lease_lost: ") {
+		t.Fatalf("renew after release: %q", r.stderr)
+	}
+
+	// --env output, evaluated by a shell, hands the lease to the script.
+	dir := t.TempDir()
+	script := filepath.Join(dir, "s.sh")
+	body := `set -e
+eval "$("$JETLOCK" --server "$URLS" acquire --env --ttl 2s ` + res + `)"
+echo "$JETLOCK_RESOURCE $JETLOCK_TOKEN" > ` + filepath.Join(dir, "out") + `
+"$JETLOCK" --server "$URLS" release "$JETLOCK_RESOURCE"
+`
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sh := start(t, []string{"JETLOCK=" + bin, "URLS=" + urls}, "run", "script:outer", "--", "sh", script).wait(t, 30*time.Second)
+	wantCode(t, sh, 0)
+	out, _ := os.ReadFile(filepath.Join(dir, "out"))
+	if f := strings.Fields(string(out)); len(f) != 2 || f[0] != res {
+		t.Fatalf("--env handed the script %q", out)
+	}
+	if s := status(t, newClient(t), res); s.Held {
+		t.Fatalf("held after the script released: %+v", s)
+	}
+
+	// revoke --json of a free resource.
+	r = jl(t, operator("revoke", "--json", res, "--reason", "test")...)
+	wantCode(t, r, 0)
+	if rv := decode[streams.RevokeResponse](t, r.stdout); rv.Revoked || rv.Resource != res {
+		t.Fatalf("revoke --json: %+v", rv)
+	}
+}
+
+type watchLine struct {
+	Time      string `json:"time"`
+	Event     string `json:"event"`
+	Resource  string `json:"resource"`
+	Owner     string `json:"owner"`
+	Token     uint64 `json:"token"`
+	ExpiresAt string `json:"expires_at"`
+}
+
+// watch prints what is held, then grants, releases and expiries, never a
+// lease id; without operator rights it is a clear refusal.
+func TestWatch(t *testing.T) {
+	t.Parallel()
+	r := jl(t, "watch", "--for", "5s", "watch:")
+	wantCode(t, r, 77)
+	if !strings.Contains(r.stderr, "permission denied") || r.took > 5*time.Second {
+		t.Fatalf("watch as a caller: %q after %v", r.stderr, r.took)
+	}
+
+	held := jl(t, "acquire", "--json", "--ttl", "30s", "--owner", "early", "watch:held")
+	wantCode(t, held, 0)
+	early := decode[streams.LeaseResponse](t, held.stdout)
+
+	w := start(t, nil, operator("watch", "--json", "--for", "8s", "watch:")...)
+	time.Sleep(1500 * time.Millisecond) // the watcher is up
+	a := jl(t, "acquire", "--json", "--ttl", "1s", "--owner", "expirer", "watch:expire")
+	wantCode(t, a, 0)
+	exp := decode[streams.LeaseResponse](t, a.stdout)
+	wantCode(t, jl(t, "run", "--owner", "runner", "watch:run", "--", "true"), 0)
+	wantCode(t, jl(t, "acquire", "--owner", "other", "other:x"), 0) // outside the prefix
+	res := w.wait(t, 30*time.Second)
+	wantCode(t, res, 0)
+	for _, id := range []string{early.LeaseID, exp.LeaseID} {
+		if strings.Contains(res.stdout, id) {
+			t.Fatal("watch printed a lease id")
+		}
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(res.stdout), "\n") {
+		ev := decode[watchLine](t, line)
+		if ev.Time == "" || ev.Token == 0 {
+			t.Fatalf("event %s", line)
+		}
+		got = append(got, ev.Event+" "+ev.Resource+" "+ev.Owner)
+	}
+	want := []string{
+		"held watch:held early",
+		"granted watch:expire expirer",
+		"granted watch:run runner",
+		"released watch:run runner",
+		"expired watch:expire expirer",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("watch events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
