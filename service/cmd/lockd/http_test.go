@@ -3,12 +3,16 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/service"
 )
@@ -32,6 +36,17 @@ func readyz(t *testing.T, base string) (int, service.Health) {
 // ready again once they are back.
 func TestReadyzFollowsQuorum(t *testing.T) {
 	env := testenv.Start(t)
+	// Before Run serves, an instance is not ready (and asking is safe).
+	idle, err := service.New(env.ConnectAs(devcluster.Service), env.ConnectAs(devcluster.Store), testenv.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	newHTTPHandler(prometheus.NewRegistry(), idle).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "not serving yet") {
+		t.Fatalf("/readyz of an instance not run = %d %s, want 503, not serving yet", rec.Code, rec.Body)
+	}
+
 	l := startLockd(t, append(serviceArgs(env), "--metrics", "127.0.0.1:0")...)
 	waitFor(t, 15*time.Second, func() string {
 		if code, h := readyz(t, l.metrics); code != http.StatusOK {

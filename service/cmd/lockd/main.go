@@ -10,6 +10,14 @@
 // while the process runs) and /readyz (200 and the instance's Health as
 // JSON when it is ready; 503 and the problems otherwise) on ADDR.
 //
+// lockd --dev writes the URLs and the store user of its dev cluster (whose
+// service users get new random passwords at every start) to
+// <dev-dir>/lockd-dev-store.json, mode 0600, and removes it when it stops;
+// lockd check --dev reads it, so that check, and --fix, run with the
+// store user's rights. The dev operator (operator/operator) has read-only
+// rights: enough for check without --fix (--store-user operator
+// --store-password operator --store-inbox-prefix _INBOX).
+//
 // Exit codes: 0 success (check: no drift); 1 the service failed, or check
 // found drift that remains; 2 bad flags or values (nothing is started),
 // or check could not reach the bucket or could not apply --fix.
