@@ -217,6 +217,10 @@ func (c *checkCmd) fix(st *jsm.Stream, bc streams.BucketConfig) error {
 	if err != nil {
 		return err
 	}
+	select {
+	case <-c.denied: // an earlier request's, not the update's
+	default:
+	}
 	done := make(chan error, 1)
 	go func() { done <- st.UpdateConfiguration(fixed) }()
 	select {

@@ -51,13 +51,19 @@ type cli struct {
 	Check checkCmd `cmd:"" help:"Compare the bucket stream's live configuration with jetlock's definition. Exit 0: no drift; 1: drift; 2: usage, connection or API error."`
 }
 
-// exitError is an error with the exit code it causes.
+// exitError is an error with the exit code it causes; with a nil err, run
+// exits with code and prints nothing (the command has said why).
 type exitError struct {
 	code int
 	err  error
 }
 
-func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
 func (e *exitError) Unwrap() error { return e.err }
 
 func usageError(format string, args ...any) error {
