@@ -1,0 +1,85 @@
+// Package js_test runs the JavaScript example (jetlock.mjs) against the
+// dev cluster and a service: any NATS client in any language can use
+// jetlock with plain request-reply.
+package js_test
+
+import (
+	"context"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jetlock/jetlock/internal/testenv"
+)
+
+func TestJavaScriptExample(t *testing.T) {
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not on PATH: the JavaScript example needs node and npm", tool)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	npm := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
+	npm.Dir = "."
+	if out, err := npm.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci: %v\n%s", err, out)
+	}
+
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	nctx, ncancel := context.WithTimeout(ctx, time.Minute)
+	defer ncancel()
+	node := exec.CommandContext(nctx, "node", "jetlock.mjs", env.Cluster.URLs(), "orders/js-1")
+	out, err := node.CombinedOutput()
+	text := string(out)
+	t.Logf("node jetlock.mjs:\n%s", text)
+	if err != nil {
+		t.Fatalf("node: %v", err)
+	}
+
+	num := func(re string) uint64 {
+		t.Helper()
+		m := regexp.MustCompile(re).FindStringSubmatch(text)
+		if m == nil {
+			t.Fatalf("output has no line matching %q", re)
+		}
+		n, err := strconv.ParseUint(m[1], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	t1 := num(`(?m)^acquired orders/js-1: token (\d+), ttl 10000 ms$`)
+	t2 := num(`(?m)^acquired orders/js-1 again: token (\d+)$`)
+	if t1 == 0 || t2 <= t1 {
+		t.Fatalf("tokens %d then %d: want rising", t1, t2)
+	}
+	if got := num(`second acquire: locked by js-example \(token (\d+)\)`); got != t1 {
+		t.Errorf("the locked error named token %d, want %d", got, t1)
+	}
+	if got := num(`(?m)^renewed orders/js-1: token (\d+), ttl 15000 ms$`); got != t1 {
+		t.Errorf("renewal changed the token to %d", got)
+	}
+	s1, s2 := strconv.FormatUint(t1, 10), strconv.FormatUint(t2, 10)
+	for _, want := range []string{
+		`write "written by the first holder" with token ` + s1 + `: accepted`,
+		`released orders/js-1: true`,
+		`write "written by the second holder" with token ` + s2 + `: accepted`,
+		`write "late write by the first holder" with token ` + s1 + `: REFUSED (stale: token ` + s2 + ` was accepted)`,
+		`store holds "written by the second holder"`,
+		`renew of the first lease: lease_lost`,
+		`status: held true by js-example-2, token ` + s2,
+		"done",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if strings.Contains(text, "lease_id") {
+		t.Error("the example printed a lease id")
+	}
+}
