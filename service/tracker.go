@@ -181,13 +181,29 @@ func (t *tracker) noteEnded(key, requestID string, now time.Time) {
 	id := key + "\x00" + requestID
 	t.ended[id] = now
 	t.endedQ = append(t.endedQ, endedItem{id: id, at: now})
-	for len(t.endedQ) > 0 && (now.Sub(t.endedQ[0].at) > t.window || len(t.endedQ) > maxEnded) {
-		if t.ended[t.endedQ[0].id] == t.endedQ[0].at {
-			delete(t.ended, t.endedQ[0].id)
-		}
-		t.endedQ[0] = endedItem{}
-		t.endedQ = t.endedQ[1:]
+	for len(t.endedQ) > maxEnded {
+		t.dropEnded()
 	}
+	t.forgetEnded(now, 16)
+}
+
+// forgetEnded forgets up to n ended request ids older than the retry
+// window. It runs on every observation and on every sweep, so that what a
+// burst of leases left is forgotten even when no lease ends after it. The
+// caller holds t.mu.
+func (t *tracker) forgetEnded(now time.Time, n int) {
+	for ; n > 0 && len(t.endedQ) > 0 && now.Sub(t.endedQ[0].at) > t.window; n-- {
+		t.dropEnded()
+	}
+}
+
+// dropEnded forgets the oldest ended request id. The caller holds t.mu.
+func (t *tracker) dropEnded() {
+	if t.ended[t.endedQ[0].id] == t.endedQ[0].at {
+		delete(t.ended, t.endedQ[0].id)
+	}
+	t.endedQ[0] = endedItem{}
+	t.endedQ = t.endedQ[1:]
 }
 
 // hasEnded reports whether the lease of requestID at key ended within the
@@ -401,6 +417,7 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.forgetGone(now, limit)
+	t.forgetEnded(now, limit)
 	var out []dueItem
 	for len(t.due) > 0 && len(out) < limit && !t.due[0].at.After(now) {
 		it := t.due.pop()
