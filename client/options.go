@@ -135,7 +135,8 @@ func RequestID(id string) AcquireOption {
 // included: the service refuses renewals past it and the lease's Lost
 // closes at the hold limit (minus the safety margin). The default is the
 // deployment's cap (lockd --max-hold, 24h unless configured otherwise); a
-// larger value is capped to it.
+// larger value is refused by the service: Acquire returns an error wrapping
+// ErrInvalidRequest.
 func MaxHold(d time.Duration) AcquireOption {
 	return func(o *acquireOptions) error {
 		if d < time.Second {
