@@ -98,10 +98,8 @@ type Config struct {
 	// load, answering unavailable at once. The bound keeps the queue in
 	// front of the stream well below OpTimeout: requests that time out
 	// inside the service have used the stream for nothing, and goodput
-	// collapses (measured with the bench's design workload, before the
-	// queue existed: 16384 let latency reach OpTimeout and commits fall to
-	// 4,000-5,200/s; offered 8,100 ops/s, 8192 kept 6,688 commits/s and
-	// 4096 kept 7,616). The default is 4096.
+	// collapses (docs/capacity.md has the measurements behind the
+	// default). The default is 4096.
 	MaxInFlight int
 	// MaxQueued bounds the requests waiting for one of the MaxInFlight
 	// places; 0 sheds every request beyond MaxInFlight. The default is
