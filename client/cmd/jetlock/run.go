@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jetlock/jetlock/client"
@@ -210,7 +211,7 @@ func (r *runCmd) supervise(lease *client.Lease, path string, sigs <-chan os.Sign
 			lost = nil
 			lostErr = context.Cause(lease.Context())
 			fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command (SIGTERM now, SIGKILL in %v)\n",
-				streams.CodeLeaseLost, oneLine(clean(lostErr)), r.Grace)
+				streams.CodeLeaseLost, strings.TrimPrefix(oneLine(clean(lostErr)), "lease lost: "), r.Grace)
 			g.terminate()
 			g.killAt = time.Now().Add(r.Grace)
 			kill = time.After(r.Grace)
