@@ -250,9 +250,10 @@ func (t *tracker) String() string {
 }
 
 // BenchmarkSecondKeyUnderHotKeyFlood compares the acquire latency of one
-// key while 128 closed-loop callers flood another (held) key with acquires
-// against the same key's latency on a quiet service, in the same run (the
-// cluster, the service and both callers in this process):
+// key while another (held) key is flooded with 2,000 acquires a second —
+// the design load's whole acquire rate, on one key — against the same
+// key's latency on a quiet service, in the same run (the cluster, the
+// service and both callers in this process):
 //
 //	go test ./service -run '^$' -bench SecondKeyUnderHotKeyFlood -benchtime 400x
 //
@@ -317,22 +318,41 @@ func BenchmarkSecondKeyUnderHotKeyFlood(b *testing.B) {
 	if code, body, err := ask(fnc, streams.OpAcquire, streams.AcquireRequest{Resource: "hot", RequestID: "holder", TTLms: 600000}); err != nil || code != "" {
 		b.Fatalf("acquire hot: %q %s %v", code, body, err)
 	}
+	// The flood: hotRate acquires a second of the held key, open loop (as
+	// many callers as it takes), at most 1024 in flight.
+	const hotRate = 2000
 	stop := make(chan struct{})
 	var hot sync.WaitGroup
-	for w := range 128 {
-		hot.Add(1)
-		go func() {
-			defer hot.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
+	hot.Add(1)
+	go func() {
+		defer hot.Done()
+		slots := make(chan struct{}, 1024)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		start, sent := time.Now(), 0
+		for {
+			select {
+			case <-stop:
+				for range cap(slots) {
+					slots <- struct{}{} // wait for the requests in flight
 				}
-				ask(fnc, streams.OpAcquire, streams.AcquireRequest{Resource: "hot", RequestID: fmt.Sprintf("h%d-%d", w, i)})
+				return
+			case <-tick.C:
 			}
-		}()
-	}
+			for due := int(time.Since(start).Seconds() * hotRate); sent < due; sent++ {
+				select {
+				case slots <- struct{}{}:
+				default:
+					continue // 1024 in flight: skip, do not queue
+				}
+				go func(i int) {
+					defer func() { <-slots }()
+					ask(fnc, streams.OpAcquire, streams.AcquireRequest{Resource: "hot", RequestID: fmt.Sprintf("h%d", i)})
+				}(sent)
+			}
+		}
+	}()
+	time.Sleep(time.Second) // the flood under way
 	flooded := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for b.Loop() {
