@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -168,13 +169,26 @@ func TestAccountSetup(t *testing.T) {
 		if err != nil {
 			t.Fatalf("operator binds the bucket: %v", err)
 		}
-		e, err := kv.Get(ctx, streams.LeaseKey("deploy/revoke"))
-		if err != nil {
-			t.Fatalf("operator reads a lease record: %v", err)
-		}
-		if rec, err := streams.ParseLease(e.Value(), e.Revision()); err != nil || rec.LeaseID != l.ID() {
-			t.Fatalf("record %+v %v, want lease %s", rec, err, l.ID())
-		}
+		// kv.Get is a direct get, which any replica answers: one that
+		// has not applied the grant yet answers "not found" for a moment.
+		var getErr error
+		defer func() {
+			if t.Failed() && getErr != nil {
+				t.Logf("last read: %v", getErr)
+			}
+		}()
+		eventually(t, 5*time.Second, func() bool {
+			var e jetstream.KeyValueEntry
+			if e, getErr = kv.Get(ctx, streams.LeaseKey("deploy/revoke")); getErr != nil {
+				return false
+			}
+			rec, err := streams.ParseLease(e.Value(), e.Revision())
+			if err != nil || rec.LeaseID != l.ID() {
+				getErr = fmt.Errorf("record %+v %v, want lease %s", rec, err, l.ID())
+				return false
+			}
+			return true
+		}, "operator reads the lease record")
 		st, err := js.Stream(ctx, bucketStream)
 		if err != nil {
 			t.Fatalf("operator's stream info: %v", err)
@@ -309,25 +323,31 @@ func newClient(t *testing.T, cc *conn) *client.Client {
 	return cl
 }
 
-// leaseRecord reads resource's lease record from the stream leader, as an
-// operator.
+// leaseRecord reads resource's lease record from the stream leader (the
+// STREAM.MSG.GET API, not a direct get, which a lagging replica may
+// answer), as an operator.
 func leaseRecord(t *testing.T, ctx context.Context, operator *conn, resource string) (*streams.Record, uint64) {
 	t.Helper()
-	js, err := jetstream.New(operator.Conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.Stream(ctx, bucketStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := st.GetLastMsgForSubject(ctx, kvPrefix+streams.LeaseKey(resource))
+	req, _ := json.Marshal(map[string]string{"last_by_subj": kvPrefix + streams.LeaseKey(resource)})
+	msg, err := operator.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+bucketStream, req)
 	if err != nil {
 		t.Fatalf("operator reads %s from the stream leader: %v", resource, err)
 	}
-	rec, err := streams.ParseLease(m.Data, m.Sequence)
+	var resp struct {
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *struct {
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil || resp.Message == nil {
+		t.Fatalf("operator reads %s from the stream leader: %s %v", resource, msg.Data, err)
+	}
+	rec, err := streams.ParseLease(resp.Message.Data, resp.Message.Seq)
 	if err != nil {
 		t.Fatalf("record of %s: %v", resource, err)
 	}
-	return rec, m.Sequence
+	return rec, resp.Message.Seq
 }
