@@ -43,6 +43,12 @@ func TestRunPassesExitCodeAndEnvironment(t *testing.T) {
 		t.Fatalf("still held after the command exited: %+v", st)
 	}
 	wantCode(t, jl(t, "run", "run:exit", "--", "true"), 0)
+	// Everything after the resource is the command's, flags included.
+	argv := filepath.Join(dir, "argv")
+	wantCode(t, jl(t, "run", "run:exit", "--", "sh", "-c", `echo "$@" > `+argv, "sh", "--ttl", "-x", "--"), 0)
+	if b, _ := os.ReadFile(argv); string(b) != "--ttl -x --\n" {
+		t.Fatalf("the command got arguments %q", b)
+	}
 	wantPassthrough(t, jl(t, "run", "run:exit", "--", "sh", "-c", "kill -KILL $$"), 128+9)
 	r = jl(t, "run", "run:exit", "--", "no-such-command-jetlock")
 	wantCode(t, r, 127)
