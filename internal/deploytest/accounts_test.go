@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,6 +197,11 @@ func TestAccountSetup(t *testing.T) {
 		if info := st.CachedInfo(); info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
 			t.Fatalf("stream info: replicas %d, cluster %+v", info.Config.Replicas, info.Cluster)
 		}
+		// nats micro stats jetlock works for operators.
+		m, err := operator.RequestWithContext(ctx, "$SRV.STATS."+streams.ServiceName, nil)
+		if err != nil || !strings.Contains(string(m.Data), `"name":"jetlock"`) {
+			t.Fatalf("micro stats as operator: %v %s", err, msgData(m))
+		}
 		rev, err := newClient(t, operator).Revoke(ctx, "deploy/revoke", "deploytest")
 		if err != nil || !rev.Revoked || rev.Token != l.Token() {
 			t.Fatalf("revoke: %+v %v", rev, err)
@@ -312,6 +318,13 @@ func TestAccountSetup(t *testing.T) {
 	if metric(t, svc.reg, "jetlock_ready", nil) != 1 {
 		t.Error("the service is not ready")
 	}
+}
+
+func msgData(m *nats.Msg) string {
+	if m == nil {
+		return ""
+	}
+	return string(m.Data)
 }
 
 func newClient(t *testing.T, cc *conn) *client.Client {

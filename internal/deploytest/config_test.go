@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetlock/jetlock/internal/testca"
+	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -152,6 +153,30 @@ func checkAccounts(t *testing.T, o *server.Options, ks keys) {
 	}
 	if !slices.Equal(subAllow("store"), []string{streams.StoreInboxPrefix + ".>"}) {
 		t.Errorf("the store user subscribes %v, want its inbox only", subAllow("store"))
+	}
+	// The request subjects are exported, admin is not, and a waiting
+	// acquire's reply route lives as long as the longest wait lockd allows
+	// (the server drops a response route after 2m by default).
+	var jetlock *server.Account
+	for _, a := range o.Accounts {
+		if a.Name == "JETLOCK" {
+			jetlock = a
+		}
+	}
+	if jetlock == nil {
+		t.Fatal("no account JETLOCK")
+	}
+	cfg := service.DefaultConfig()
+	for _, op := range streams.Operations {
+		thresh, err := jetlock.ServiceExportResponseThreshold(streams.Subject(streams.DefaultPrefix, op))
+		switch {
+		case op == streams.OpRevoke && err == nil:
+			t.Errorf("%s is exported to callers", op)
+		case op != streams.OpRevoke && err != nil:
+			t.Errorf("%s: %v", op, err)
+		case op == streams.OpAcquire && thresh < cfg.MaxWait+cfg.QueueWait+cfg.OpTimeout:
+			t.Errorf("acquire's response threshold %v is below lockd's longest wait %v", thresh, cfg.MaxWait+cfg.QueueWait+cfg.OpTimeout)
+		}
 	}
 	for _, s := range pubAllow("operator") {
 		if strings.HasPrefix(s, "$KV") || strings.Contains(s, "PURGE") || strings.Contains(s, "DELETE.") && !strings.Contains(s, "CONSUMER") ||
