@@ -203,13 +203,12 @@ func TestRunPausedCommandIsFenced(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t1 := status(t, c, resource).Token
-	time.Sleep(200 * time.Millisecond) // the helper has started
+	child := childOf(t, a.cmd.Process.Pid) // the command has started
 	// Freeze jetlock and its command.
 	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	defer syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT) //nolint:errcheck
-	child := childOf(t, a.cmd.Process.Pid)
 	if err := syscall.Kill(-child, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +264,7 @@ func TestRunPausedCommandIsFenced(t *testing.T) {
 // children of each of its threads).
 func childOf(t *testing.T, parent int) int {
 	t.Helper()
-	for range 200 {
+	for range 1000 {
 		tasks, err := filepath.Glob("/proc/" + strconv.Itoa(parent) + "/task/*/children")
 		if err != nil || len(tasks) == 0 {
 			t.Skipf("no /proc children lists: %v", err)
