@@ -347,8 +347,9 @@ func TestSystemdUnits(t *testing.T) {
 	}
 }
 
-// The README's and the files' lockd check lines use flags lockd check has.
-func TestReadmeLockdCommands(t *testing.T) {
+// README.md names lockd's commands and flags as lockd has them, and every
+// identity of accounts.conf.
+func TestReadme(t *testing.T) {
 	all := lockdFlags(t)
 	text := readDeploy(t, "README.md")
 	for _, m := range regexp.MustCompile("`lockd ([a-z]+)?[^`]*`").FindAllStringSubmatch(text, -1) {
@@ -359,6 +360,11 @@ func TestReadmeLockdCommands(t *testing.T) {
 				continue
 			}
 			t.Errorf("README.md: %q: lockd has no command %s", m[0], cmd)
+		}
+	}
+	for env := range identities {
+		if !strings.Contains(text, env) && !strings.Contains(text, strings.TrimSuffix(env, "_NKEY")) {
+			t.Errorf("README.md does not name the identity %s", env)
 		}
 	}
 	for _, m := range regexp.MustCompile("`--([a-z-]+)`").FindAllStringSubmatch(text, -1) {
