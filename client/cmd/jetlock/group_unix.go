@@ -14,8 +14,12 @@ import (
 var forwardedSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}
 
 // childAttr puts the command in a process group of its own, whose id is
-// its pid.
-func childAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }
+// its pid (and, on Linux, has it sent SIGTERM should jetlock die).
+func childAttr() *syscall.SysProcAttr {
+	a := &syscall.SysProcAttr{Setpgid: true}
+	setDeathSignal(a)
+	return a
+}
 
 // group is the command's process group.
 type group struct {

@@ -12,3 +12,9 @@ const prSetChildSubreaper = 36
 func becomeSubreaper() {
 	_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0)
 }
+
+// setDeathSignal has the kernel send the command SIGTERM when jetlock
+// dies (even by SIGKILL), so that it does not run on unrenewed. Go starts
+// the command from a thread that lives as long as jetlock: no goroutine of
+// jetlock locks a thread and exits.
+func setDeathSignal(a *syscall.SysProcAttr) { a.Pdeathsig = syscall.SIGTERM }
