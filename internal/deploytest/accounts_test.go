@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -304,6 +306,64 @@ func TestAccountSetup(t *testing.T) {
 			t.Fatal("the victim lost its lease")
 		default:
 		}
+	})
+
+	t.Run("mutual TLS and nkeys are required", func(t *testing.T) {
+		url := c.servers[0].ClientURL()
+		kp := c.keys["orders"]
+		pub := c.keys.public(t, "orders")
+		cert := c.certs["orders"]
+		for what, opts := range map[string][]nats.Option{
+			"no client certificate": {nats.RootCAs(c.ca.CertFile), nats.Nkey(pub, kp.Sign)},
+			"no nkey":               {nats.RootCAs(c.ca.CertFile), nats.ClientCert(cert.CertFile, cert.KeyFile)},
+			"no TLS":                {nats.Nkey(pub, kp.Sign)},
+		} {
+			nc, err := nats.Connect(url, append(opts, nats.NoReconnect(), nats.Timeout(3*time.Second))...)
+			if err == nil {
+				nc.Close()
+				t.Errorf("connected with %s", what)
+			}
+		}
+	})
+
+	t.Run("a client certificate cannot join the cluster", func(t *testing.T) {
+		// A server whose route certificate is a caller's (same CA, no
+		// host name) dials nats-a's route port: nats-a refuses it
+		// (verify_cert_and_check_known_urls). The control: with a
+		// certificate that names the route host, the same server joins.
+		dir := filepath.Dir(c.ca.CertFile)
+		rogue := func(cert, key string) *server.Server {
+			tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cert, KeyFile: key, CaFile: c.ca.CertFile, Verify: true, Timeout: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.RootCAs = tc.ClientCAs // a route is client and server (as nats-server's parser sets it)
+			s, err := server.NewServer(&server.Options{ServerName: "rogue", Host: "127.0.0.1", Port: server.RANDOM_PORT,
+				NoLog: true, NoSigs: true,
+				Cluster: server.ClusterOpts{Name: "jetlock", Host: "127.0.0.1", Port: server.RANDOM_PORT, TLSConfig: tc, TLSTimeout: 2},
+				Routes:  server.RoutesFromStr(fmt.Sprintf("nats-route://localhost:%d", c.servers[0].ClusterAddr().Port))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Start()
+			return s
+		}
+		before := c.servers[0].NumRoutes()
+		r := rogue(c.certs["orders"].CertFile, c.certs["orders"].KeyFile)
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			if r.NumRoutes() != 0 || c.servers[0].NumRoutes() > before {
+				t.Errorf("a server with a caller's certificate joined: %d routes, nats-a %d (was %d)", r.NumRoutes(), c.servers[0].NumRoutes(), before)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		r.Shutdown()
+		r.WaitForShutdown()
+		control := rogue(filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem"))
+		eventually(t, 5*time.Second, func() bool { return control.NumRoutes() > 0 }, "the control server (a route certificate) joins")
+		control.Shutdown()
+		control.WaitForShutdown()
 	})
 
 	// The service ran the whole time as deploy/'s users without a single
