@@ -265,3 +265,21 @@ func TestWatch(t *testing.T) {
 		t.Fatalf("watch events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// Every command's --help has an example, and the top level lists the exit
+// codes.
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"run", "acquire", "renew", "release", "status", "ls", "revoke", "watch"} {
+		r := jl(t, cmd, "--help")
+		if r.code != 0 || !strings.Contains(r.stdout, "Example:\n") || !strings.Contains(r.stdout, "jetlock "+cmd) {
+			t.Errorf("jetlock %s --help: exit %d\n%s", cmd, r.code, r.stdout)
+		}
+	}
+	r := jl(t, "--help")
+	for _, code := range []string{"2 bad input", "69 service unavailable", "75 locked", "77 permission denied", "79\nlease lost"} {
+		if !strings.Contains(strings.ReplaceAll(r.stdout, "\n", " "), strings.ReplaceAll(code, "\n", " ")) {
+			t.Errorf("jetlock --help lacks %q:\n%s", code, r.stdout)
+		}
+	}
+}
