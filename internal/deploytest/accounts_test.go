@@ -308,6 +308,21 @@ func TestAccountSetup(t *testing.T) {
 		}
 	})
 
+	t.Run("lockd check as the store user and as an operator", func(t *testing.T) {
+		bin := buildLockd(t)
+		// The store user, as lockd serves with; an operator, read-only,
+		// with the inbox prefix its permissions allow.
+		for _, run := range []struct {
+			role  string
+			extra []string
+		}{{"store", nil}, {"operator", []string{"--store-inbox-prefix=_INBOX"}}} {
+			code, report, stderr := c.lockdCheck(t, bin, run.role, run.extra...)
+			if code != 0 || report["exists"] != true || len(report["drifts"].([]any)) != 0 {
+				t.Errorf("lockd check as %s: exit %d, report %v, stderr %s", run.role, code, report, stderr)
+			}
+		}
+	})
+
 	t.Run("mutual TLS and nkeys are required", func(t *testing.T) {
 		url := c.servers[0].ClientURL()
 		kp := c.keys["orders"]

@@ -156,6 +156,12 @@ func TestLockdFlagsRebuilt(t *testing.T) {
 			t.Errorf("lockd has no flag --%s (flags: %v)", f, flags)
 		}
 	}
+	check := lockdFlags(t)["check"]
+	for _, f := range []string{"url", "tls-ca", "tls-cert", "tls-key", "store-nkey", "store-inbox-prefix", "json", "fix"} {
+		if !check[f] {
+			t.Errorf("lockd check has no flag --%s (flags: %v)", f, check)
+		}
+	}
 	if flags["no-such-flag"] {
 		t.Error("made-up flag found")
 	}
