@@ -231,6 +231,7 @@ func TestWatch(t *testing.T) {
 	held := jl(t, "acquire", "--json", "--ttl", "30s", "--owner", "early", "watch:held")
 	wantCode(t, held, 0)
 	early := decode[streams.LeaseResponse](t, held.stdout)
+	t.Cleanup(func() { jl(t, "release", "--lease-id", early.LeaseID, "watch:held") })
 
 	w := start(t, nil, operator("watch", "--json", "--for", "8s", "watch:")...)
 	time.Sleep(1500 * time.Millisecond) // the watcher is up
@@ -238,7 +239,9 @@ func TestWatch(t *testing.T) {
 	wantCode(t, a, 0)
 	exp := decode[streams.LeaseResponse](t, a.stdout)
 	wantCode(t, jl(t, "run", "--owner", "runner", "watch:run", "--", "true"), 0)
-	wantCode(t, jl(t, "acquire", "--owner", "other", "other:x"), 0) // outside the prefix
+	other := jl(t, "acquire", "--json", "--owner", "other", "other:x") // outside the prefix
+	wantCode(t, other, 0)
+	t.Cleanup(func() { jl(t, "release", "--lease-id", decode[streams.LeaseResponse](t, other.stdout).LeaseID, "other:x") })
 	res := w.wait(t, 30*time.Second)
 	wantCode(t, res, 0)
 	for _, id := range []string{early.LeaseID, exp.LeaseID} {
