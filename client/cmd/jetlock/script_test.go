@@ -241,7 +241,9 @@ func TestWatch(t *testing.T) {
 	wantCode(t, jl(t, "run", "--owner", "runner", "watch:run", "--", "true"), 0)
 	other := jl(t, "acquire", "--json", "--owner", "other", "other:x") // outside the prefix
 	wantCode(t, other, 0)
-	t.Cleanup(func() { jl(t, "release", "--lease-id", decode[streams.LeaseResponse](t, other.stdout).LeaseID, "other:x") })
+	t.Cleanup(func() {
+		jl(t, "release", "--lease-id", decode[streams.LeaseResponse](t, other.stdout).LeaseID, "other:x")
+	})
 	res := w.wait(t, 30*time.Second)
 	wantCode(t, res, 0)
 	for _, id := range []string{early.LeaseID, exp.LeaseID} {
