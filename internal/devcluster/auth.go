@@ -129,7 +129,14 @@ func authConfig(prefix string, creds credentials) string {
 	var exports, imports, callerPub []string
 	for _, op := range callerOps {
 		subj := prefix + ".v1." + op
-		exports = append(exports, fmt.Sprintf("{service: %q}", subj))
+		// The server forgets an import's reply route after its response
+		// threshold (2 minutes by default); a waiting acquire answers
+		// after up to MaxWait (5 minutes) plus its request budget.
+		threshold := ""
+		if op == "acquire" {
+			threshold = `, response_threshold: "6m"`
+		}
+		exports = append(exports, fmt.Sprintf("{service: %q%s}", subj, threshold))
 		imports = append(imports, fmt.Sprintf("{service: {account: %s, subject: %q}, share: true}", Account, subj))
 		callerPub = append(callerPub, subj)
 	}
