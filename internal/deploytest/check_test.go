@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -50,9 +49,9 @@ func (c *cluster) lockdCheck(t *testing.T, bin, role string, extra ...string) (i
 // buildLockd builds lockd into a temporary directory.
 func buildLockd(t *testing.T) string {
 	t.Helper()
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		t.Skipf("no go command at %s", goBin)
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command builds lockd for this test: %v", err)
 	}
 	bin := filepath.Join(t.TempDir(), "lockd")
 	cmd := exec.Command(goBin, "build", "-o", bin, "./service/cmd/lockd")

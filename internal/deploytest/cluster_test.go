@@ -246,13 +246,12 @@ func (cc *conn) noViolations(t *testing.T) {
 
 // running is the service, started on deploy/'s two service users.
 type running struct {
-	svc          *service.Service
-	reg          *prometheus.Registry
-	requests     *conn
-	store        *conn
-	cancel       context.CancelFunc
-	done         chan error
-	stoppedClean bool
+	svc      *service.Service
+	reg      *prometheus.Registry
+	requests *conn
+	store    *conn
+	cancel   context.CancelFunc
+	done     chan error
 }
 
 // serve starts the jetlock service as lockd does, on a request connection
