@@ -22,42 +22,6 @@ import (
 // Tests of what a hostile or broken caller can do: every path by which a
 // request could change lock state outside the contract is closed.
 
-// metricValue returns the sum of the samples of metric name on reg whose
-// labels include every pair in labels.
-func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue next
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			case m.GetHistogram() != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
-}
 
 // leaseRecord reads the record at resource's lease key from the stream
 // leader (not a direct get, which a lagging replica may answer).
@@ -123,7 +87,7 @@ func TestReplySubjectCannotWriteTheBucket(t *testing.T) {
 		}
 	}
 	testenv.Eventually(t, 5*time.Second, func() bool {
-		return metricValue(t, reg, "jetlock_requests_refused_total", map[string]string{"reason": "reply_subject"}) == float64(len(attacks))
+		return testenv.Metric(t, reg, "jetlock_requests_refused_total", map[string]string{"reason": "reply_subject"}) == float64(len(attacks))
 	}, "the %d attacks counted as refused", len(attacks))
 
 	if released, _ := attacker.release("victim", x.LeaseID); released {
@@ -236,7 +200,7 @@ func TestForeignValuesAreNobodysLease(t *testing.T) {
 			t.Fatalf("%s: token %d not above the foreign value's revision %d", res, l.Token, revs[res])
 		}
 	}
-	if n := metricValue(t, reg, "jetlock_foreign_records_total", nil); n < float64(len(values)) {
+	if n := testenv.Metric(t, reg, "jetlock_foreign_records_total", nil); n < float64(len(values)) {
 		t.Fatalf("%v foreign values reported, want at least %d", n, len(values))
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetlock/jetlock/client"
+	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -286,7 +287,7 @@ func TestAccountSetup(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, 5*time.Second, func() bool {
-			return metric(t, svc.reg, "jetlock_requests_refused_total", map[string]string{"op": streams.OpRenew, "reason": "reply_subject"}) == 1
+			return testenv.Metric(t, svc.reg, "jetlock_requests_refused_total", map[string]string{"op": streams.OpRenew, "reason": "reply_subject"}) == 1
 		}, "the service refused the reply subject")
 
 		// And had it published there, the server would have refused:
@@ -384,13 +385,13 @@ func TestAccountSetup(t *testing.T) {
 	// The service ran the whole time as deploy/'s users without a single
 	// permission error on either connection.
 	for _, conn := range []string{"requests", "store"} {
-		if n := metric(t, svc.reg, "jetlock_permission_errors_total", map[string]string{"conn": conn}); n != 0 {
+		if n := testenv.Metric(t, svc.reg, "jetlock_permission_errors_total", map[string]string{"conn": conn}); n != 0 {
 			t.Errorf("%v permission errors on the service's %s connection", n, conn)
 		}
 	}
 	svc.requests.noViolations(t)
 	svc.store.noViolations(t)
-	if metric(t, svc.reg, "jetlock_ready", nil) != 1 {
+	if testenv.Metric(t, svc.reg, "jetlock_ready", nil) != 1 {
 		t.Error("the service is not ready")
 	}
 }

@@ -1,5 +1,5 @@
 // Package testenv starts what jetlock's tests run against: the real
-// three-node cluster (streams/devcluster) on loopback with fresh storage,
+// three-node cluster (internal/devcluster) on loopback with fresh storage,
 // and service instances on it. Everything is stopped by t.Cleanup.
 package testenv
 
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
@@ -149,4 +151,47 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Metric returns the sum of the samples of metric name on reg whose labels
+// include every pair in labels (for a histogram, its sample count).
+func Metric(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if !hasLabels(m, labels) {
+				continue
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+func hasLabels(m *dto.Metric, want map[string]string) bool {
+	have := map[string]string{}
+	for _, l := range m.GetLabel() {
+		have[l.GetName()] = l.GetValue()
+	}
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
 }
