@@ -128,6 +128,23 @@ func (s *session) fail(err error) error {
 	return classify(err)
 }
 
+// request connects, makes the requests of fn within one operation's budget
+// (opCtx) and closes the connection. An error of fn is mapped to the
+// command's exit code (see fail).
+func (g *globals) request(fn func(ctx context.Context, c *client.Client) error) error {
+	s, err := g.connect()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	ctx, cancel := s.opCtx(g, 0)
+	defer cancel()
+	if err := fn(ctx, s.c); err != nil {
+		return s.fail(err)
+	}
+	return nil
+}
+
 // opCtx bounds one operation of a script command: the request timeout
 // twice over (a retry after an unknown outcome), plus extra.
 func (s *session) opCtx(g *globals, extra time.Duration) (context.Context, context.CancelFunc) {

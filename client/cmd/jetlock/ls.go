@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"text/tabwriter"
 
+	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -34,23 +36,22 @@ func (c *lsCmd) Validate() error {
 
 // Run lists.
 func (c *lsCmd) Run(g *globals) error {
-	s, err := g.connect()
+	all := streams.ListResponse{Leases: []streams.LeaseInfo{}}
+	err := g.request(func(ctx context.Context, cl *client.Client) error {
+		for st, err := range cl.List(ctx, c.Prefix) {
+			if err != nil {
+				return err
+			}
+			all.Leases = append(all.Leases, streams.LeaseInfo{Resource: st.Resource, Owner: st.Owner, Token: st.Token,
+				ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil)})
+			if len(all.Leases) >= 100_000 {
+				break // bounded: a listing this long is not for a terminal
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return err
-	}
-	defer s.close()
-	ctx, cancel := s.opCtx(g, 0)
-	defer cancel()
-	all := streams.ListResponse{Leases: []streams.LeaseInfo{}}
-	for st, err := range s.c.List(ctx, c.Prefix) {
-		if err != nil {
-			return s.fail(err)
-		}
-		all.Leases = append(all.Leases, streams.LeaseInfo{Resource: st.Resource, Owner: st.Owner, Token: st.Token,
-			ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil)})
-		if len(all.Leases) >= 100_000 {
-			break // bounded: a listing this long is not for a terminal
-		}
 	}
 	if c.JSON {
 		return printJSON(all)

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
+	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -30,16 +32,13 @@ func (c *revokeCmd) Validate() error {
 
 // Run revokes.
 func (c *revokeCmd) Run(g *globals) error {
-	s, err := g.connect()
+	var rv *client.Revocation
+	err := g.request(func(ctx context.Context, cl *client.Client) (err error) {
+		rv, err = cl.Revoke(ctx, c.Resource, c.Reason)
+		return err
+	})
 	if err != nil {
 		return err
-	}
-	defer s.close()
-	ctx, cancel := s.opCtx(g, 0)
-	defer cancel()
-	rv, err := s.c.Revoke(ctx, c.Resource, c.Reason)
-	if err != nil {
-		return s.fail(err)
 	}
 	if c.JSON {
 		return printJSON(streams.RevokeResponse{Resource: rv.Resource, Revoked: rv.Revoked, Token: rv.Token})

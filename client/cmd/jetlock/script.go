@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -128,16 +129,13 @@ func checkLeaseID(id string) error {
 
 // Run renews and prints.
 func (r *renewCmd) Run(g *globals) error {
-	s, err := g.connect()
+	var resp *streams.LeaseResponse
+	err := g.request(func(ctx context.Context, c *client.Client) (err error) {
+		resp, err = c.Renew(ctx, r.Resource, r.LeaseID, r.TTL)
+		return err
+	})
 	if err != nil {
 		return err
-	}
-	defer s.close()
-	ctx, cancel := s.opCtx(g, 0)
-	defer cancel()
-	resp, err := s.c.Renew(ctx, r.Resource, r.LeaseID, r.TTL)
-	if err != nil {
-		return s.fail(err)
 	}
 	if r.JSON {
 		return printJSON(grantView{Resource: resp.Resource, Token: resp.Token, TTLms: resp.TTLms,
@@ -179,16 +177,13 @@ func (r *releaseCmd) Validate() error {
 
 // Run releases and prints.
 func (r *releaseCmd) Run(g *globals) error {
-	s, err := g.connect()
+	var released bool
+	err := g.request(func(ctx context.Context, c *client.Client) (err error) {
+		released, err = c.Release(ctx, r.Resource, r.LeaseID)
+		return err
+	})
 	if err != nil {
 		return err
-	}
-	defer s.close()
-	ctx, cancel := s.opCtx(g, 0)
-	defer cancel()
-	released, err := s.c.Release(ctx, r.Resource, r.LeaseID)
-	if err != nil {
-		return s.fail(err)
 	}
 	if r.JSON {
 		return printJSON(streams.ReleaseResponse{Resource: r.Resource, Released: released})
@@ -220,16 +215,13 @@ func (c *statusCmd) Validate() error { return checkResource(c.Resource) }
 
 // Run asks and prints.
 func (c *statusCmd) Run(g *globals) error {
-	s, err := g.connect()
+	var st *client.Status
+	err := g.request(func(ctx context.Context, cl *client.Client) (err error) {
+		st, err = cl.Status(ctx, c.Resource)
+		return err
+	})
 	if err != nil {
 		return err
-	}
-	defer s.close()
-	ctx, cancel := s.opCtx(g, 0)
-	defer cancel()
-	st, err := s.c.Status(ctx, c.Resource)
-	if err != nil {
-		return s.fail(err)
 	}
 	if c.JSON {
 		return printJSON(streams.StatusResponse{Resource: st.Resource, Held: st.Held, Owner: st.Owner, Token: st.Token,
