@@ -24,6 +24,20 @@ import (
 // resource names and ids, none of which any caller holds.
 const floodRequests = 200_000
 
+// serveToCaller runs an instance with cfg on a fresh cluster and returns
+// it with a caller's connection.
+func serveToCaller(t *testing.T, cfg Config) (*Service, *nats.Conn) {
+	t.Helper()
+	cl := startCluster(t)
+	s, _ := startInstance(t, cl, cfg, 0)
+	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Caller)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return s, nc
+}
+
 // floodMix returns request i of a hostile flood: status, renew, release,
 // cancel and acquire (each tenth; short TTLs, so the leases are swept
 // again) of random names, with random ids.
@@ -106,13 +120,7 @@ func TestHostileFloodStaysBounded(t *testing.T) {
 	cfg := DefaultConfig()
 	const window = 3 * time.Second
 	cfg.Bucket.RetryWindow = window
-	cl := startCluster(t)
-	s, _ := startInstance(t, cl, cfg, 0)
-	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Caller)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	s, nc := serveToCaller(t, cfg)
 
 	heapBefore, msgsBefore := liveHeap(), bucketMessages(t, s)
 	start := time.Now()
@@ -173,13 +181,7 @@ func TestHotKeyFloodLeavesOtherKeysServed(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MaxPerKey = 4
 	cfg.MaxInFlight = 64
-	cl := startCluster(t)
-	s, _ := startInstance(t, cl, cfg, 0)
-	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Caller)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	s, nc := serveToCaller(t, cfg)
 	cold := "cold"
 	for i := 0; s.locks.keys.of(streams.LeaseKey(cold)) == s.locks.keys.of(streams.LeaseKey("hot")); i++ {
 		cold = fmt.Sprintf("cold%d", i) // another stripe than the hot key's

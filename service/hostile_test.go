@@ -22,7 +22,6 @@ import (
 // Tests of what a hostile or broken caller can do: every path by which a
 // request could change lock state outside the contract is closed.
 
-
 // leaseRecord reads the record at resource's lease key from the stream
 // leader (not a direct get, which a lagging replica may answer).
 func leaseRecord(t *testing.T, env *testenv.Env, resource string) (*streams.Record, uint64) {

@@ -48,7 +48,7 @@ func TestAccountSetup(t *testing.T) {
 		}
 		first := l.Expires()
 		// The client renews at a third of the TTL.
-		eventually(t, 5*time.Second, func() bool { return l.Expires().After(first) }, "the lease renewed")
+		testenv.Eventually(t, 5*time.Second, func() bool { return l.Expires().After(first) }, "the lease renewed")
 		select {
 		case <-l.Lost():
 			t.Fatal("lease lost while renewing")
@@ -81,7 +81,7 @@ func TestAccountSetup(t *testing.T) {
 			}
 			got <- err
 		}()
-		eventually(t, 5*time.Second, func() bool {
+		testenv.Eventually(t, 5*time.Second, func() bool {
 			st, err := cl.Status(ctx, "deploy/1")
 			return err == nil && st.Waiters == 1
 		}, "billing waits")
@@ -181,7 +181,7 @@ func TestAccountSetup(t *testing.T) {
 				t.Logf("last read: %v", getErr)
 			}
 		}()
-		eventually(t, 5*time.Second, func() bool {
+		testenv.Eventually(t, 5*time.Second, func() bool {
 			var e jetstream.KeyValueEntry
 			if e, getErr = kv.Get(ctx, streams.LeaseKey("deploy/revoke")); getErr != nil {
 				return false
@@ -268,7 +268,7 @@ func TestAccountSetup(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, xSeq := leaseRecord(t, ctx, operator, "x")
-		eventually(t, 5*time.Second, func() bool {
+		testenv.Eventually(t, 5*time.Second, func() bool {
 			_, s := leaseRecord(t, ctx, operator, "x")
 			return s != xSeq
 		}, "the attacker's renewal served")
@@ -286,7 +286,7 @@ func TestAccountSetup(t *testing.T) {
 		if err := operator.PublishRequest(streams.Subject(streams.DefaultPrefix, streams.OpRenew), onVictim, body); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, func() bool {
+		testenv.Eventually(t, 5*time.Second, func() bool {
 			return testenv.Metric(t, svc.reg, "jetlock_requests_refused_total", map[string]string{"op": streams.OpRenew, "reason": "reply_subject"}) == 1
 		}, "the service refused the reply subject")
 
@@ -377,7 +377,7 @@ func TestAccountSetup(t *testing.T) {
 		r.Shutdown()
 		r.WaitForShutdown()
 		control := rogue(filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem"))
-		eventually(t, 5*time.Second, func() bool { return control.NumRoutes() > 0 }, "the control server (a route certificate) joins")
+		testenv.Eventually(t, 5*time.Second, func() bool { return control.NumRoutes() > 0 }, "the control server (a route certificate) joins")
 		control.Shutdown()
 		control.WaitForShutdown()
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetlock/jetlock/internal/testca"
+	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
 )
@@ -290,7 +291,7 @@ func (c *cluster) serve() *running {
 	}
 	for _, s := range c.servers {
 		nc := c.connect("orders", s.ClientURL())
-		eventually(c.t, 10*time.Second, func() bool {
+		testenv.Eventually(c.t, 10*time.Second, func() bool {
 			_, err := nc.Request(streams.Subject(streams.DefaultPrefix, streams.OpStatus), []byte(`{"resource":"ping"}`), time.Second)
 			return err == nil
 		}, "service unreachable through %s", s.Name())
@@ -298,16 +299,3 @@ func (c *cluster) serve() *running {
 	}
 	return r
 }
-
-// eventually polls cond every 20ms until it holds or timeout passes.
-func eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met in %v: "+format, append([]any{timeout}, args...)...)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
