@@ -106,7 +106,10 @@ func (s *Service) dispatch(op string, r micro.Request) {
 // its store work must end within QueueWait+OpTimeout of that.
 func (s *Service) handle(op string, r micro.Request, received time.Time, sl *slot) (any, error) {
 	ctx := s.deadlines.get(received)
-	who := requestOrigin(r.Headers())
+	var who origin
+	if s.wantOrigin {
+		who = requestOrigin(r.Headers())
+	}
 	switch op {
 	case streams.OpAcquire:
 		g, wait, err := s.acquireRequest(r.Data(), who)

@@ -62,6 +62,10 @@ type Service struct {
 	dispatched atomic.Int64
 	nWaiting   atomic.Int64
 	peerLinger time.Duration
+	// wantOrigin: who sent each request is needed, for the per-user
+	// rate limit or the audit log (decoding the header costs every
+	// request otherwise).
+	wantOrigin bool
 
 	ready    chan struct{}
 	serving  atomic.Bool
@@ -104,6 +108,7 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 		work:       make(chan func()),
 		workerIdle: workerIdle,
 		peerLinger: peerLinger,
+		wantOrigin: cfg.UserRate > 0 || cfg.Audit != nil,
 		ready:      make(chan struct{}),
 		stopping:   make(chan struct{}),
 		done:       make(chan struct{}),

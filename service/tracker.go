@@ -139,6 +139,7 @@ func (t *tracker) observe(key string, e entry) observation {
 	if o != nil && o.held() && o.rec.LeaseID != "" && (!e.held() || e.rec.RequestID != o.rec.RequestID) {
 		t.noteEnded(key, o.rec.RequestID, now)
 	}
+	wasHeld := o != nil && o.held()
 	if o == nil {
 		o = new(observation)
 		t.keys[key] = o
@@ -148,7 +149,9 @@ func (t *tracker) observe(key string, e entry) observation {
 	*o = observation{entry: e, seen: now}
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 		t.indexWaiter(key, e)
-	} else {
+	} else if wasHeld != e.held() {
+		// The list index changes only when a lease begins or ends, not
+		// with each renewal.
 		t.indexLease(key, e)
 	}
 	switch {
