@@ -1,0 +1,81 @@
+package service_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/internal/testenv"
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Fair use: an owner, and a NATS user (as the server vouches for it on the
+// account import), that send acquires faster than their rate are answered
+// unavailable with retry_after_ms, and the refused acquire changes
+// nothing; other owners and other users are not held back by them.
+func TestFairUseLimitsOwnersAndUsers(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := testenv.Config()
+	cfg.OwnerRate, cfg.UserRate = 1, 2 // bursts of 2 and 4
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	env.Serve(cfg)
+	c := caller{t: t, nc: env.Connect()}
+	app := caller{t: t, nc: env.ConnectAs(devcluster.App)}
+
+	start := time.Now()
+	acquire := func(c caller, owner, resource string) reply {
+		return c.send(streams.OpAcquire, streams.AcquireRequest{Resource: resource, RequestID: "r-" + resource, Owner: owner})
+	}
+	refused := func(r reply, scope string) bool {
+		return r.errCode == streams.CodeUnavailable && r.err.RetryAfterMs > 0 && strings.Contains(r.err.Message, "this "+scope)
+	}
+
+	// The owner "noisy" has a burst of 2.
+	for i := range 2 {
+		if r := acquire(c, "noisy", fmt.Sprintf("fair/noisy/%d", i)); r.errCode != "" {
+			t.Fatalf("noisy acquire %d within its burst: %s %s", i, r.errCode, r.err.Message)
+		}
+	}
+	r := acquire(c, "noisy", "fair/noisy/2")
+	if !refused(r, "owner") {
+		t.Fatalf("noisy's third acquire: %q %+v, want unavailable for the owner with retry_after_ms", r.errCode, r.err)
+	}
+	if st := c.status("fair/noisy/2"); st.Held {
+		t.Fatalf("a refused acquire was granted: %+v", st)
+	}
+
+	// The caller's user has a burst of 4, of which noisy used 2: other
+	// owners on the same user soon hit the user's limit.
+	ok, userRefused := 0, false
+	for i := range 8 {
+		r := acquire(c, fmt.Sprintf("quiet-%d", i), fmt.Sprintf("fair/quiet/%d", i))
+		switch {
+		case r.errCode == "":
+			ok++
+		case refused(r, "user"):
+			userRefused = true
+		default:
+			t.Fatalf("quiet acquire %d: %q %s", i, r.errCode, r.err.Message)
+		}
+	}
+	refill := int(2*time.Since(start).Seconds()) + 1
+	if !userRefused || ok > 2+refill {
+		t.Fatalf("the caller's user got %d more grants (refused for the user: %v); want its burst of 4 less noisy's 2, plus %d refilled", ok, userRefused, refill)
+	}
+
+	// Another user is not held back by the first one's use.
+	if r := acquire(app, "quiet-app", "fair/app"); r.errCode != "" {
+		t.Fatalf("another user's acquire: %s %s", r.errCode, r.err.Message)
+	}
+	if n := testenv.Metric(t, reg, "jetlock_rate_limited_total", map[string]string{"scope": "owner"}); n < 1 {
+		t.Errorf("jetlock_rate_limited_total{scope=owner} = %v, want at least 1", n)
+	}
+	if n := testenv.Metric(t, reg, "jetlock_rate_limited_total", map[string]string{"scope": "user"}); n < 1 {
+		t.Errorf("jetlock_rate_limited_total{scope=user} = %v, want at least 1", n)
+	}
+}
