@@ -1,6 +1,7 @@
 package service
 
 import (
+	"hash/maphash"
 	"strings"
 	"sync"
 	"time"
@@ -50,9 +51,16 @@ type tracker struct {
 	// message id: it rebuilds its duplicate table after a restart only from
 	// the messages still stored (nats-server issue 3272), and a released
 	// or renewed grant is no longer stored. At most maxEnded are kept; the
-	// end marks in the bucket cover what is dropped.
+	// end marks in the bucket cover what is dropped. An id is kept as a
+	// 64-bit hash of key and request id, and its time as an offset from
+	// epoch, so that neither the map nor the queue holds a pointer for the
+	// garbage collector to scan (a collision would answer a new request
+	// lease_lost, with a chance of about one in 2^64 over the retry
+	// window's ids).
 	window time.Duration
-	ended  map[string]time.Time
+	seed   maphash.Seed
+	epoch  time.Time
+	ended  map[uint64]time.Duration
 	endedQ []endedItem
 }
 
@@ -60,8 +68,8 @@ type tracker struct {
 const maxEnded = 1 << 20
 
 type endedItem struct {
-	id string
-	at time.Time
+	id uint64
+	at time.Duration // since the tracker's epoch
 }
 
 type goneItem struct {
@@ -94,7 +102,7 @@ type dueItem struct {
 }
 
 func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
-	t := &tracker{grace: grace, foreignTTL: foreignTTL, window: retryWindow}
+	t := &tracker{grace: grace, foreignTTL: foreignTTL, window: retryWindow, seed: maphash.MakeSeed(), epoch: time.Now()}
 	t.resetLocked()
 	return t
 }
@@ -107,7 +115,7 @@ func (t *tracker) resetLocked() {
 	t.waiters = make(map[string]map[string]waiterInfo)
 	t.owners = make(map[string]int)
 	t.left = make(map[string]time.Time)
-	t.ended = make(map[string]time.Time)
+	t.ended = make(map[uint64]time.Duration)
 	t.nWaiters = 0
 }
 
@@ -181,9 +189,9 @@ func (t *tracker) forgetGone(now time.Time, n int) {
 // what is older than the retry window or beyond maxEnded. The caller holds
 // t.mu.
 func (t *tracker) noteEnded(key, requestID string, now time.Time) {
-	id := key + "\x00" + requestID
-	t.ended[id] = now
-	t.endedQ = append(t.endedQ, endedItem{id: id, at: now})
+	id, at := t.endedID(key, requestID), now.Sub(t.epoch)
+	t.ended[id] = at
+	t.endedQ = append(t.endedQ, endedItem{id: id, at: at})
 	for len(t.endedQ) > maxEnded {
 		t.dropEnded()
 	}
@@ -195,7 +203,7 @@ func (t *tracker) noteEnded(key, requestID string, now time.Time) {
 // burst of leases left is forgotten even when no lease ends after it. The
 // caller holds t.mu.
 func (t *tracker) forgetEnded(now time.Time, n int) {
-	for ; n > 0 && len(t.endedQ) > 0 && now.Sub(t.endedQ[0].at) > t.window; n-- {
+	for since := now.Sub(t.epoch); n > 0 && len(t.endedQ) > 0 && since-t.endedQ[0].at > t.window; n-- {
 		t.dropEnded()
 	}
 }
@@ -209,13 +217,24 @@ func (t *tracker) dropEnded() {
 	t.endedQ = t.endedQ[1:]
 }
 
+// endedID is the id under which the end of requestID's lease at key is
+// remembered.
+func (t *tracker) endedID(key, requestID string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	h.WriteString(key)
+	h.WriteByte(0)
+	h.WriteString(requestID)
+	return h.Sum64()
+}
+
 // hasEnded reports whether the lease of requestID at key ended within the
 // retry window.
 func (t *tracker) hasEnded(key, requestID string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	at, ok := t.ended[key+"\x00"+requestID]
-	return ok && time.Since(at) <= t.window
+	at, ok := t.ended[t.endedID(key, requestID)]
+	return ok && time.Since(t.epoch)-at <= t.window
 }
 
 // deadline is when o expires by observation: a lease after its TTL plus
