@@ -1,7 +1,9 @@
 package service
 
 import (
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,7 +59,15 @@ func TestQuickAckReadsTheServersAcks(t *testing.T) {
 		m := nats.NewMsg(streams.SubjectPrefix("acks") + "k")
 		m.Data = []byte("v")
 		m.Header.Set(jetstream.MsgIDHeader, "same-id")
-		reply, err := nc.RequestMsgWithContext(ctx, m)
+		// A new R3 stream answers once its leader is elected: until then
+		// a publish finds no responders.
+		var reply *nats.Msg
+		for try := 0; ; try++ {
+			if reply, err = nc.RequestMsgWithContext(ctx, m); !errors.Is(err, nats.ErrNoResponders) || try == 100 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

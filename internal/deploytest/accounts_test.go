@@ -368,8 +368,10 @@ func TestAccountSetup(t *testing.T) {
 		r := rogue(c.certs["orders"].CertFile, c.certs["orders"].KeyFile)
 		deadline := time.Now().Add(3 * time.Second)
 		for time.Now().Before(deadline) {
-			if r.NumRoutes() != 0 || c.servers[0].NumRoutes() > before {
-				t.Errorf("a server with a caller's certificate joined: %d routes, nats-a %d (was %d)", r.NumRoutes(), c.servers[0].NumRoutes(), before)
+			// nats-a is what refuses; the rogue counts a route of its own
+			// for the moment its handshake is in progress.
+			if c.servers[0].NumRoutes() > before {
+				t.Errorf("a server with a caller's certificate joined: nats-a has %d routes (was %d)", c.servers[0].NumRoutes(), before)
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
