@@ -199,7 +199,7 @@ func (t *tracker) noteEnded(key, requestID string, now time.Time) {
 }
 
 // forgetEnded forgets up to n ended request ids older than the retry
-// window. It runs on every observation and on every sweep, so that what a
+// window. It runs whenever a lease ends and on every sweep, so that what a
 // burst of leases left is forgotten even when no lease ends after it. The
 // caller holds t.mu.
 func (t *tracker) forgetEnded(now time.Time, n int) {
