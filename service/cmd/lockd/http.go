@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	httppprof "net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,8 +34,16 @@ type healthSource interface {
 //     its configuration is as required, its sequence is not below the
 //     token high-water mark, no permission error in the last minute, the
 //     instance serves); otherwise 503 and the same JSON with the problems.
-func newHTTPHandler(reg prometheus.Gatherer, svc healthSource) http.Handler {
+//   - /debug/pprof/: the runtime's profiles, only with pprof set.
+func newHTTPHandler(reg prometheus.Gatherer, svc healthSource, pprof bool) http.Handler {
 	mux := http.NewServeMux()
+	if pprof {
+		mux.HandleFunc("/debug/pprof/", httppprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

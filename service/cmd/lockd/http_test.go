@@ -42,7 +42,7 @@ func TestReadyzFollowsQuorum(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()
-	newHTTPHandler(prometheus.NewRegistry(), idle).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	newHTTPHandler(prometheus.NewRegistry(), idle, false).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "not serving yet") {
 		t.Fatalf("/readyz of an instance not run = %d %s, want 503, not serving yet", rec.Code, rec.Body)
 	}
@@ -98,6 +98,17 @@ func TestReadinessStale(t *testing.T) {
 	}
 }
 
+// The runtime's profiles are served only when asked for.
+func TestPProfOnlyWhenAskedFor(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		rec := httptest.NewRecorder()
+		newHTTPHandler(prometheus.NewRegistry(), nil, on).ServeHTTP(rec, httptest.NewRequest("GET", "/debug/pprof/", nil))
+		if got := rec.Code == http.StatusOK && strings.Contains(rec.Body.String(), "goroutine"); got != on {
+			t.Errorf("pprof %v: GET /debug/pprof/ = %d, want the index only when on", on, rec.Code)
+		}
+	}
+}
+
 // Bad values for lockd's flags, checked through service.Config.Validate
 // and kong, are one line on stderr and exit 2, and nothing starts: no dev
 // cluster directory appears.
@@ -116,6 +127,7 @@ func TestServeBadValues(t *testing.T) {
 		{"--dev-ports", "1,2"},
 		{"--log-level", "loud"},
 		{"--max-hold", "forever"},
+		{"--pprof"}, // without --metrics
 		{"--bogus"},
 	} {
 		dir := filepath.Join(t.TempDir(), "dev")

@@ -80,6 +80,7 @@ type serveCmd struct {
 	OpTimeout   time.Duration `help:"Bound on the store work of one request: it ends within --queue-wait plus this of the request's receipt; keep that sum below the clients' request timeout." default:"3s" env:"JETLOCK_OP_TIMEOUT"`
 
 	Metrics  string `help:"Serve /metrics (Prometheus), /healthz and /readyz on this address (e.g. 127.0.0.1:9090; port 0 picks one, shown in the banner); empty disables." env:"JETLOCK_METRICS"`
+	PProf    bool   `name:"pprof" help:"Also serve the Go runtime's profiles under /debug/pprof/ on the --metrics address (like etcd's --enable-pprof); keep that address private." env:"JETLOCK_PPROF"`
 	Audit    string `help:"Audit log (JSON lines: grants, renew refusals, releases, expiries, hand-overs, cancels, revokes; never a lease id): a file path (appended, mode 0600), stderr or stdout; empty disables." env:"JETLOCK_AUDIT"`
 	LogLevel string `help:"Log level: debug, info, warn, error." default:"info" enum:"debug,info,warn,error" env:"JETLOCK_LOG_LEVEL"`
 }
@@ -97,6 +98,9 @@ func (c *serveCmd) config() (service.Config, error) {
 	cfg.QueueWait, cfg.OpTimeout = c.QueueWait, c.OpTimeout
 	if err := cfg.Validate(); err != nil {
 		return cfg, usageError("%v", err)
+	}
+	if c.PProf && c.Metrics == "" {
+		return cfg, usageError("--pprof serves on the --metrics address: set --metrics too")
 	}
 	if c.Dev && len(c.DevPorts) != devcluster.Size {
 		return cfg, usageError("--dev-ports needs %d ports", devcluster.Size)
@@ -171,7 +175,7 @@ func (c *serveCmd) Run(ctx context.Context, out *stdio) error {
 	}
 	metricsURL := ""
 	if ln != nil {
-		srv := &http.Server{Handler: newHTTPHandler(reg, svc), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: newHTTPHandler(reg, svc, c.PProf), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("metrics server", "err", err)
