@@ -126,13 +126,17 @@ func (e *env) connOpts(r devcluster.Role) []nats.Option {
 	return e.cluster.ConnectOptions(r)
 }
 
+// dial connects to url as name, reconnecting for ever.
+func dial(url, name string, opts ...nats.Option) (*nats.Conn, error) {
+	return nats.Connect(url, append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100 * time.Millisecond), nats.ReconnectBufSize(64 << 20)}, opts...)...)
+}
+
 // connect opens n connections as role.
 func (e *env) connect(role devcluster.Role, url string, n int) ([]*nats.Conn, error) {
 	var conns []*nats.Conn
 	for i := range n {
-		nc, err := nats.Connect(url, append([]nats.Option{nats.Name(fmt.Sprintf("jetlock-bench-%s-%d", role, i)),
-			nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond), nats.ReconnectBufSize(64 << 20)},
-			e.connOpts(role)...)...)
+		nc, err := dial(url, fmt.Sprintf("jetlock-bench-%s-%d", role, i), e.connOpts(role)...)
 		if err != nil {
 			closeAll(conns)
 			return nil, fmt.Errorf("connect %s as %s: %w", url, role, err)
