@@ -52,7 +52,7 @@ func runDegraded(ctx context.Context, e *env, sum *Summary) error {
 	log := e.grantLog()
 	wl := e.workload("degraded", e.serviceBackend(), e.rq, log)
 	e.warm(ctx, sum, wl, "degraded warm-up", c.leases)
-	info, err := e.streamInfo(ctx, wl.Backend().Stream())
+	info, err := e.streamInfo(ctx, wl.Backend().Stream(), 5*time.Second)
 	if err != nil || info.Cluster == nil || len(info.Cluster.Replicas) == 0 {
 		return errors.Join(errors.New("degraded: the lock stream's replicas are unknown"), err)
 	}
@@ -71,7 +71,7 @@ func runDegraded(ctx context.Context, e *env, sum *Summary) error {
 	ph := e.loadPhase(ctx, sum, wl, "degraded", r, c.duration, nil)
 	blocks1, raft1 := e.diskUse(leader, wl.Backend().Stream(), group)
 	dr.BlocksMB, dr.RaftLogMB = [2]float64{mb(blocks0), mb(blocks1)}, [2]float64{mb(raft0), mb(raft1)}
-	if end, err := e.streamInfo(ctx, wl.Backend().Stream()); err == nil && end.State.Msgs > 0 {
+	if end, err := e.streamInfo(ctx, wl.Backend().Stream(), 5*time.Second); err == nil && end.State.Msgs > 0 {
 		dr.LiveMB = mb(int64(end.State.Bytes))
 		dr.WrittenMB = mb(ph.Commits * int64(end.State.Bytes/end.State.Msgs))
 	}
@@ -136,7 +136,7 @@ func (e *env) restartReplica(ctx context.Context, i int, stream string) (float64
 		return 0, "restart failed: " + err.Error()
 	}
 	for time.Since(start) < 60*time.Second && ctx.Err() == nil {
-		info, err := e.streamInfo(ctx, stream)
+		info, err := e.streamInfo(ctx, stream, 5*time.Second)
 		for _, p := range replicas(info, err) {
 			if p.Name == e.cluster.Name(i) && p.Current && p.Lag == 0 && !p.Offline {
 				return round2(time.Since(start).Seconds()), ""

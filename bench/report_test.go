@@ -80,7 +80,7 @@ func TestJain(t *testing.T) {
 }
 
 func testPhase() *phase {
-	ph := newPhase("steady", "service")
+	ph := newPhase("steady", &load.Service{}, nil, 0)
 	ph.start, ph.end = time.Now().Add(-5*time.Second), time.Now()
 	r := ph.rec.Get(load.OpAcquire, 100)
 	for i := range 5 {

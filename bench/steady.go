@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -22,10 +23,8 @@ func (e *env) designRates() load.Rates {
 
 // warm acquires n leases in a phase of its own.
 func (e *env) warm(ctx context.Context, sum *Summary, wl *load.Workload, name string, n int) {
-	ph := newPhase(name, wl.Backend().Name())
-	ph.inflight = wl.InFlight
-	e.measure(ctx, ph, wl.Backend().Stream(), func() { wl.Warmup(ctx, ph.rec, n, e.cfg.warmupRate) })
-	sum.Phases = append(sum.Phases, ph)
+	ph := newPhase(name, wl.Backend(), wl.InFlight, 0)
+	e.measure(ctx, sum, ph, func() { wl.Warmup(ctx, ph.rec, n, e.cfg.warmupRate) })
 	fmt.Fprintf(e.out, "%s: %d leases held after %.1fs\n", name, wl.Held(), ph.DurationS)
 }
 
@@ -43,22 +42,17 @@ func (e *env) cleanup(ctx context.Context, wl *load.Workload) {
 // loadPhase runs wl at r for d as phase name, with during (if not nil)
 // running alongside, and waits for the answers.
 func (e *env) loadPhase(ctx context.Context, sum *Summary, wl *load.Workload, name string, r load.Rates, d time.Duration, during func(*phase)) *phase {
-	ph := newPhase(name, wl.Backend().Name())
-	ph.sched, ph.Rates, ph.inflight = d, r.Map(), wl.InFlight
-	e.measure(ctx, ph, wl.Backend().Stream(), func() {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if during != nil {
-				during(ph)
-			}
-		}()
+	ph := newPhase(name, wl.Backend(), wl.InFlight, d)
+	ph.Rates = r.Map()
+	return e.measure(ctx, sum, ph, func() {
+		var wg sync.WaitGroup
+		if during != nil {
+			wg.Go(func() { during(ph) })
+		}
 		wl.Run(ctx, ph.rec, &ph.grants, r, d)
 		wl.Drain(ctx)
-		<-done
+		wg.Wait()
 	})
-	sum.Phases = append(sum.Phases, ph)
-	return ph
 }
 
 // steadyPhase warms wl up and runs it at the flags' rates for --duration.
