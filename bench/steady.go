@@ -217,13 +217,18 @@ func passText(st RampStep) string {
 	return "missed (" + st.Why + ")"
 }
 
+// rampRow is a step's row of the ramp tables.
+func rampRow(s RampStep) []string {
+	return []string{fmt.Sprintf("%.0f", s.TargetRate), fmt.Sprintf("%.0f", s.AcquireRate), fmt.Sprintf("%.0f", s.TotalOpsRate),
+		fmt.Sprintf("%.0f", s.CommitsPerSec), fmtMs(s.P50), fmtMs(s.P99), fmtMs(s.Max), fmt.Sprint(s.Errors), passText(s)}
+}
+
 func printRamp(w io.Writer, r *RampResult) {
 	fmt.Fprintf(w, "\n== ramp of %s (acquire p99 target %s; %s) ==\n", r.Target, fmtMs(r.P99TargetMs), r.Mix)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "acquire/s target\tachieved\tall ops/s\tcommits/s\tp50\tp99\tmax\terrors\tresult\t")
 	for _, s := range r.Steps {
-		fmt.Fprintf(tw, "%.0f\t%.0f\t%.0f\t%.0f\t%s\t%s\t%s\t%d\t%s\t\n", s.TargetRate, s.AcquireRate, s.TotalOpsRate,
-			s.CommitsPerSec, fmtMs(s.P50), fmtMs(s.P99), fmtMs(s.Max), s.Errors, passText(s))
+		fmt.Fprintln(tw, strings.Join(rampRow(s), "\t")+"\t")
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "highest rate that met the target: %.0f acquires/s (%.0f ops/s, %.0f commits/s); stopped by: %s\n",
