@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/jetlock/jetlock/bench/internal/load"
 	"github.com/jetlock/jetlock/bench/internal/procstat"
 )
@@ -136,23 +134,16 @@ func (e *env) restartReplica(ctx context.Context, i int, stream string) (float64
 		return 0, "restart failed: " + err.Error()
 	}
 	for time.Since(start) < 60*time.Second && ctx.Err() == nil {
-		info, err := e.streamInfo(ctx, stream, 5*time.Second)
-		for _, p := range replicas(info, err) {
-			if p.Name == e.cluster.Name(i) && p.Current && p.Lag == 0 && !p.Offline {
-				return round2(time.Since(start).Seconds()), ""
+		if info, err := e.streamInfo(ctx, stream, 5*time.Second); err == nil && info.Cluster != nil {
+			for _, p := range info.Cluster.Replicas {
+				if p.Name == e.cluster.Name(i) && p.Current && p.Lag == 0 && !p.Offline {
+					return round2(time.Since(start).Seconds()), ""
+				}
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	return 0, e.cluster.Name(i) + " was not current again within 60s of its restart"
-}
-
-// replicas returns the stream's followers, or none when info is missing.
-func replicas(info *jetstream.StreamInfo, err error) []*jetstream.PeerInfo {
-	if err != nil || info == nil || info.Cluster == nil {
-		return nil
-	}
-	return info.Cluster.Replicas
 }
 
 func printDegraded(w io.Writer, d *DegradedResult) {
