@@ -42,13 +42,15 @@ type config struct {
 	wakeSubject                          string
 	killAt, restartAfter                 time.Duration
 	failoverMode, cpuProfile, memProfile string
+
+	flags *flag.FlagSet // the parsed flags, holding the derived values too
 }
 
 var scenarios = []string{"steady", "ramp", "raw", "all", "hotlock", "failover", "cycles", "degraded"}
 
 func parseFlags(args []string) (*config, error) {
-	c := &config{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	c := &config{flags: fs}
 	fs.StringVar(&c.url, "url", "", "NATS URL(s) of an existing deployment; the default starts a 3-node cluster of separate processes")
 	fs.BoolVar(&c.auth, "auth", true, "run the bench's cluster with the least-privilege accounts of deploy/ (callers through imports, the service's two users); false: no accounts, for a service that connects without credentials (an older lockd)")
 	fs.StringVar(&c.serviceMode, "service", "", "where the jetlock service runs: proc (a process of its own, measured apart), inproc (in this process), none (already deployed). The default is proc, or none with --url")
@@ -187,27 +189,25 @@ func (c *config) finishLoad() error {
 	return nil
 }
 
-// settings lists the flags that shape the run, for the reports.
+// reported names the flags that shape the run, for the reports; the
+// service's tuning too when the bench runs the service.
+var reported = strings.Fields(`duration resources leases acquire-rate release-rate renew-rate renew-interval
+	renew-jitter ttl timeout conns p99-target ramp-start ramp-step ramp-step-duration hot-resources waiters
+	hold wait service target retries failover-mode leader clients instances workers`)
+
+// settings lists the reported flags' values (the derived ones as
+// finishModes and finishLoad filled them in), with "_" for "-".
 func (c *config) settings() map[string]string {
-	m := map[string]string{
-		"duration": c.duration.String(), "resources": fmt.Sprint(c.resources), "leases": fmt.Sprint(c.leases),
-		"acquire_rate": fmt.Sprint(c.acquireRate), "release_rate": fmt.Sprint(c.releaseRate),
-		"renew_rate": fmt.Sprint(c.renewRate), "renew_interval": c.renewInterval.String(),
-		"renew_jitter": fmt.Sprint(c.renewJitter), "ttl": c.ttl.String(), "timeout": c.timeout.String(),
-		"conns": fmt.Sprint(c.conns), "p99_target": c.p99Target.String(), "ramp_start": fmt.Sprint(c.rampStart),
-		"ramp_step": fmt.Sprint(c.rampStep), "ramp_step_duration": c.rampStepDur.String(),
-		"hot_resources": fmt.Sprint(c.hotResources), "waiters": fmt.Sprint(c.waiters), "hold": c.hold.String(),
-		"wait": c.wait.String(), "service": c.serviceMode, "target": c.target, "retries": fmt.Sprint(c.retries),
-		"failover_mode": c.failoverMode, "leader": c.leader, "clients": c.clients, "instances": fmt.Sprint(c.instances),
-		"workers": fmt.Sprint(c.workers), "auth": fmt.Sprint(c.auth && c.url == ""),
-	}
+	m := map[string]string{"auth": fmt.Sprint(c.auth && c.url == "")}
+	names := slices.Clone(reported)
 	if c.lockd != "" {
-		m["lockd"] = c.lockd
+		names = append(names, "lockd")
 	}
 	if c.serviceMode != "none" {
-		for k, v := range c.tune.settings() {
-			m[k] = v
-		}
+		names = append(names, "service-max-in-flight", "service-max-queued", "service-queue-wait", "service-op-timeout")
+	}
+	for _, name := range names {
+		m[strings.ReplaceAll(name, "-", "_")] = c.flags.Lookup(name).Value.String()
 	}
 	return m
 }
@@ -242,10 +242,4 @@ func (t tuning) config(cfg service.Config) service.Config {
 func (t tuning) args() []string {
 	return []string{"--max-in-flight", strconv.Itoa(t.maxInFlight), "--max-queued", strconv.Itoa(t.maxQueued),
 		"--queue-wait", t.queueWait.String(), "--op-timeout", t.opTimeout.String()}
-}
-
-// settings returns the settings for a report's settings map.
-func (t tuning) settings() map[string]string {
-	return map[string]string{"service_max_in_flight": strconv.Itoa(t.maxInFlight), "service_max_queued": strconv.Itoa(t.maxQueued),
-		"service_queue_wait": t.queueWait.String(), "service_op_timeout": t.opTimeout.String()}
 }

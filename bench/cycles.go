@@ -43,24 +43,18 @@ func runCycles(ctx context.Context, e *env, sum *Summary) error {
 
 func (e *env) cycles(ctx context.Context, sum *Summary, be load.Backend, rq *load.Requester, log *load.GrantLog) {
 	c := e.cfg
-	ph := newPhase("cycles", be.Name())
-	ph.sched, ph.inflight = c.duration, rq.InFlight
+	ph := newPhase("cycles", be, rq.InFlight, c.duration)
 	fmt.Fprintf(e.out, "cycles: %d workers acquire and release random resources of %d (%s) for %v\n", c.workers, c.resources, be.Name(), c.duration)
-	e.measure(ctx, ph, be.Stream(), func() {
+	e.measure(ctx, sum, ph, func() {
 		end := time.Now().Add(c.duration)
 		var wg sync.WaitGroup
 		for w := range c.workers {
 			cy := &cycler{e: e, be: be, rq: rq, log: log, rec: ph.rec, w: w, names: e.names("cycles"),
 				revs: map[int]uint64{}, dead: map[int]bool{}, rng: rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				cy.run(ctx, end)
-			}()
+			wg.Go(func() { cy.run(ctx, end) })
 		}
 		wg.Wait()
 	})
-	sum.Phases = append(sum.Phases, ph)
 	sum.use(ph)
 	acq, rel, cyc := ph.Ops[load.OpAcquire], ph.Ops[load.OpRelease], ph.Ops[load.OpCycle]
 	sum.Cycles = &CyclesResult{Target: be.Name(), Workers: c.workers, Cycles: cyc.Count, CyclesPerS: cyc.Rate,

@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/jetlock/jetlock/bench/internal/load"
 	"github.com/jetlock/jetlock/bench/internal/procstat"
 )
@@ -52,7 +50,7 @@ func runDegraded(ctx context.Context, e *env, sum *Summary) error {
 	log := e.grantLog()
 	wl := e.workload("degraded", e.serviceBackend(), e.rq, log)
 	e.warm(ctx, sum, wl, "degraded warm-up", c.leases)
-	info, err := e.streamInfo(ctx, wl.Backend().Stream())
+	info, err := e.streamInfo(ctx, wl.Backend().Stream(), 5*time.Second)
 	if err != nil || info.Cluster == nil || len(info.Cluster.Replicas) == 0 {
 		return errors.Join(errors.New("degraded: the lock stream's replicas are unknown"), err)
 	}
@@ -71,7 +69,7 @@ func runDegraded(ctx context.Context, e *env, sum *Summary) error {
 	ph := e.loadPhase(ctx, sum, wl, "degraded", r, c.duration, nil)
 	blocks1, raft1 := e.diskUse(leader, wl.Backend().Stream(), group)
 	dr.BlocksMB, dr.RaftLogMB = [2]float64{mb(blocks0), mb(blocks1)}, [2]float64{mb(raft0), mb(raft1)}
-	if end, err := e.streamInfo(ctx, wl.Backend().Stream()); err == nil && end.State.Msgs > 0 {
+	if end, err := e.streamInfo(ctx, wl.Backend().Stream(), 5*time.Second); err == nil && end.State.Msgs > 0 {
 		dr.LiveMB = mb(int64(end.State.Bytes))
 		dr.WrittenMB = mb(ph.Commits * int64(end.State.Bytes/end.State.Msgs))
 	}
@@ -136,23 +134,16 @@ func (e *env) restartReplica(ctx context.Context, i int, stream string) (float64
 		return 0, "restart failed: " + err.Error()
 	}
 	for time.Since(start) < 60*time.Second && ctx.Err() == nil {
-		info, err := e.streamInfo(ctx, stream)
-		for _, p := range replicas(info, err) {
-			if p.Name == e.cluster.Name(i) && p.Current && p.Lag == 0 && !p.Offline {
-				return round2(time.Since(start).Seconds()), ""
+		if info, err := e.streamInfo(ctx, stream, 5*time.Second); err == nil && info.Cluster != nil {
+			for _, p := range info.Cluster.Replicas {
+				if p.Name == e.cluster.Name(i) && p.Current && p.Lag == 0 && !p.Offline {
+					return round2(time.Since(start).Seconds()), ""
+				}
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	return 0, e.cluster.Name(i) + " was not current again within 60s of its restart"
-}
-
-// replicas returns the stream's followers, or none when info is missing.
-func replicas(info *jetstream.StreamInfo, err error) []*jetstream.PeerInfo {
-	if err != nil || info == nil || info.Cluster == nil {
-		return nil
-	}
-	return info.Cluster.Replicas
 }
 
 func printDegraded(w io.Writer, d *DegradedResult) {

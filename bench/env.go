@@ -25,7 +25,7 @@ import (
 
 // env is what a scenario runs against: the cluster (when the bench
 // started one), the service (when the bench runs it), the load
-// connections and the sampler. The load connects as callers, through the
+// connections. The load connects as callers, through the
 // imports of the service's subjects; the bench's own bucket work (stream
 // info, leader moves, the raw baseline) uses the service's store user.
 type env struct {
@@ -43,7 +43,6 @@ type env struct {
 	rq      *load.Requester
 	admin   *nats.Conn // as the store user
 	js      jetstream.JetStream
-	sampler *sampler
 }
 
 func setup(ctx context.Context, cfg *config) (_ *env, err error) {
@@ -78,7 +77,6 @@ func setup(ctx context.Context, cfg *config) (_ *env, err error) {
 	if err := e.connectLoad(); err != nil {
 		return nil, err
 	}
-	e.sampler = &sampler{js: e.js, procs: e.procs, progress: cfg.progress, out: e.out}
 	return e, e.awaitService(ctx)
 }
 
@@ -126,13 +124,17 @@ func (e *env) connOpts(r devcluster.Role) []nats.Option {
 	return e.cluster.ConnectOptions(r)
 }
 
+// dial connects to url as name, reconnecting for ever.
+func dial(url, name string, opts ...nats.Option) (*nats.Conn, error) {
+	return nats.Connect(url, append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100 * time.Millisecond), nats.ReconnectBufSize(64 << 20)}, opts...)...)
+}
+
 // connect opens n connections as role.
 func (e *env) connect(role devcluster.Role, url string, n int) ([]*nats.Conn, error) {
 	var conns []*nats.Conn
 	for i := range n {
-		nc, err := nats.Connect(url, append([]nats.Option{nats.Name(fmt.Sprintf("jetlock-bench-%s-%d", role, i)),
-			nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond), nats.ReconnectBufSize(64 << 20)},
-			e.connOpts(role)...)...)
+		nc, err := dial(url, fmt.Sprintf("jetlock-bench-%s-%d", role, i), e.connOpts(role)...)
 		if err != nil {
 			closeAll(conns)
 			return nil, fmt.Errorf("connect %s as %s: %w", url, role, err)
@@ -221,7 +223,7 @@ func (e *env) procs() []procstat.Proc {
 
 // streamLeader returns the server name leading the lock stream.
 func (e *env) streamLeader(ctx context.Context) (string, error) {
-	info, err := e.streamInfo(ctx, streams.StreamName(e.cfg.bucket))
+	info, err := e.streamInfo(ctx, streams.StreamName(e.cfg.bucket), 5*time.Second)
 	if err == nil && (info.Cluster == nil || info.Cluster.Leader == "") {
 		err = errors.New("the lock stream has no leader")
 	}
@@ -231,9 +233,9 @@ func (e *env) streamLeader(ctx context.Context) (string, error) {
 	return info.Cluster.Leader, nil
 }
 
-// streamInfo returns the stream's info, waiting at most 5s.
-func (e *env) streamInfo(ctx context.Context, stream string) (*jetstream.StreamInfo, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// streamInfo returns the stream's info, waiting at most timeout.
+func (e *env) streamInfo(ctx context.Context, stream string, timeout time.Duration) (*jetstream.StreamInfo, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s, err := e.js.Stream(ctx, stream)
 	if err != nil {

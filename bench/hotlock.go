@@ -79,7 +79,8 @@ type hotlock struct {
 func runHotlock(ctx context.Context, e *env, sum *Summary) error {
 	c := e.cfg
 	h := &hotlock{e: e, be: e.serviceBackend(), log: e.grantLog(), hand: load.NewRecorder("handover", 0),
-		count: make([]atomic.Int64, c.hotResources*c.waiters), ph: newPhase("hotlock", "service")}
+		count: make([]atomic.Int64, c.hotResources*c.waiters)}
+	h.ph = newPhase("hotlock", h.be, e.rq.InFlight, c.duration)
 	for i := range c.hotResources {
 		h.res = append(h.res, &hotResource{name: fmt.Sprintf("%shot%03d", e.names("hot"), i), holder: -1, waiting: map[int]hotWait{}})
 	}
@@ -88,11 +89,9 @@ func runHotlock(ctx context.Context, e *env, sum *Summary) error {
 		return err
 	}
 	defer stop()
-	h.ph.sched = c.duration
 	fmt.Fprintf(e.out, "hotlock: %d callers on each of %d resources, hold %v, wait_ms %d, for %v\n",
 		c.waiters, c.hotResources, c.hold, c.wait.Milliseconds(), c.duration)
-	e.measure(ctx, h.ph, h.be.Stream(), func() { h.run(ctx) })
-	sum.Phases = append(sum.Phases, h.ph)
+	e.measure(ctx, sum, h.ph, func() { h.run(ctx) })
 	sum.use(h.ph)
 	sum.Hotlock = h.result(wakeSubj)
 	if n := sum.Hotlock.HolderOverlaps; n > 0 {
@@ -145,11 +144,7 @@ func (h *hotlock) run(ctx context.Context) {
 	end := time.Now().Add(c.duration)
 	var wg sync.WaitGroup
 	for i := range c.hotResources * c.waiters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			h.caller(ctx, i, h.res[i%c.hotResources], end)
-		}()
+		wg.Go(func() { h.caller(ctx, i, h.res[i%c.hotResources], end) })
 	}
 	done := make(chan struct{})
 	go func() {
@@ -317,12 +312,10 @@ func (h *hotlock) cancelWaits() {
 	for _, r := range h.res {
 		r.mu.Lock()
 		for _, w := range r.waiting {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				m := h.be.Msg(streams.OpCancel, &streams.CancelRequest{Resource: r.name, RequestID: w.reqID})
 				_, _, _ = h.e.rq.Do(context.Background(), m, h.e.cfg.timeout)
-			}()
+			})
 		}
 		r.mu.Unlock()
 	}

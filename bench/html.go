@@ -24,60 +24,49 @@ type chartSeries struct {
 	color string
 }
 
-type chartOpts struct {
+// chart is a line chart's frame.
+type chart struct {
 	title, xLabel, yLabel string
 	logY                  bool
 	events                []Event
 }
 
 const (
-	chartW, chartH                 = 860, 280
-	padL, padR, padT, padB         = 64, 170, 28, 40
-	plotW, plotH                   = chartW - padL - padR, chartH - padT - padB
-	minLogMs               float64 = 0.1
+	chartW, chartH         = 860, 280
+	padL, padR, padT, padB = 64, 170, 28, 40
+	plotW, plotH           = chartW - padL - padR, chartH - padT - padB
+	minLogMs               = 0.1
 )
 
 func esc(s string) string { return template.HTMLEscapeString(s) }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
-// axis maps values to one coordinate of the plot.
-type axis struct {
-	lo, hi float64
-	log    bool
-	ticks  []float64
-}
-
 // yAxis returns the value axis for values in [ymin, ymax] (ymin the
-// smallest positive one): decades on a log scale, else quarters from 0.
-func yAxis(logY bool, ymin, ymax float64) axis {
-	a := axis{log: logY}
-	if logY {
-		a.lo = math.Pow(10, math.Floor(math.Log10(math.Max(math.Min(ymin, ymax), minLogMs))))
-		a.hi = math.Pow(10, math.Ceil(math.Log10(math.Max(ymax, a.lo*10))))
-		for t := a.lo; t <= a.hi*1.0001; t *= 10 {
-			a.ticks = append(a.ticks, t)
+// smallest positive one): its ticks, decades on a log scale, else
+// quarters from 0, and the y coordinate of a value.
+func yAxis(logY bool, ymin, ymax float64) (ticks []float64, pos func(float64) float64) {
+	if !logY {
+		hi := niceCeil(ymax)
+		for i := range 5 {
+			ticks = append(ticks, hi*float64(i)/4)
 		}
-		return a
+		return ticks, func(v float64) float64 { return padT + plotH - plotH*v/hi }
 	}
-	a.hi = niceCeil(ymax)
-	for i := 0; i <= 4; i++ {
-		a.ticks = append(a.ticks, a.hi*float64(i)/4)
+	lo := math.Pow(10, math.Floor(math.Log10(math.Max(math.Min(ymin, ymax), minLogMs))))
+	hi := math.Pow(10, math.Ceil(math.Log10(math.Max(ymax, lo*10))))
+	for t := lo; t <= hi*1.0001; t *= 10 {
+		ticks = append(ticks, t)
 	}
-	return a
+	return ticks, func(v float64) float64 {
+		return padT + plotH - plotH*(math.Log10(math.Max(v, lo))-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))
+	}
 }
 
-// pos returns the y coordinate of v.
-func (a axis) pos(v float64) float64 {
-	if a.log {
-		v = math.Max(v, a.lo)
-		return padT + plotH - plotH*(math.Log10(v)-math.Log10(a.lo))/(math.Log10(a.hi)-math.Log10(a.lo))
-	}
-	return padT + plotH - plotH*v/a.hi
-}
-
-// lineChart renders series as an SVG line chart.
-func lineChart(o chartOpts, series []chartSeries) string {
+// render draws series as an SVG line chart: the frame, the grid with its
+// labels, the events as dashed red lines, and each series with its legend
+// entry.
+func (o chart) render(series ...chartSeries) template.HTML {
 	xmax, ymax, ymin, n := 0.0, 0.0, math.Inf(1), 0
 	for _, s := range series {
 		for _, p := range s.pts {
@@ -94,68 +83,58 @@ func lineChart(o chartOpts, series []chartSeries) string {
 		xmax = math.Max(xmax, e.T)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`, chartW, chartH, chartW, chartH)
-	fmt.Fprintf(&b, `<text x="%d" y="16" font-size="13" font-weight="bold">%s</text>`, padL, esc(o.title))
+	svg := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	svg(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`, chartW, chartH, chartW, chartH)
+	svg(`<text x="%d" y="16" font-size="13" font-weight="bold">%s</text>`, padL, esc(o.title))
 	if n == 0 {
-		fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#888">no data</text></svg>`, padL+10, padT+plotH/2)
-		return b.String()
+		svg(`<text x="%d" y="%d" fill="#888">no data</text></svg>`, padL+10, padT+plotH/2)
+		return template.HTML(b.String())
 	}
 	if xmax <= 0 {
 		xmax = 1
 	}
-	y := yAxis(o.logY, ymin, ymax)
 	xpos := func(t float64) float64 { return padL + plotW*t/xmax }
-	drawAxes(&b, o, y, xmax, xpos)
+	ticks, ypos := yAxis(o.logY, ymin, ymax)
+	svg(`<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999"/>`, padL, padT, plotW, plotH)
+	for _, t := range ticks {
+		svg(`<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eee"/>`, padL, padL+plotW, ypos(t), ypos(t))
+		svg(`<text x="%d" y="%.1f" text-anchor="end">%s</text>`, padL-4, ypos(t)+4, tickLabel(t))
+	}
+	for t, step := 0.0, niceCeil(xmax/8); t <= xmax+1e-9; t += step {
+		svg(`<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#eee"/>`, xpos(t), xpos(t), padT, padT+plotH)
+		svg(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, xpos(t), padT+plotH+14, tickLabel(t))
+	}
+	svg(`<text x="%d" y="%d" text-anchor="middle">%s</text>`, padL+plotW/2, chartH-6, esc(o.xLabel))
+	svg(`<text x="14" y="%d" transform="rotate(-90 14 %d)" text-anchor="middle">%s</text>`, padT+plotH/2, padT+plotH/2, esc(o.yLabel))
 	for _, e := range o.events {
-		x := xpos(e.T)
-		fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#d62728" stroke-dasharray="4 3"/>`, x, x, padT, padT+plotH)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="#d62728" font-size="10">%s</text>`, x+3, padT+10, esc(e.What))
+		svg(`<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#d62728" stroke-dasharray="4 3"/>`, xpos(e.T), xpos(e.T), padT, padT+plotH)
+		svg(`<text x="%.1f" y="%d" fill="#d62728" font-size="10">%s</text>`, xpos(e.T)+3, padT+10, esc(e.What))
 	}
 	for i, s := range series {
-		drawSeries(&b, i, s, y, xpos)
+		color, dash := cmpOr(s.color, palette[i%len(palette)]), ""
+		if s.dash {
+			dash = ` stroke-dasharray="5 3"`
+		}
+		var pts []string
+		for _, p := range s.pts {
+			if finite(p.V) {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", xpos(p.T), ypos(p.V)))
+			}
+		}
+		svg(`<polyline fill="none" stroke="%s" stroke-width="1.6"%s points="%s"/>`, color, dash, strings.Join(pts, " "))
+		ly := padT + 6 + i*15
+		svg(`<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`, padL+plotW+10, padL+plotW+28, ly, ly, color, dash)
+		svg(`<text x="%d" y="%d">%s</text>`, padL+plotW+32, ly+4, esc(s.name))
 	}
 	b.WriteString(`</svg>`)
-	return b.String()
+	return template.HTML(b.String())
 }
 
-// drawAxes draws the frame, the grid with its labels and the axis names.
-func drawAxes(b *strings.Builder, o chartOpts, y axis, xmax float64, xpos func(float64) float64) {
-	fmt.Fprintf(b, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999"/>`, padL, padT, plotW, plotH)
-	for _, t := range y.ticks {
-		p := y.pos(t)
-		fmt.Fprintf(b, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eee"/>`, padL, padL+plotW, p, p)
-		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`, padL-4, p+4, tickLabel(t))
+func cmpOr(s, or string) string {
+	if s != "" {
+		return s
 	}
-	xstep := niceCeil(xmax / 8)
-	for t := 0.0; t <= xmax+1e-9; t += xstep {
-		x := xpos(t)
-		fmt.Fprintf(b, `<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#eee"/>`, x, x, padT, padT+plotH)
-		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, x, padT+plotH+14, tickLabel(t))
-	}
-	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`, padL+plotW/2, chartH-6, esc(o.xLabel))
-	fmt.Fprintf(b, `<text x="14" y="%d" transform="rotate(-90 14 %d)" text-anchor="middle">%s</text>`, padT+plotH/2, padT+plotH/2, esc(o.yLabel))
-}
-
-// drawSeries draws the i-th series and its legend entry.
-func drawSeries(b *strings.Builder, i int, s chartSeries, y axis, xpos func(float64) float64) {
-	color := s.color
-	if color == "" {
-		color = palette[i%len(palette)]
-	}
-	var pts []string
-	for _, p := range s.pts {
-		if finite(p.V) {
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", xpos(p.T), y.pos(p.V)))
-		}
-	}
-	dash := ""
-	if s.dash {
-		dash = ` stroke-dasharray="5 3"`
-	}
-	fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="1.6"%s points="%s"/>`, color, dash, strings.Join(pts, " "))
-	ly := padT + 6 + i*15
-	fmt.Fprintf(b, `<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`, padL+plotW+10, padL+plotW+28, ly, ly, color, dash)
-	fmt.Fprintf(b, `<text x="%d" y="%d">%s</text>`, padL+plotW+32, ly+4, esc(s.name))
+	return or
 }
 
 // niceCeil rounds v up to 1, 2 or 5 times a power of ten.
@@ -218,31 +197,46 @@ func phaseCharts(ph *phase) []template.HTML {
 		cpu = append(cpu, chartSeries{name: n, pts: ph.cpu[n], color: palette[i%len(palette)]})
 	}
 	return []template.HTML{
-		template.HTML(lineChart(chartOpts{title: ph.Name + ": latency from intended send time (per second, log scale)", xLabel: "seconds", yLabel: "ms", logY: true, events: ph.Events}, lat)),
-		template.HTML(lineChart(chartOpts{title: ph.Name + ": completed operations and commits per second", xLabel: "seconds", yLabel: "per second", events: ph.Events}, rate)),
-		template.HTML(lineChart(chartOpts{title: ph.Name + ": CPU (100 = one core)", xLabel: "seconds", yLabel: "%", events: ph.Events}, cpu)),
+		chart{title: ph.Name + ": latency from intended send time (per second, log scale)", xLabel: "seconds", yLabel: "ms", logY: true, events: ph.Events}.render(lat...),
+		chart{title: ph.Name + ": completed operations and commits per second", xLabel: "seconds", yLabel: "per second", events: ph.Events}.render(rate...),
+		chart{title: ph.Name + ": CPU (100 = one core)", xLabel: "seconds", yLabel: "%", events: ph.Events}.render(cpu...),
 	}
+}
+
+// htmlTable renders a table whose first row is its head.
+func htmlTable(rows [][]string) template.HTML {
+	var b strings.Builder
+	b.WriteString("<table>")
+	for i, row := range rows {
+		cell := map[bool]string{true: "th", false: "td"}[i == 0]
+		b.WriteString("<tr>")
+		for _, v := range row {
+			fmt.Fprintf(&b, "<%s>%s</%s>", cell, esc(v), cell)
+		}
+		b.WriteString("</tr>")
+	}
+	b.WriteString("</table>")
+	return template.HTML(b.String())
 }
 
 // rampHTML renders a ramp's table and its charts of acquire latency and
 // commits against the step rate.
 func rampHTML(r *RampResult) htmlPhase {
 	var p50, p99, maxs, commits, target []seriesPoint
-	var t strings.Builder
-	t.WriteString(`<table><tr><th>acquire/s</th><th>achieved</th><th>ops/s</th><th>commits/s</th><th>p50</th><th>p99</th><th>max</th><th>errors</th><th>result</th></tr>`)
+	rows := [][]string{{"acquire/s", "achieved", "ops/s", "commits/s", "p50", "p99", "max", "errors", "result"}}
 	for _, s := range r.Steps {
 		p50, p99 = append(p50, seriesPoint{s.TargetRate, s.P50}), append(p99, seriesPoint{s.TargetRate, s.P99})
 		maxs, target = append(maxs, seriesPoint{s.TargetRate, s.Max}), append(target, seriesPoint{s.TargetRate, r.P99TargetMs})
 		commits = append(commits, seriesPoint{s.TargetRate, s.CommitsPerSec})
-		fmt.Fprintf(&t, `<tr><td>%.0f</td><td>%.0f</td><td>%.0f</td><td>%.0f</td><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%s</td></tr>`,
-			s.TargetRate, s.AcquireRate, s.TotalOpsRate, s.CommitsPerSec, fmtMs(s.P50), fmtMs(s.P99), fmtMs(s.Max), s.Errors, esc(passText(s)))
+		rows = append(rows, rampRow(s))
 	}
-	t.WriteString(`</table>`)
-	return htmlPhase{Name: "ramp of " + r.Target, Table: template.HTML(t.String()), Charts: []template.HTML{
-		template.HTML(lineChart(chartOpts{title: "ramp of " + r.Target + ": acquire latency by step (log scale)", xLabel: "acquires/s intended", yLabel: "ms", logY: true},
-			[]chartSeries{{name: "p50", pts: p50}, {name: "p99", pts: p99}, {name: "max", pts: maxs}, {name: "p99 target", pts: target, dash: true, color: "#888"}})),
-		template.HTML(lineChart(chartOpts{title: "ramp of " + r.Target + ": commits per second by step", xLabel: "acquires/s intended", yLabel: "commits/s"},
-			[]chartSeries{{name: "commits/s", pts: commits, color: "#000"}})),
+	title := "ramp of " + r.Target
+	return htmlPhase{Name: title, Table: htmlTable(rows), Charts: []template.HTML{
+		chart{title: title + ": acquire latency by step (log scale)", xLabel: "acquires/s intended", yLabel: "ms", logY: true}.render(
+			chartSeries{name: "p50", pts: p50}, chartSeries{name: "p99", pts: p99}, chartSeries{name: "max", pts: maxs},
+			chartSeries{name: "p99 target", pts: target, dash: true, color: "#888"}),
+		chart{title: title + ": commits per second by step", xLabel: "acquires/s intended", yLabel: "commits/s"}.render(
+			chartSeries{name: "commits/s", pts: commits, color: "#000"}),
 	}}
 }
 
@@ -252,24 +246,15 @@ type htmlPhase struct {
 	Charts []template.HTML
 }
 
-type htmlData struct {
-	S       *Summary
-	Phases  []htmlPhase
-	Results template.HTML
-	JSON    string
-}
-
 // phaseTable renders a phase's operations as an HTML table.
 func phaseTable(ph *phase) template.HTML {
-	var b strings.Builder
-	b.WriteString(`<table><tr><th>op</th><th>count</th><th>rate/s</th><th>target/s</th><th>p50</th><th>p95</th><th>p99</th><th>p99.9</th><th>max</th><th>errors</th></tr>`)
+	rows := [][]string{{"op", "count", "rate/s", "target/s", "p50", "p95", "p99", "p99.9", "max", "errors"}}
 	for _, op := range sortedKeys(ph.Ops, load.OpOrder) {
 		s := ph.Ops[op]
-		fmt.Fprintf(&b, `<tr><td>%s</td><td>%d</td><td>%.0f</td><td>%.0f</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>`,
-			esc(op), s.Count, s.Rate, s.TargetRate, fmtMs(s.P50), fmtMs(s.P95), fmtMs(s.P99), fmtMs(s.P999), fmtMs(s.Max), esc(errorText(s)))
+		rows = append(rows, []string{op, fmt.Sprint(s.Count), fmt.Sprintf("%.0f", s.Rate), fmt.Sprintf("%.0f", s.TargetRate),
+			fmtMs(s.P50), fmtMs(s.P95), fmtMs(s.P99), fmtMs(s.P999), fmtMs(s.Max), errorText(s)})
 	}
-	fmt.Fprintf(&b, `</table><p>commits %.0f/s over %.1fs. %s</p>`, ph.CommitsPerSec, ph.DurationS, esc(procsText(ph.Processes)))
-	return template.HTML(b.String())
+	return htmlTable(rows) + template.HTML(fmt.Sprintf(`<p>commits %.0f/s over %.1fs. %s</p>`, ph.CommitsPerSec, ph.DurationS, esc(procsText(ph.Processes))))
 }
 
 var reportTmpl = template.Must(template.New("report").Parse(`<!DOCTYPE html>
@@ -285,7 +270,7 @@ h2{margin-top:32px;border-bottom:1px solid #ddd}
 Cluster: {{.S.Machine.Cluster}}. Service: {{.S.Machine.Service}}.<br>
 Command: <code>{{.S.Command}}</code></p>
 <p>Latency is measured from each operation's intended send time on an open-loop schedule, so stalls show as latency (no coordinated omission); closed-loop scenarios (hotlock, cycles) measure from the send.</p>
-{{.Results}}
+{{with .Results}}<h2>Results</h2><pre>{{.}}</pre>{{end}}
 {{range .Phases}}<h2>{{.Name}}</h2>{{.Table}}{{range .Charts}}<div>{{.}}</div>{{end}}{{end}}
 <h2>Summary JSON</h2><pre>{{.JSON}}</pre>
 </body></html>
@@ -295,9 +280,13 @@ Command: <code>{{.S.Command}}</code></p>
 func writeHTML(path string, s *Summary) error {
 	var results strings.Builder
 	printSummary(&results, s)
-	d := htmlData{S: s}
+	d := struct {
+		S             *Summary
+		Phases        []htmlPhase
+		Results, JSON string
+	}{S: s}
 	if strings.TrimSpace(results.String()) != "" {
-		d.Results = template.HTML("<h2>Results</h2><pre>" + esc(results.String()) + "</pre>")
+		d.Results = results.String()
 	}
 	for _, r := range []*RampResult{s.RawRamp, s.Ramp} {
 		if r != nil {

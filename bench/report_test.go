@@ -44,13 +44,17 @@ func TestCPUCost(t *testing.T) {
 func TestParseMetricsSumsInstances(t *testing.T) {
 	st := svcStats{ops: map[string]opTime{}, shed: map[string]float64{}}
 	for _, text := range []string{`# HELP jetlock_request_duration_seconds Time from receipt to reply, by operation.
+# TYPE jetlock_request_duration_seconds histogram
 jetlock_request_duration_seconds_bucket{op="acquire",le="0.005"} 3
 jetlock_request_duration_seconds_sum{op="acquire"} 1.5
 jetlock_request_duration_seconds_count{op="acquire"} 3
+# TYPE jetlock_requests_shed_total counter
 jetlock_requests_shed_total{op="acquire",reason="waited"} 1
 jetlock_requests_shed_total{op="renew",reason="waited"} 1
-`, `jetlock_request_duration_seconds_sum{op="acquire"} 2
+`, `# TYPE jetlock_request_duration_seconds histogram
+jetlock_request_duration_seconds_sum{op="acquire"} 2
 jetlock_request_duration_seconds_count{op="acquire"} 1
+# TYPE jetlock_requests_shed_total counter
 jetlock_requests_shed_total{op="acquire",reason="queue_full"} 7
 jetlock_requests_shed_total{op="acquire",reason="waited"} 8
 `} {
@@ -76,7 +80,7 @@ func TestJain(t *testing.T) {
 }
 
 func testPhase() *phase {
-	ph := newPhase("steady", "service")
+	ph := newPhase("steady", &load.Service{}, nil, 0)
 	ph.start, ph.end = time.Now().Add(-5*time.Second), time.Now()
 	r := ph.rec.Get(load.OpAcquire, 100)
 	for i := range 5 {

@@ -3,14 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetlock/jetlock/bench/internal/load"
 	"github.com/jetlock/jetlock/bench/internal/procstat"
@@ -55,7 +52,8 @@ type phase struct {
 
 	rec      *load.Recorders
 	grants   load.GrantTimes
-	sched    time.Duration // scheduled length: rates are counted over it
+	stream   string        // whose last sequence counts the commits
+	sched    time.Duration // scheduled length, if any: rates are counted over it
 	compact  bool          // a ramp step: printed in the ramp table only
 	start    time.Time
 	end      time.Time
@@ -65,8 +63,11 @@ type phase struct {
 	inflight func() int64
 }
 
-func newPhase(name, target string) *phase {
-	return &phase{Name: name, Target: target, rec: load.NewRecorders(), cpu: map[string][]seriesPoint{}}
+// newPhase returns a phase of load on be, whose requests in flight
+// inflight counts, scheduled to last sched (0: as long as it runs).
+func newPhase(name string, be load.Backend, inflight func() int64, sched time.Duration) *phase {
+	return &phase{Name: name, Target: be.Name(), stream: be.Stream(), inflight: inflight, sched: sched,
+		rec: load.NewRecorders(), cpu: map[string][]seriesPoint{}}
 }
 
 // event records what happened now.
@@ -124,15 +125,14 @@ func cpuCost(procs map[string]procstat.Summary, ops map[string]load.OpSummary, c
 	return c
 }
 
-// sampler takes a reading every second while a phase runs: an interval
-// point for every recorder, the commit rate from the stream's last
-// sequence, and the CPU and memory of the processes; and prints a
-// progress line every progress interval.
-type sampler struct {
-	js       jetstream.JetStream
-	procs    func() []procstat.Proc
-	progress time.Duration
-	out      io.Writer
+// lastSeq reads the stream's last sequence, waiting at most 900ms: a
+// reading must not hold up the next one a second later.
+func (e *env) lastSeq(ctx context.Context, stream string) seqReading {
+	info, err := e.streamInfo(ctx, stream, 900*time.Millisecond)
+	if err != nil {
+		return seqReading{}
+	}
+	return seqReading{seq: info.State.LastSeq, at: time.Now()}
 }
 
 type seqReading struct {
@@ -140,25 +140,13 @@ type seqReading struct {
 	at  time.Time // zero: no reading
 }
 
-func (s *sampler) lastSeq(ctx context.Context, stream string) seqReading {
-	ctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
-	defer cancel()
-	st, err := s.js.Stream(ctx, stream)
-	if err != nil {
-		return seqReading{}
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return seqReading{}
-	}
-	return seqReading{seq: info.State.LastSeq, at: time.Now()}
-}
-
-// sampling is the sampling of one phase.
+// sampling is the sampling of one phase: a reading every second while
+// it runs, of an interval point for every recorder, the commit rate from
+// the stream's last sequence, and the CPU and memory of the processes;
+// and a progress line every --progress.
 type sampling struct {
-	s            *sampler
+	e            *env
 	ph           *phase
-	stream       string
 	pt           *procstat.Tracker
 	m0           procstat.MachineSample
 	m0err        error
@@ -167,14 +155,14 @@ type sampling struct {
 	lastProgress time.Time
 }
 
-// start begins sampling ph (whose commits are writes to stream) and
-// returns the function that stops it and fills in ph's summary.
-func (s *sampler) start(ctx context.Context, ph *phase, stream string) (stop func()) {
+// sample begins sampling ph and returns the function that stops it and
+// fills in ph's summary.
+func (e *env) sample(ctx context.Context, ph *phase) (stop func()) {
 	ph.start = time.Now()
-	r := &sampling{s: s, ph: ph, stream: stream, pt: procstat.NewTracker(ph.start), prevTick: ph.start, lastProgress: ph.start}
-	r.first = s.lastSeq(ctx, stream)
+	r := &sampling{e: e, ph: ph, pt: procstat.NewTracker(ph.start), prevTick: ph.start, lastProgress: ph.start}
+	r.first = e.lastSeq(ctx, ph.stream)
 	r.last = r.first
-	r.pt.Sample(s.procs())
+	r.pt.Sample(e.procs())
 	r.m0, r.m0err = procstat.ReadMachine()
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -210,7 +198,7 @@ func (r *sampling) tick(ctx context.Context, now time.Time, final bool) {
 		pts[rec.Name] = rec.Tick(el, iv, stub)
 	}
 	commits := -1.0
-	if rd := r.s.lastSeq(ctx, r.stream); !rd.at.IsZero() {
+	if rd := r.e.lastSeq(ctx, ph.stream); !rd.at.IsZero() {
 		if !r.last.at.IsZero() && rd.seq >= r.last.seq && !stub {
 			commits = float64(rd.seq-r.last.seq) / rd.at.Sub(r.last.at).Seconds()
 			ph.commits = append(ph.commits, seriesPoint{el, round2(commits)})
@@ -220,15 +208,15 @@ func (r *sampling) tick(ctx context.Context, now time.Time, final bool) {
 		}
 		r.last = rd
 	}
-	cpu := r.pt.Sample(r.s.procs())
+	cpu := r.pt.Sample(r.e.procs())
 	for name, v := range cpu {
 		if !stub {
 			ph.cpu[name] = append(ph.cpu[name], seriesPoint{el, v})
 		}
 	}
-	if r.s.out != nil && r.s.progress > 0 && now.Sub(r.lastProgress) >= r.s.progress-50*time.Millisecond && !final {
+	if progress := r.e.cfg.progress; progress > 0 && now.Sub(r.lastProgress) >= progress-50*time.Millisecond && !final {
 		r.lastProgress = now
-		fmt.Fprintln(r.s.out, progressLine(ph.Name, el, pts, commits, cpu, ph.inflight))
+		fmt.Fprintln(r.e.out, progressLine(ph.Name, el, pts, commits, cpu, ph.inflight))
 	}
 	if final {
 		r.finish(now)
@@ -309,26 +297,24 @@ func fmtMs(v float64) string {
 	}
 }
 
-// measure runs f as phase ph, whose commits are writes to stream, with
-// the sampler running, and adds the service's own figures when the bench
-// runs the service: its mean time per operation (receipt to reply), which
-// tells time inside the service from time getting to it, and the requests
-// it shed unprocessed, which tells its overload from the store's
+// measure runs f as phase ph with the sampler running, adds ph to the
+// summary, and adds the service's own figures when the bench runs the
+// service: its mean time per operation (receipt to reply), which tells
+// time inside the service from time getting to it, and the requests it
+// shed unprocessed, which tells its overload from the store's
 // unavailability.
-func (e *env) measure(ctx context.Context, ph *phase, stream string, f func()) {
+func (e *env) measure(ctx context.Context, sum *Summary, ph *phase, f func()) *phase {
+	sum.Phases = append(sum.Phases, ph)
 	withSvc := e.svc != nil && ph.Target == "service"
 	var before svcStats
 	if withSvc {
 		before = e.svc.stats(ctx)
 	}
-	if ph.inflight == nil {
-		ph.inflight = e.rq.InFlight
-	}
-	stop := e.sampler.start(ctx, ph, stream)
+	stop := e.sample(ctx, ph)
 	f()
 	stop()
 	if !withSvc {
-		return
+		return ph
 	}
 	after := e.svc.stats(context.WithoutCancel(ctx))
 	ph.ServiceMs, ph.ServiceShed = map[string]float64{}, map[string]int64{}
@@ -340,4 +326,5 @@ func (e *env) measure(ctx context.Context, ph *phase, stream string, f func()) {
 	for reason, n := range after.shed {
 		ph.ServiceShed[reason] = int64(n - before.shed[reason])
 	}
+	return ph
 }

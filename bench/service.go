@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -13,14 +12,15 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
@@ -83,12 +83,11 @@ func startInproc(ctx context.Context, url string, opts connOptions, cfg service.
 }
 
 func (rs *inprocService) setup(url string, opts connOptions, cfg service.Config, addr string) (*service.Service, net.Listener, error) {
-	base := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond), nats.ReconnectBufSize(64 << 20)}
 	var err error
-	if rs.nc, err = nats.Connect(url, append(append(base, nats.Name("jetlock-bench-service")), opts(devcluster.Service)...)...); err != nil {
+	if rs.nc, err = dial(url, "jetlock-bench-service", opts(devcluster.Service)...); err != nil {
 		return nil, nil, err
 	}
-	if rs.store, err = nats.Connect(url, append(append(base, nats.Name("jetlock-bench-store")), opts(devcluster.Store)...)...); err != nil {
+	if rs.store, err = dial(url, "jetlock-bench-store", opts(devcluster.Store)...); err != nil {
 		return nil, nil, err
 	}
 	reg := prometheus.NewRegistry()
@@ -108,11 +107,7 @@ func (rs *inprocService) closeAll() {
 	if rs.http != nil {
 		_ = rs.http.Close()
 	}
-	for _, nc := range []*nats.Conn{rs.nc, rs.store} {
-		if nc != nil {
-			nc.Close()
-		}
-	}
+	closeAll([]*nats.Conn{rs.nc, rs.store})
 }
 
 // stop cancels the service and waits (up to 15s) for it to drain.
@@ -254,31 +249,26 @@ func scrape(ctx context.Context, url string, st svcStats) error {
 // parseMetrics adds the service's figures in the Prometheus text format
 // read from r to st.
 func parseMetrics(r io.Reader, st svcStats) error {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		name, rest, ok := strings.Cut(sc.Text(), "{")
-		labels, value, ok2 := strings.Cut(rest, "} ")
-		v, err := strconv.ParseFloat(value, 64)
-		if !ok || !ok2 || err != nil {
-			continue
-		}
-		switch op := label(labels, "op"); name {
-		case "jetlock_request_duration_seconds_sum":
-			st.ops[op] = opTime{count: st.ops[op].count, sum: st.ops[op].sum + v}
-		case "jetlock_request_duration_seconds_count":
-			st.ops[op] = opTime{count: st.ops[op].count + v, sum: st.ops[op].sum}
-		case "jetlock_requests_shed_total":
-			st.shed[label(labels, "reason")] += v
-		}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return err
 	}
-	return sc.Err()
+	for _, m := range fams["jetlock_request_duration_seconds"].GetMetric() {
+		op, h := label(m, "op"), m.GetHistogram()
+		st.ops[op] = opTime{count: st.ops[op].count + float64(h.GetSampleCount()), sum: st.ops[op].sum + h.GetSampleSum()}
+	}
+	for _, m := range fams["jetlock_requests_shed_total"].GetMetric() {
+		st.shed[label(m, "reason")] += m.GetCounter().GetValue()
+	}
+	return nil
 }
 
-// label returns the value of label name in a Prometheus label list.
-func label(labels, name string) string {
-	for _, l := range strings.Split(labels, ",") {
-		if k, v, ok := strings.Cut(l, "="); ok && k == name {
-			return strings.Trim(v, `"`)
+// label returns the value of a metric's label name.
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
 		}
 	}
 	return ""

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -22,10 +23,8 @@ func (e *env) designRates() load.Rates {
 
 // warm acquires n leases in a phase of its own.
 func (e *env) warm(ctx context.Context, sum *Summary, wl *load.Workload, name string, n int) {
-	ph := newPhase(name, wl.Backend().Name())
-	ph.inflight = wl.InFlight
-	e.measure(ctx, ph, wl.Backend().Stream(), func() { wl.Warmup(ctx, ph.rec, n, e.cfg.warmupRate) })
-	sum.Phases = append(sum.Phases, ph)
+	ph := newPhase(name, wl.Backend(), wl.InFlight, 0)
+	e.measure(ctx, sum, ph, func() { wl.Warmup(ctx, ph.rec, n, e.cfg.warmupRate) })
 	fmt.Fprintf(e.out, "%s: %d leases held after %.1fs\n", name, wl.Held(), ph.DurationS)
 }
 
@@ -43,22 +42,17 @@ func (e *env) cleanup(ctx context.Context, wl *load.Workload) {
 // loadPhase runs wl at r for d as phase name, with during (if not nil)
 // running alongside, and waits for the answers.
 func (e *env) loadPhase(ctx context.Context, sum *Summary, wl *load.Workload, name string, r load.Rates, d time.Duration, during func(*phase)) *phase {
-	ph := newPhase(name, wl.Backend().Name())
-	ph.sched, ph.Rates, ph.inflight = d, r.Map(), wl.InFlight
-	e.measure(ctx, ph, wl.Backend().Stream(), func() {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if during != nil {
-				during(ph)
-			}
-		}()
+	ph := newPhase(name, wl.Backend(), wl.InFlight, d)
+	ph.Rates = r.Map()
+	return e.measure(ctx, sum, ph, func() {
+		var wg sync.WaitGroup
+		if during != nil {
+			wg.Go(func() { during(ph) })
+		}
 		wl.Run(ctx, ph.rec, &ph.grants, r, d)
 		wl.Drain(ctx)
-		<-done
+		wg.Wait()
 	})
-	sum.Phases = append(sum.Phases, ph)
-	return ph
 }
 
 // steadyPhase warms wl up and runs it at the flags' rates for --duration.
@@ -74,14 +68,31 @@ func (e *env) steadyPhase(ctx context.Context, sum *Summary, wl *load.Workload, 
 // runSteady runs the design workload against the service (or, with
 // --target raw, as bare KV writes).
 func runSteady(ctx context.Context, e *env, sum *Summary) error {
+	var err error
 	if e.cfg.target == "raw" {
-		return e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
-			sum.use(e.steadyPhase(ctx, sum, e.workload("raw", be, rq, nil), "raw"))
-		})
+		_, err = e.rawSteady(ctx, sum)
+	} else {
+		_, err = e.serviceSteady(ctx, sum)
 	}
+	return err
+}
+
+// rawSteady runs the design workload as bare KV writes, as the main phase.
+func (e *env) rawSteady(ctx context.Context, sum *Summary) (ph *phase, err error) {
+	err = e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
+		ph = e.steadyPhase(ctx, sum, e.workload("raw", be, rq, nil), "raw")
+		sum.use(ph)
+	})
+	return ph, err
+}
+
+// serviceSteady runs the design workload against the service, as the main
+// phase, and checks its grants.
+func (e *env) serviceSteady(ctx context.Context, sum *Summary) (*phase, error) {
 	log := e.grantLog()
-	sum.use(e.steadyPhase(ctx, sum, e.workload("steady", e.serviceBackend(), e.rq, log), "steady"))
-	return sum.check(log)
+	ph := e.steadyPhase(ctx, sum, e.workload("steady", e.serviceBackend(), e.rq, log), "steady")
+	sum.use(ph)
+	return ph, sum.check(log)
 }
 
 // withRawBucket creates the raw baseline's bucket (R3, history 1, file
@@ -223,13 +234,18 @@ func passText(st RampStep) string {
 	return "missed (" + st.Why + ")"
 }
 
+// rampRow is a step's row of the ramp tables.
+func rampRow(s RampStep) []string {
+	return []string{fmt.Sprintf("%.0f", s.TargetRate), fmt.Sprintf("%.0f", s.AcquireRate), fmt.Sprintf("%.0f", s.TotalOpsRate),
+		fmt.Sprintf("%.0f", s.CommitsPerSec), fmtMs(s.P50), fmtMs(s.P99), fmtMs(s.Max), fmt.Sprint(s.Errors), passText(s)}
+}
+
 func printRamp(w io.Writer, r *RampResult) {
 	fmt.Fprintf(w, "\n== ramp of %s (acquire p99 target %s; %s) ==\n", r.Target, fmtMs(r.P99TargetMs), r.Mix)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "acquire/s target\tachieved\tall ops/s\tcommits/s\tp50\tp99\tmax\terrors\tresult\t")
 	for _, s := range r.Steps {
-		fmt.Fprintf(tw, "%.0f\t%.0f\t%.0f\t%.0f\t%s\t%s\t%s\t%d\t%s\t\n", s.TargetRate, s.AcquireRate, s.TotalOpsRate,
-			s.CommitsPerSec, fmtMs(s.P50), fmtMs(s.P99), fmtMs(s.Max), s.Errors, passText(s))
+		fmt.Fprintln(tw, strings.Join(rampRow(s), "\t")+"\t")
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "highest rate that met the target: %.0f acquires/s (%.0f ops/s, %.0f commits/s); stopped by: %s\n",
@@ -238,20 +254,29 @@ func printRamp(w io.Writer, r *RampResult) {
 
 // runRamp ramps the service (or, with --target raw, bare KV writes).
 func runRamp(ctx context.Context, e *env, sum *Summary) error {
-	use := func(r *RampResult) {
-		if r.best != nil {
-			sum.use(r.best)
-		}
-	}
+	var r *RampResult
+	var err error
 	if e.cfg.target == "raw" {
-		return e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
-			sum.RawRamp = e.ramp(ctx, sum, e.workload("raw", be, rq, nil), "raw ramp")
-			use(sum.RawRamp)
-		})
+		err = e.rawRamp(ctx, sum)
+		r = sum.RawRamp
+	} else {
+		r = e.serviceRamp(ctx, sum)
 	}
+	if r != nil && r.best != nil {
+		sum.use(r.best)
+	}
+	return err
+}
+
+func (e *env) rawRamp(ctx context.Context, sum *Summary) error {
+	return e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
+		sum.RawRamp = e.ramp(ctx, sum, e.workload("raw", be, rq, nil), "raw ramp")
+	})
+}
+
+func (e *env) serviceRamp(ctx context.Context, sum *Summary) *RampResult {
 	sum.Ramp = e.ramp(ctx, sum, e.workload("ramp", e.serviceBackend(), e.rq, nil), "ramp")
-	use(sum.Ramp)
-	return nil
+	return sum.Ramp
 }
 
 // Overhead compares the service with bare KV compare-and-set writes.
@@ -287,17 +312,11 @@ func ratio(a, b float64) float64 {
 // runRaw runs the design load as bare KV compare-and-set writes, then
 // against the service, and reports the service's overhead.
 func runRaw(ctx context.Context, e *env, sum *Summary) error {
-	var rawPh *phase
-	err := e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
-		rawPh = e.steadyPhase(ctx, sum, e.workload("raw", be, rq, nil), "raw")
-		sum.use(rawPh)
-	})
+	rawPh, err := e.rawSteady(ctx, sum)
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
-	log := e.grantLog()
-	svcPh := e.steadyPhase(ctx, sum, e.workload("steady", e.serviceBackend(), e.rq, log), "steady")
-	sum.use(svcPh)
+	svcPh, err := e.serviceSteady(ctx, sum)
 	o := &Overhead{P50Ratio: map[string]float64{}, P99Ratio: map[string]float64{}}
 	var lines []string
 	for _, op := range []string{load.OpAcquire, load.OpRenew, load.OpRelease} {
@@ -311,7 +330,7 @@ func runRaw(ctx context.Context, e *env, sum *Summary) error {
 		svcPh.CommitsPerSec, rawPh.CommitsPerSec, nodeCPU(svcPh), nodeCPU(rawPh), o.NodeCPURatio))
 	o.Text = strings.Join(lines, "\n")
 	sum.Overhead = o
-	return sum.check(log)
+	return err
 }
 
 // runAll ramps raw KV writes and the service with the same mix, so that
@@ -320,13 +339,10 @@ func runRaw(ctx context.Context, e *env, sum *Summary) error {
 // system leaves leases whose grants timed out, and their expiry (TTL
 // later) would add sweeper deletes to whatever runs next.
 func runAll(ctx context.Context, e *env, sum *Summary) error {
-	err := e.withRawBucket(ctx, func(be load.Backend, rq *load.Requester) {
-		sum.RawRamp = e.ramp(ctx, sum, e.workload("raw", be, rq, nil), "raw ramp")
-	})
-	if err != nil || ctx.Err() != nil {
+	if err := e.rawRamp(ctx, sum); err != nil || ctx.Err() != nil {
 		return err
 	}
-	sum.Ramp = e.ramp(ctx, sum, e.workload("ramp", e.serviceBackend(), e.rq, nil), "ramp")
+	e.serviceRamp(ctx, sum)
 	o := &Overhead{MaxRateRatio: ratio(sum.Ramp.MaxAcquireRate, sum.RawRamp.MaxAcquireRate)}
 	o.Text = fmt.Sprintf("ramp maximum: service %.0f acquires/s (%.0f commits/s) vs raw KV %.0f (%.0f commits/s): x%.2f",
 		sum.Ramp.MaxAcquireRate, sum.Ramp.MaxCommitsPerS, sum.RawRamp.MaxAcquireRate, sum.RawRamp.MaxCommitsPerS, o.MaxRateRatio)

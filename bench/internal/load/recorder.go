@@ -61,13 +61,7 @@ func (r *Recorder) Record(lat time.Duration, code string) {
 	defer r.mu.Unlock()
 	_ = r.total.RecordValue(us)
 	_ = r.interval.RecordValue(us)
-	r.count++
-	r.ivCount++
-	if code != CodeOK {
-		r.errs++
-		r.ivErrs++
-		r.byCode[code]++
-	}
+	r.counted(code)
 }
 
 // Fail counts an operation that was never sent (backlog, say): an error
@@ -75,11 +69,18 @@ func (r *Recorder) Record(lat time.Duration, code string) {
 func (r *Recorder) Fail(code string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.counted(code)
+}
+
+// counted counts an operation of outcome code. The caller holds r.mu.
+func (r *Recorder) counted(code string) {
 	r.count++
 	r.ivCount++
-	r.errs++
-	r.ivErrs++
-	r.byCode[code]++
+	if code != CodeOK {
+		r.errs++
+		r.ivErrs++
+		r.byCode[code]++
+	}
 }
 
 // Skip counts an intended send that had nothing to act on (no free

@@ -127,13 +127,12 @@ func (w *Workload) renewDue(now time.Time) time.Time {
 // toQuarantine takes a resource out of use until any lease it may hold
 // has expired. The caller holds w.mu.
 func (w *Workload) toQuarantine(id int32, now time.Time) {
-	s := &w.slots[id]
-	s.gen++
 	if w.raw() {
-		s.state = stDead // its revision is unknown: a write would conflict
+		w.toDead(id) // its revision is unknown: a write would conflict
 		return
 	}
-	s.state = stQuarantined
+	w.slots[id].gen++
+	w.slots[id].state = stQuarantined
 	w.quarantine = append(w.quarantine, quarantined{until: now.Add(w.cfg.TTL + 5*time.Second), id: id})
 }
 

@@ -1,20 +1,14 @@
 // Package procstat reads the CPU time and memory of processes and of the
-// whole machine from Linux's /proc. Elsewhere the readings fail and the
-// reports leave them out.
+// whole machine from Linux's /proc, through github.com/prometheus/procfs.
+// Elsewhere the readings fail and the reports leave them out.
 package procstat
 
 import (
-	"bufio"
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
+	"errors"
 	"time"
-)
 
-// clockTicks is USER_HZ, the unit of CPU times in /proc/<pid>/stat. It is
-// 100 on every Linux architecture Go supports.
-const clockTicks = 100
+	"github.com/prometheus/procfs"
+)
 
 // Sample is one reading of a process's CPU time and memory.
 type Sample struct {
@@ -26,54 +20,26 @@ type Sample struct {
 
 // Read reads /proc/<pid>/stat and /proc/<pid>/status.
 func Read(pid int) (Sample, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return Sample{}, err
 	}
-	cpu, err := ParseStatCPU(string(b))
-	if err != nil {
-		return Sample{}, err
-	}
-	s := Sample{At: time.Now(), CPU: cpu}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return s, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && (k == "VmRSS" || k == "VmHWM") {
-			kb, _, _ := strings.Cut(strings.TrimSpace(v), " ")
-			n, _ := strconv.ParseInt(kb, 10, 64)
-			if k == "VmRSS" {
-				s.RSS = n << 10
-			} else {
-				s.HWM = n << 10
-			}
-		}
-	}
-	return s, sc.Err()
+	return read(fs, pid)
 }
 
-// ParseStatCPU returns utime + stime from the content of /proc/<pid>/stat.
-// The command name (field 2) may hold spaces and parentheses, so fields
-// are counted from the last ')'.
-func ParseStatCPU(stat string) (time.Duration, error) {
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("malformed stat %q", stat)
+func read(fs procfs.FS, pid int) (Sample, error) {
+	p, err := fs.Proc(pid)
+	if err != nil {
+		return Sample{}, err
 	}
-	f := strings.Fields(stat[i+1:])
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("short stat %q", stat)
+	stat, err := p.Stat()
+	if err != nil {
+		return Sample{}, err
 	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("bad cpu times in stat %q", stat)
-	}
-	return time.Duration(ut+st) * time.Second / clockTicks, nil
+	s := Sample{At: time.Now(), CPU: time.Duration(stat.CPUTime() * float64(time.Second))}
+	status, err := p.NewStatus()
+	s.RSS, s.HWM = int64(status.VmRSS), int64(status.VmHWM)
+	return s, err
 }
 
 // Proc names a process to watch.
@@ -97,7 +63,6 @@ type Summary struct {
 // concurrent use.
 type Tracker struct {
 	start time.Time
-	last  map[string]int // pid
 	prev  map[string]Sample
 	cpu   map[string]time.Duration
 	sum   map[string]*Summary
@@ -105,8 +70,7 @@ type Tracker struct {
 
 // NewTracker returns a tracker whose averages count from start.
 func NewTracker(start time.Time) *Tracker {
-	return &Tracker{start: start, last: map[string]int{}, prev: map[string]Sample{}, cpu: map[string]time.Duration{},
-		sum: map[string]*Summary{}}
+	return &Tracker{start: start, prev: map[string]Sample{}, cpu: map[string]time.Duration{}, sum: map[string]*Summary{}}
 }
 
 // Sample reads every process and returns each one's CPU use since the
@@ -122,11 +86,11 @@ func (t *Tracker) Sample(ps []Proc) map[string]float64 {
 		}
 		sum := t.sum[p.Name]
 		if sum == nil {
-			sum = &Summary{}
+			sum = &Summary{PID: p.PID}
 			t.sum[p.Name] = sum
 		}
 		prev, seen := t.prev[p.Name]
-		if pid, ok := t.last[p.Name]; ok && pid != p.PID {
+		if seen && sum.PID != p.PID {
 			seen = false // restarted: its CPU time starts again from zero
 			sum.Restarts++
 		}
@@ -136,7 +100,7 @@ func (t *Tracker) Sample(ps []Proc) map[string]float64 {
 				out[p.Name] = pct
 			}
 		}
-		t.last[p.Name], t.prev[p.Name] = p.PID, s
+		t.prev[p.Name] = s
 		sum.PID = p.PID
 		sum.RSSMB = round2(float64(s.RSS) / (1 << 20))
 		sum.PeakMB = max(sum.PeakMB, round2(float64(s.HWM)/(1<<20)))
@@ -169,40 +133,33 @@ func (t *Tracker) Summary(now time.Time) map[string]Summary {
 	return out
 }
 
-// MachineSample is one reading of the first line of /proc/stat: the
-// machine's CPU time in ticks, summed over all cores, by state.
+// MachineSample is one reading of the "cpu" line of /proc/stat: the
+// machine's CPU time in seconds, summed over all cores, by state.
 type MachineSample struct {
-	idle, iowait, steal, total int64
+	idle, iowait, steal, total float64
 }
 
 // ReadMachine reads /proc/stat.
 func ReadMachine() (MachineSample, error) {
-	b, err := os.ReadFile("/proc/stat")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return MachineSample{}, err
 	}
-	return ParseMachineStat(string(b))
+	return readMachine(fs)
 }
 
-// ParseMachineStat reads the "cpu" line of /proc/stat: user nice system
-// idle iowait irq softirq steal (guest time is already in user).
-func ParseMachineStat(stat string) (MachineSample, error) {
-	line, _, _ := strings.Cut(stat, "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return MachineSample{}, fmt.Errorf("malformed /proc/stat line %q", line)
+// readMachine sums user nice system idle iowait irq softirq steal (guest
+// time is already in user).
+func readMachine(fs procfs.FS) (MachineSample, error) {
+	st, err := fs.Stat()
+	if err != nil {
+		return MachineSample{}, err
 	}
-	var v [8]int64
-	for i := range v {
-		n, err := strconv.ParseInt(f[i+1], 10, 64)
-		if err != nil {
-			return MachineSample{}, fmt.Errorf("bad /proc/stat field %q: %w", f[i+1], err)
-		}
-		v[i] = n
-	}
-	s := MachineSample{idle: v[3], iowait: v[4], steal: v[7]}
-	for _, n := range v {
-		s.total += n
+	c := st.CPUTotal
+	s := MachineSample{idle: c.Idle, iowait: c.Iowait, steal: c.Steal,
+		total: c.User + c.Nice + c.System + c.Idle + c.Iowait + c.IRQ + c.SoftIRQ + c.Steal}
+	if s.total <= 0 {
+		return MachineSample{}, errors.New("no cpu line in /proc/stat")
 	}
 	return s, nil
 }
@@ -226,9 +183,22 @@ func Machine(a, b MachineSample, cores int) *MachineCPU {
 	if d <= 0 {
 		return nil
 	}
-	pct := func(n int64) float64 { return round2(100 * float64(n) / float64(d)) }
+	pct := func(v float64) float64 { return round2(100 * v / d) }
 	idle, iow, steal := b.idle-a.idle, b.iowait-a.iowait, b.steal-a.steal
 	return &MachineCPU{Cores: cores, BusyPct: pct(d - idle - iow - steal), IOWaitPct: pct(iow), IdlePct: pct(idle), StealPct: pct(steal)}
+}
+
+// Host returns the machine's CPU model (Linux only) and memory in bytes,
+// each zero when unknown.
+func Host() (cpu string, mem uint64) {
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return "", 0
+	}
+	if mi, err := fs.Meminfo(); err == nil && mi.MemTotalBytes != nil {
+		mem = *mi.MemTotalBytes
+	}
+	return cpuModel(fs), mem
 }
 
 func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
