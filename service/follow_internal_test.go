@@ -177,7 +177,7 @@ func TestFollowingInstanceRefusesOnlyOnARead(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, func() bool { o, _ := a.tracker.get(key); return !o.held() }, "the first instance sees the release")
 	a.tracker.mu.Lock()
-	a.tracker.keys[key] = &observation{entry: held.entry, seen: time.Now()} // as if it had not
+	a.tracker.keys[key] = observation{entry: held.entry, seen: time.Now()} // as if it had not
 	a.tracker.mu.Unlock()
 	if _, err := call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "lagging", RequestID: "n"}); err != nil {
 		t.Fatalf("acquire of a released resource through an instance whose watcher lags: %v", err)

@@ -91,6 +91,9 @@ func resourceOf(key string) string {
 // decodedResource returns the resource name of an encoded one, or the
 // encoded form when it does not decode (a foreign key).
 func decodedResource(enc string) string {
+	if !strings.Contains(enc, "=") {
+		return enc // nothing escaped: the same string, no copy
+	}
 	if r, err := streams.DecodeResource(enc); err == nil {
 		return r
 	}

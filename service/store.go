@@ -176,7 +176,8 @@ func isDeleteOp(hdrs []byte) bool {
 func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string) (seq uint64, dup bool, err error) {
 	buf := encode(rec)
 	defer buf.free()
-	m := nats.NewMsg(s.subjPfx + key)
+	m := newWrite(s.subjPfx + key)
+	defer freeWrite(m)
 	m.Data = buf.b
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
 	if msgID != "" {
@@ -191,7 +192,7 @@ func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect
 // after it a key reads as never written, and its next grant still gets a
 // larger revision.
 func (s *store) deleteMsg(key string, expect uint64, end []byte) *nats.Msg {
-	m := nats.NewMsg(s.subjPfx + key)
+	m := newWrite(s.subjPfx + key)
 	m.Data = end
 	m.Header.Set(kvOperationHeader, "DEL")
 	m.Header.Set(jetstream.MsgTTLHeader, s.ttlHeader)
@@ -208,7 +209,9 @@ func (s *store) del(ctx context.Context, key string, expect uint64, end *streams
 		defer buf.free()
 		body = buf.b
 	}
-	seq, _, err := s.publish(ctx, "delete", s.deleteMsg(key, expect, body))
+	m := s.deleteMsg(key, expect, body)
+	defer freeWrite(m)
+	seq, _, err := s.publish(ctx, "delete", m)
 	return seq, err
 }
 
@@ -269,10 +272,32 @@ func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Reco
 		return 0, classify(err)
 	}
 	seq, _, err := s.publish(ctx, "handover", remove)
+	freeWrite(remove)
 	if err != nil {
 		return 0, err
 	}
 	return seq - 1, nil // the batch commits consecutive revisions
+}
+
+// writePool holds the messages of the writes made on every request:
+// nats.go has copied a message into its write buffer once its request or
+// publish call returns, so the message and its header map serve the next
+// write.
+var writePool = sync.Pool{New: func() any { return &nats.Msg{Header: nats.Header{}} }}
+
+// newWrite returns a pooled message for subject with no headers.
+func newWrite(subject string) *nats.Msg {
+	m := writePool.Get().(*nats.Msg)
+	m.Subject = subject
+	return m
+}
+
+// freeWrite empties m and returns it to the pool; m must not be used
+// after.
+func freeWrite(m *nats.Msg) {
+	clear(m.Header)
+	m.Subject, m.Data = "", nil
+	writePool.Put(m)
 }
 
 // appender is a body with a hand-written encoder (see streams/encode.go).

@@ -27,7 +27,7 @@ type tracker struct {
 	grace, foreignTTL time.Duration
 
 	mu     sync.Mutex
-	keys   map[string]*observation
+	keys   map[string]observation // by value: no allocation per key
 	due    dueHeap
 	maxSeq uint64
 	gone   []goneItem // deleted keys, oldest first, to forget after window
@@ -109,9 +109,9 @@ func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 
 // resetLocked forgets everything; the caller holds t.mu (or owns t).
 func (t *tracker) resetLocked() {
-	t.keys = make(map[string]*observation)
+	t.keys = make(map[string]observation)
 	t.due, t.gone, t.endedQ = nil, nil, nil
-	t.held = btree.NewG(32, func(a, b string) bool { return a < b })
+	t.held = btree.NewOrderedG[string](32)
 	t.waiters = make(map[string]map[string]waiterInfo)
 	t.owners = make(map[string]int)
 	t.left = make(map[string]time.Time)
@@ -137,24 +137,24 @@ func (t *tracker) observe(key string, e entry) observation {
 	if e.rev > t.maxSeq {
 		t.maxSeq = e.rev
 	}
-	o := t.keys[key]
-	if o != nil && o.rev >= e.rev {
-		return *o
+	o, known := t.keys[key]
+	if known && o.rev >= e.rev {
+		return o
 	}
 	if e.rev == 0 {
 		return observation{entry: e, seen: now}
 	}
-	if o != nil && o.held() && o.rec.LeaseID != "" && (!e.held() || e.rec.RequestID != o.rec.RequestID) {
+	if o.held() && o.rec.LeaseID != "" && (!e.held() || e.rec.RequestID != o.rec.RequestID) {
 		t.noteEnded(key, o.rec.RequestID, now)
+		if e.end != nil && e.end.RequestID == o.rec.RequestID {
+			// The ended ids answer a retry of that request for the
+			// window (hasEnded); the mark need not be kept as well.
+			e.end = nil
+		}
 	}
-	wasHeld := o != nil && o.held()
-	if o == nil {
-		o = new(observation)
-		t.keys[key] = o
-	}
-	// In place: every use of an observation's pointer holds t.mu, and
-	// callers get copies.
-	*o = observation{entry: e, seen: now}
+	wasHeld := o.held()
+	o = observation{entry: e, seen: now}
+	t.keys[key] = o
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 		t.indexWaiter(key, e)
 	} else if wasHeld != e.held() {
@@ -164,12 +164,12 @@ func (t *tracker) observe(key string, e entry) observation {
 	}
 	switch {
 	case e.held() || e.foreign:
-		t.due.push(dueItem{at: t.deadline(o), key: key, rev: e.rev})
+		t.due.push(dueItem{at: t.deadline(&o), key: key, rev: e.rev})
 	default:
 		t.gone = append(t.gone, goneItem{key: key, rev: e.rev, at: now})
 	}
 	t.forgetGone(now, 16)
-	return *o
+	return o
 }
 
 // forgetGone drops up to n observations of keys deleted longer than the
@@ -179,7 +179,7 @@ func (t *tracker) forgetGone(now time.Time, n int) {
 		g := t.gone[0]
 		t.gone[0] = goneItem{}
 		t.gone = t.gone[1:]
-		if o := t.keys[g.key]; o != nil && o.rev == g.rev {
+		if o, ok := t.keys[g.key]; ok && o.rev == g.rev {
 			delete(t.keys, g.key)
 		}
 	}
@@ -387,8 +387,8 @@ func (t *tracker) list(prefix, after string, limit int) ([]listed, bool) {
 			return false
 		}
 		enc := streams.EncodeResource(res)
-		if o := t.keys[streams.LeaseKeyPrefix+enc]; o != nil && o.held() {
-			out = append(out, listed{resource: res, o: *o, waiters: len(t.waiters[enc])})
+		if o := t.keys[streams.LeaseKeyPrefix+enc]; o.held() {
+			out = append(out, listed{resource: res, o: o, waiters: len(t.waiters[enc])})
 		}
 		return true
 	})
@@ -406,18 +406,15 @@ func (t *tracker) maxRev() uint64 {
 func (t *tracker) get(key string) (observation, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	o := t.keys[key]
-	if o == nil {
-		return observation{}, false
-	}
-	return *o, true
+	o, ok := t.keys[key]
+	return o, ok
 }
 
 // forget drops what is known of key, after a write whose outcome is unknown.
 func (t *tracker) forget(key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if o := t.keys[key]; o != nil {
+	if _, ok := t.keys[key]; ok {
 		if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 			t.indexWaiter(key, entry{})
 		} else {
@@ -443,7 +440,7 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	var out []dueItem
 	for len(t.due) > 0 && len(out) < limit && !t.due[0].at.After(now) {
 		it := t.due.pop()
-		if o := t.keys[it.key]; o != nil && o.rev == it.rev && (o.held() || o.foreign) {
+		if o, ok := t.keys[it.key]; ok && o.rev == it.rev && (o.held() || o.foreign) {
 			out = append(out, it)
 		}
 	}

@@ -143,7 +143,7 @@ func TestWokenWaiterReadsPastALaggingWatcher(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond) // the watcher has delivered the release by now
 	s.tracker.mu.Lock()
-	s.tracker.keys[key] = &observation{entry: held.entry, seen: time.Now()} // as if it never had
+	s.tracker.keys[key] = observation{entry: held.entry, seen: time.Now()} // as if it never had
 	s.tracker.mu.Unlock()
 	s.wakes.mu.Lock()
 	s.wakes.waiting[hash] = wake
