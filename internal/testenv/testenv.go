@@ -167,7 +167,7 @@ func Metric(t testing.TB, reg *prometheus.Registry, name string, labels map[stri
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			if !hasLabels(m, labels) {
+			if !HasLabels(m, labels) {
 				continue
 			}
 			switch {
@@ -183,7 +183,8 @@ func Metric(t testing.TB, reg *prometheus.Registry, name string, labels map[stri
 	return sum
 }
 
-func hasLabels(m *dto.Metric, want map[string]string) bool {
+// HasLabels reports whether the labels of m include every one of want.
+func HasLabels(m *dto.Metric, want map[string]string) bool {
 	have := map[string]string{}
 	for _, l := range m.GetLabel() {
 		have[l.GetName()] = l.GetValue()

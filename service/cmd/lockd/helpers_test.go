@@ -198,18 +198,10 @@ func sample(mfs map[string]*dto.MetricFamily, name string, want map[string]strin
 	if mf == nil {
 		return nil
 	}
-next:
 	for _, m := range mf.GetMetric() {
-		have := map[string]string{}
-		for _, lp := range m.GetLabel() {
-			have[lp.GetName()] = lp.GetValue()
+		if testenv.HasLabels(m, want) {
+			return m
 		}
-		for k, v := range want {
-			if have[k] != v {
-				continue next
-			}
-		}
-		return m
 	}
 	return nil
 }
