@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/jetlock/jetlock/internal/batchconn"
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
 )
@@ -84,10 +85,11 @@ func startInproc(ctx context.Context, url string, opts connOptions, cfg service.
 
 func (rs *inprocService) setup(url string, opts connOptions, cfg service.Config, addr string) (*service.Service, net.Listener, error) {
 	var err error
-	if rs.nc, err = dial(url, "jetlock-bench-service", opts(devcluster.Service)...); err != nil {
+	// The service's writes are gathered as lockd gathers them.
+	if rs.nc, err = dial(url, "jetlock-bench-service", append(opts(devcluster.Service), batchconn.Option())...); err != nil {
 		return nil, nil, err
 	}
-	if rs.store, err = dial(url, "jetlock-bench-store", opts(devcluster.Store)...); err != nil {
+	if rs.store, err = dial(url, "jetlock-bench-store", append(opts(devcluster.Store), batchconn.Option())...); err != nil {
 		return nil, nil, err
 	}
 	reg := prometheus.NewRegistry()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetlock/jetlock/internal/batchconn"
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -215,9 +216,10 @@ func (c *Cluster) User(r Role) (user, password string) { return userNames[r], c.
 
 // ConnectService opens the service's two connections to the cluster, as
 // its users: one for requests and one for the bucket (see service.New).
-// Both reconnect forever; opts are added to both.
+// Both reconnect forever and gather their writes into fewer system calls
+// (internal/batchconn), as lockd's do; opts are added to both.
 func (c *Cluster) ConnectService(opts ...nats.Option) (requests, store *nats.Conn, err error) {
-	base := append([]nats.Option{nats.MaxReconnects(-1)}, opts...)
+	base := append([]nats.Option{nats.MaxReconnects(-1), batchconn.Option()}, opts...)
 	requests, err = nats.Connect(c.URLs(), append(append(base, nats.Name("jetlock-service")), c.ConnectOptions(Service)...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("devcluster: service connection: %w", err)

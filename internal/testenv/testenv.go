@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/jetlock/jetlock/internal/batchconn"
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
@@ -83,11 +84,11 @@ func (i *Instance) Stop() error {
 }
 
 // Serve starts a service instance with cfg on connections of its own (the
-// service's two users) and waits until it serves. It is stopped at
-// cleanup.
+// service's two users, gathering their writes as lockd's do) and waits
+// until it serves. It is stopped at cleanup.
 func (e *Env) Serve(cfg service.Config) *Instance {
 	e.T.Helper()
-	return e.ServeOn(e.ConnectAs(devcluster.Service), e.ConnectAs(devcluster.Store), cfg)
+	return e.ServeOn(e.ConnectAs(devcluster.Service, batchconn.Option()), e.ConnectAs(devcluster.Store, batchconn.Option()), cfg)
 }
 
 // ServeOn starts a service instance with cfg on the connections given (see

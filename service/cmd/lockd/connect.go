@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/internal/batchconn"
 )
 
 // conn is how to reach NATS as one user: the flags of one of lockd's two
@@ -37,7 +39,7 @@ type connFlags struct {
 
 // options returns the nats.Options of one connection.
 func (f *serverFlags) options(c conn, name, defaultInbox string) ([]nats.Option, error) {
-	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), batchconn.Option()}
 	if c.Creds != "" {
 		opts = append(opts, nats.UserCredentials(c.Creds))
 	}
