@@ -2,6 +2,7 @@ package service
 
 import (
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,8 +34,17 @@ type tracker struct {
 	gone   []goneItem // deleted keys, oldest first, to forget after window
 
 	// held indexes the resources (decoded names) whose lease keys hold a
-	// lease, in order, for list.
-	held *btree.BTreeG[string]
+	// lease, in order, for list. It is brought up to date only when a list
+	// needs it: heldChanges holds the lease keys whose lease began (true)
+	// or ended (false) since; past maxHeldChanges the changes are dropped
+	// and heldStale makes the next list rebuild the index from keys. A
+	// lease beginning or ending then costs a map write instead of an
+	// ordered insert, and only instances that are asked to list pay for
+	// the order.
+	held        *btree.BTreeG[string]
+	heldChanges map[string]bool
+	heldStale   bool
+	nHeld       int // leases held, up to date
 
 	// waiters indexes the waiter records by encoded resource and request
 	// hash; owners counts them by owner, for the caps; nWaiters all of
@@ -111,7 +121,7 @@ func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 func (t *tracker) resetLocked() {
 	t.keys = make(map[string]observation)
 	t.due, t.gone, t.endedQ = nil, nil, nil
-	t.held = btree.NewOrderedG[string](32)
+	t.held, t.heldChanges, t.heldStale, t.nHeld = btree.NewOrderedG[string](32), make(map[string]bool), false, 0
 	t.waiters = make(map[string]map[string]waiterInfo)
 	t.owners = make(map[string]int)
 	t.left = make(map[string]time.Time)
@@ -160,7 +170,7 @@ func (t *tracker) observe(key string, e entry) observation {
 	} else if wasHeld != e.held() {
 		// The list index changes only when a lease begins or ends, not
 		// with each renewal.
-		t.indexLease(key, e)
+		t.indexLease(key, e.held())
 	}
 	switch {
 	case e.held() || e.foreign:
@@ -247,15 +257,54 @@ func (t *tracker) deadline(o *observation) time.Time {
 	return o.seen.Add(ttl + t.grace)
 }
 
-// indexLease updates the list index with the newest entry of a lease key.
-// The caller holds t.mu.
-func (t *tracker) indexLease(key string, e entry) {
-	res := decodedResource(resourceOf(key))
-	if e.held() {
-		t.held.ReplaceOrInsert(res)
+// maxHeldChanges bounds the list index changes kept between lists, for an
+// index of n leases: beyond it, rebuilding the index costs less than
+// applying them.
+func maxHeldChanges(n int) int { return max(1024, n) }
+
+// indexLease notes, for the list index and the count of leases, that the
+// lease of key began (held) or ended. The caller holds t.mu.
+func (t *tracker) indexLease(key string, held bool) {
+	if held {
+		t.nHeld++
 	} else {
-		t.held.Delete(res)
+		t.nHeld--
 	}
+	if t.heldStale {
+		return
+	}
+	t.heldChanges[key] = held
+	if len(t.heldChanges) > maxHeldChanges(t.nHeld) {
+		clear(t.heldChanges)
+		t.heldStale = true
+	}
+}
+
+// refreshHeld brings the list index up to date. The caller holds t.mu.
+func (t *tracker) refreshHeld() {
+	if t.heldStale {
+		var held []string
+		for key, o := range t.keys {
+			if o.held() && strings.HasPrefix(key, streams.LeaseKeyPrefix) {
+				held = append(held, decodedResource(resourceOf(key)))
+			}
+		}
+		slices.Sort(held)
+		t.held.Clear(false)
+		for _, res := range held {
+			t.held.ReplaceOrInsert(res)
+		}
+		t.heldStale = false
+		return
+	}
+	for key, held := range t.heldChanges {
+		if res := decodedResource(resourceOf(key)); held {
+			t.held.ReplaceOrInsert(res)
+		} else {
+			t.held.Delete(res)
+		}
+	}
+	clear(t.heldChanges)
 }
 
 // indexWaiter updates the waiter index with the newest entry of a waiter
@@ -357,7 +406,7 @@ func (t *tracker) waiterCounts(enc, owner string) (onResource, ofOwner int) {
 func (t *tracker) counts() (leases, waiters int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.held.Len(), t.nWaiters
+	return t.nHeld, t.nWaiters
 }
 
 // listed is one lease of a list page.
@@ -372,6 +421,7 @@ type listed struct {
 func (t *tracker) list(prefix, after string, limit int) ([]listed, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.refreshHeld()
 	from := max(prefix, after)
 	var out []listed
 	more := false
@@ -414,11 +464,11 @@ func (t *tracker) get(key string) (observation, bool) {
 func (t *tracker) forget(key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.keys[key]; ok {
+	if o, ok := t.keys[key]; ok {
 		if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 			t.indexWaiter(key, entry{})
-		} else {
-			t.indexLease(key, entry{})
+		} else if o.held() {
+			t.indexLease(key, false)
 		}
 		delete(t.keys, key)
 	}

@@ -1,10 +1,13 @@
 package service
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/jetlock/jetlock/streams"
 )
 
 // The due heap pops items in time order, however pushes and pops mix.
@@ -36,4 +39,77 @@ func TestDueHeapOrder(t *testing.T) {
 	if len(h) != 0 {
 		t.Fatalf("%d items left", len(h))
 	}
+}
+
+// list answers from the lazily kept index exactly what a model of the held
+// leases says, in order, whether the changes since the last list were
+// applied one by one or dropped for a rebuild (more than maxHeldChanges),
+// and the count of held leases is right at every step.
+func TestListIndexFollowsLeases(t *testing.T) {
+	tr := newTracker(time.Second, time.Minute, time.Minute)
+	r := rand.New(rand.NewPCG(3, 4))
+	model := map[string]bool{} // resource -> held
+	rev := uint64(0)
+	names := make([]string, 3000)
+	for i := range names {
+		names[i] = fmt.Sprintf("res/%04d", i)
+		if i%7 == 0 {
+			names[i] = fmt.Sprintf("res/odd name %04d", i) // escaped in its key
+		}
+	}
+	check := func(step string) {
+		t.Helper()
+		var want []string
+		for res, held := range model {
+			if held {
+				want = append(want, res)
+			}
+		}
+		slices.Sort(want)
+		if n, _ := tr.counts(); n != len(want) {
+			t.Fatalf("%s: counts says %d leases, model %d", step, n, len(want))
+		}
+		var got []string
+		for after := ""; ; {
+			page, more := tr.list("res/", after, 500)
+			for _, l := range page {
+				got = append(got, l.resource)
+			}
+			if !more {
+				break
+			}
+			after = page[len(page)-1].resource
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: list has %d resources, model %d (first difference near %v)", step, len(got), len(want), firstDiff(got, want))
+		}
+	}
+	for round, changes := range []int{10, 500, 5000, 20, 20000, 3} {
+		for range changes {
+			res := names[r.IntN(len(names))]
+			key := streams.LeaseKey(res)
+			rev++
+			switch {
+			case r.IntN(10) == 0:
+				tr.forget(key)
+				model[res] = false
+			case model[res]:
+				tr.observe(key, entry{rev: rev})
+				model[res] = false
+			default:
+				tr.observe(key, entry{rev: rev, rec: &streams.Record{LeaseID: fmt.Sprint(rev), RequestID: fmt.Sprint(rev), TTLms: 30000}})
+				model[res] = true
+			}
+		}
+		check(fmt.Sprintf("round %d (%d changes)", round, changes))
+	}
+}
+
+func firstDiff(a, b []string) string {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return a[i] + " / " + b[i]
+		}
+	}
+	return "the end"
 }
