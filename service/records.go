@@ -131,7 +131,7 @@ func holdUntil(rec *streams.Record) time.Time {
 	if rec.HoldUntil == "" {
 		return time.Time{}
 	}
-	t, err := time.Parse(streams.TimeFormat, rec.HoldUntil)
+	t, err := streams.ParseTime(rec.HoldUntil)
 	if err != nil {
 		return time.Time{}
 	}

@@ -10,8 +10,59 @@ import (
 // milliseconds, in UTC.
 const TimeFormat = "2006-01-02T15:04:05.000Z07:00"
 
-// FormatTime renders t for the wire.
-func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
+// FormatTime renders t for the wire, in UTC: what t.UTC().Format(TimeFormat)
+// renders (milliseconds truncated), without interpreting the layout on
+// every call; every record written carries two or three of these.
+func FormatTime(t time.Time) string {
+	t = t.UTC()
+	y, mo, d := t.Date()
+	if y < 0 || y > 9999 {
+		return t.Format(TimeFormat)
+	}
+	h, mi, sec := t.Clock()
+	var b [24]byte
+	put := func(at, v, digits int) {
+		for i := at + digits - 1; i >= at; i-- {
+			b[i] = byte('0' + v%10)
+			v /= 10
+		}
+	}
+	put(0, y, 4)
+	put(5, int(mo), 2)
+	put(8, d, 2)
+	put(11, h, 2)
+	put(14, mi, 2)
+	put(17, sec, 2)
+	put(20, t.Nanosecond()/int(time.Millisecond), 3)
+	b[4], b[7], b[10], b[13], b[16], b[19], b[23] = '-', '-', 'T', ':', ':', '.', 'Z'
+	return string(b[:])
+}
+
+// ParseTime reads a time of the wire: what time.Parse(TimeFormat, s)
+// reads. The form FormatTime writes is read without interpreting the
+// layout (and checked by writing it again); any other goes to time.Parse.
+func ParseTime(s string) (time.Time, error) {
+	if len(s) == 24 && s[23] == 'Z' {
+		n := func(at, digits int) int {
+			v := 0
+			for i := at; i < at+digits; i++ {
+				if s[i] < '0' || s[i] > '9' {
+					return -1
+				}
+				v = v*10 + int(s[i]-'0')
+			}
+			return v
+		}
+		y, mo, d, h, mi, sec, ms := n(0, 4), n(5, 2), n(8, 2), n(11, 2), n(14, 2), n(17, 2), n(20, 3)
+		if min(y, mo, d, h, mi, sec, ms) >= 0 {
+			t := time.Date(y, time.Month(mo), d, h, mi, sec, ms*int(time.Millisecond), time.UTC)
+			if FormatTime(t) == s { // no field out of range, every separator in place
+				return t, nil
+			}
+		}
+	}
+	return time.Parse(TimeFormat, s)
+}
 
 // AcquireRequest is the body of an acquire request.
 type AcquireRequest struct {
@@ -212,7 +263,7 @@ func (m *EndMark) Ended(requestID string, now time.Time, window time.Duration) b
 	if m == nil || m.RequestID != requestID {
 		return false
 	}
-	at, err := time.Parse(TimeFormat, m.EndedAt)
+	at, err := ParseTime(m.EndedAt)
 	return err != nil || now.Sub(at) <= window
 }
 

@@ -3,6 +3,7 @@ package streams_test
 import (
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -61,5 +62,40 @@ func TestDecodeNamesAnUnknownField(t *testing.T) {
 	err = streams.Decode([]byte(`{"resource":5,"request_id":"r"}`), &req)
 	if !errors.Is(err, streams.ErrInvalid) || !strings.Contains(err.Error(), "malformed JSON") {
 		t.Fatalf("wrong type: %v", err)
+	}
+}
+
+// FormatTime writes what time.Format writes with TimeFormat in UTC, and
+// ParseTime reads what time.Parse reads, for times across the years,
+// zones and milliseconds, and for strings one byte away from a valid one.
+func TestTimeFormatMatchesTimePackage(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	zones := []*time.Location{time.UTC, time.FixedZone("east", 5*3600+1800), time.FixedZone("west", -8*3600)}
+	check := func(s string) {
+		t.Helper()
+		got, gerr := streams.ParseTime(s)
+		want, werr := time.Parse(streams.TimeFormat, s)
+		if (gerr == nil) != (werr == nil) || !got.Equal(want) || got.Location().String() != want.Location().String() {
+			t.Fatalf("ParseTime(%q) = %v, %v; time.Parse: %v, %v", s, got, gerr, want, werr)
+		}
+	}
+	for range 20000 {
+		tm := time.Unix(r.Int64N(400*365*86400)-100*365*86400, r.Int64N(1e9)).In(zones[r.IntN(len(zones))])
+		if r.IntN(50) == 0 {
+			tm = time.Date(r.IntN(12000)-1000, time.Month(1+r.IntN(12)), 1+r.IntN(28), 0, 0, 0, 0, time.UTC)
+		}
+		s := streams.FormatTime(tm)
+		if want := tm.UTC().Format(streams.TimeFormat); s != want {
+			t.Fatalf("FormatTime(%v) = %q, want %q", tm, s, want)
+		}
+		check(s)
+		b := []byte(s)
+		b[r.IntN(len(b))] = "0123456789-:.TZ+x "[r.IntN(18)]
+		check(string(b))
+	}
+	for _, s := range []string{"", "2026-02-29T00:00:00.000Z", "2024-02-29T00:00:00.000Z", "2026-13-01T00:00:00.000Z",
+		"2026-12-01T24:00:00.000Z", "2026-12-01T23:59:60.000Z", "2026-12-01T23:59:59.999+01:00", "2026-12-01T23:59:59.99Z",
+		"2026-12-01 23:59:59.999Z", "0000-01-01T00:00:00.000Z", "9999-12-31T23:59:59.999Z"} {
+		check(s)
 	}
 }

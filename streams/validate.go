@@ -38,6 +38,12 @@ func Decode(data []byte, v any) error {
 	if len(data) == 0 || data[0] != '{' {
 		return invalidf("body must be a JSON object")
 	}
+	if fb, ok := v.(flatBody); ok {
+		if decodeFlat(data, fb) {
+			return nil
+		}
+		fb.resetFlat()
+	}
 	if err := json.Unmarshal(data, v, json.RejectUnknownMembers(true)); err != nil {
 		var serr *json.SemanticError
 		if errors.As(err, &serr) && errors.Is(serr.Err, json.ErrUnknownName) {

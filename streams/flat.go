@@ -1,0 +1,195 @@
+package streams
+
+// The bodies of acquire, renew and release, decoded on every request, are
+// flat objects of short ASCII strings and integers. decodeFlat reads that
+// common form without reflection; anything else (an escape, a byte outside
+// printable ASCII, a fraction or exponent, null, a repeated or unknown
+// member, trailing data) makes it give up, and Decode hands the body to the
+// JSON decoder, whose answer, value or error, stands. So the fast form
+// only ever yields what the decoder would.
+
+// flatBody is a request body decodeFlat can fill.
+type flatBody interface {
+	// setFlat sets member i of flatNames to s (isNum false) or n, and
+	// reports false when the member has the other type.
+	setFlat(i int, s string, n int64, isNum bool) bool
+	flatNames() []string
+	resetFlat() // zeroes the body
+}
+
+// decodeFlat fills v from data, an object with no leading or trailing
+// whitespace, and reports whether it could; when it could not, v may be
+// partly filled and must be zeroed (resetFlat).
+func decodeFlat(data []byte, v flatBody) bool {
+	names := v.flatNames()
+	var seen uint32
+	i := skipSpace(data, 1) // data[0] is '{'
+	if i < len(data) && data[i] == '}' {
+		return i == len(data)-1
+	}
+	for {
+		name, next, ok := flatString(data, i)
+		if !ok {
+			return false
+		}
+		field := -1
+		for f, n := range names {
+			if n == name {
+				field = f
+				break
+			}
+		}
+		if field < 0 || seen&(1<<field) != 0 {
+			return false
+		}
+		seen |= 1 << field
+		i = skipSpace(data, next)
+		if i >= len(data) || data[i] != ':' {
+			return false
+		}
+		i = skipSpace(data, i+1)
+		if i >= len(data) {
+			return false
+		}
+		if data[i] == '"' {
+			s, next, ok := flatString(data, i)
+			if !ok || !v.setFlat(field, s, 0, false) {
+				return false
+			}
+			i = next
+		} else {
+			n, next, ok := flatInt(data, i)
+			if !ok || !v.setFlat(field, "", n, true) {
+				return false
+			}
+			i = next
+		}
+		i = skipSpace(data, i)
+		if i >= len(data) {
+			return false
+		}
+		switch data[i] {
+		case ',':
+			i = skipSpace(data, i+1)
+		case '}':
+			return i == len(data)-1
+		default:
+			return false
+		}
+	}
+}
+
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// flatString reads a string of printable ASCII without escapes at
+// data[i], a '"', and returns it and the index after it.
+func flatString(data []byte, i int) (string, int, bool) {
+	if i >= len(data) || data[i] != '"' {
+		return "", 0, false
+	}
+	for j := i + 1; j < len(data); j++ {
+		switch c := data[j]; {
+		case c == '"':
+			return string(data[i+1 : j]), j + 1, true
+		case c < 0x20 || c > 0x7e || c == '\\':
+			return "", 0, false
+		}
+	}
+	return "", 0, false
+}
+
+// flatInt reads an integer of at most 18 digits, no fraction or exponent,
+// at data[i].
+func flatInt(data []byte, i int) (int64, int, bool) {
+	neg := i < len(data) && data[i] == '-'
+	if neg {
+		i++
+	}
+	start := i
+	var n int64
+	for i < len(data) && data[i] >= '0' && data[i] <= '9' {
+		n = n*10 + int64(data[i]-'0')
+		i++
+	}
+	digits := i - start
+	if digits == 0 || digits > 18 || (digits > 1 && data[start] == '0') {
+		return 0, 0, false
+	}
+	if i < len(data) && (data[i] == '.' || data[i] == 'e' || data[i] == 'E') {
+		return 0, 0, false
+	}
+	if neg {
+		n = -n
+	}
+	return n, i, true
+}
+
+var (
+	acquireNames = []string{"resource", "request_id", "owner", "ttl_ms", "wait_ms", "max_hold_ms"}
+	renewNames   = []string{"resource", "lease_id", "ttl_ms"}
+	releaseNames = []string{"resource", "lease_id"}
+)
+
+func (r *AcquireRequest) flatNames() []string { return acquireNames }
+
+func (r *AcquireRequest) setFlat(i int, s string, n int64, isNum bool) bool {
+	if isNum != (i >= 3) {
+		return false
+	}
+	switch i {
+	case 0:
+		r.Resource = s
+	case 1:
+		r.RequestID = s
+	case 2:
+		r.Owner = s
+	case 3:
+		r.TTLms = n
+	case 4:
+		r.WaitMs = n
+	default:
+		r.MaxHoldMs = n
+	}
+	return true
+}
+
+func (r *AcquireRequest) resetFlat() { *r = AcquireRequest{} }
+
+func (r *RenewRequest) flatNames() []string { return renewNames }
+
+func (r *RenewRequest) resetFlat() { *r = RenewRequest{} }
+
+func (r *RenewRequest) setFlat(i int, s string, n int64, isNum bool) bool {
+	switch {
+	case i == 2 && isNum:
+		r.TTLms = n
+	case i == 0 && !isNum:
+		r.Resource = s
+	case i == 1 && !isNum:
+		r.LeaseID = s
+	default:
+		return false
+	}
+	return true
+}
+
+func (r *ReleaseRequest) flatNames() []string { return releaseNames }
+
+func (r *ReleaseRequest) resetFlat() { *r = ReleaseRequest{} }
+
+func (r *ReleaseRequest) setFlat(i int, s string, _ int64, isNum bool) bool {
+	if isNum {
+		return false
+	}
+	if i == 0 {
+		r.Resource = s
+	} else {
+		r.LeaseID = s
+	}
+	return true
+}
