@@ -31,7 +31,12 @@ type tracker struct {
 	keys   map[string]observation // by value: no allocation per key
 	due    dueHeap
 	maxSeq uint64
-	gone   []goneItem // deleted keys, oldest first, to forget after window
+	// deleted holds the keys whose last write deleted them (with nothing
+	// else to remember), apart from keys and in less space: at the design
+	// load most of what an instance knows is the retry window's deleted
+	// keys. gone lists them, oldest first, to forget after the window.
+	deleted map[string]deletedKey
+	gone    []goneItem
 
 	// held indexes the resources (decoded names) whose lease keys hold a
 	// lease, in order, for list. It is brought up to date only when a list
@@ -85,7 +90,14 @@ type endedItem struct {
 type goneItem struct {
 	key string
 	rev uint64
-	at  time.Time
+	at  time.Duration // since the tracker's epoch
+}
+
+// deletedKey is what the tracker keeps of a deleted key: the revision of
+// the delete and when it was seen, as an offset from epoch (monotonic).
+type deletedKey struct {
+	rev  uint64
+	seen time.Duration
 }
 
 // waiterInfo is what the tracker knows of one queued waiter.
@@ -119,7 +131,7 @@ func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 
 // resetLocked forgets everything; the caller holds t.mu (or owns t).
 func (t *tracker) resetLocked() {
-	t.keys = make(map[string]observation)
+	t.keys, t.deleted = make(map[string]observation), make(map[string]deletedKey)
 	t.due, t.gone, t.endedQ = nil, nil, nil
 	t.held, t.heldChanges, t.heldStale, t.nHeld = btree.NewOrderedG[string](32), make(map[string]bool), false, 0
 	t.waiters = make(map[string]map[string]waiterInfo)
@@ -147,7 +159,7 @@ func (t *tracker) observe(key string, e entry) observation {
 	if e.rev > t.maxSeq {
 		t.maxSeq = e.rev
 	}
-	o, known := t.keys[key]
+	o, known := t.lookup(key)
 	if known && o.rev >= e.rev {
 		return o
 	}
@@ -164,7 +176,13 @@ func (t *tracker) observe(key string, e entry) observation {
 	}
 	wasHeld := o.held()
 	o = observation{entry: e, seen: now}
-	t.keys[key] = o
+	if e.held() || e.foreign || e.end != nil {
+		t.keys[key] = o
+		delete(t.deleted, key)
+	} else {
+		t.deleted[key] = deletedKey{rev: e.rev, seen: now.Sub(t.epoch)}
+		delete(t.keys, key)
+	}
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 		t.indexWaiter(key, e)
 	} else if wasHeld != e.held() {
@@ -176,7 +194,7 @@ func (t *tracker) observe(key string, e entry) observation {
 	case e.held() || e.foreign:
 		t.due.push(dueItem{at: t.deadline(&o), key: key, rev: e.rev})
 	default:
-		t.gone = append(t.gone, goneItem{key: key, rev: e.rev, at: now})
+		t.gone = append(t.gone, goneItem{key: key, rev: e.rev, at: now.Sub(t.epoch)})
 	}
 	t.forgetGone(now, 16)
 	return o
@@ -185,11 +203,13 @@ func (t *tracker) observe(key string, e entry) observation {
 // forgetGone drops up to n observations of keys deleted longer than the
 // retry window ago. The caller holds t.mu.
 func (t *tracker) forgetGone(now time.Time, n int) {
-	for ; n > 0 && len(t.gone) > 0 && now.Sub(t.gone[0].at) > t.window; n-- {
+	for ; n > 0 && len(t.gone) > 0 && now.Sub(t.epoch)-t.gone[0].at > t.window; n-- {
 		g := t.gone[0]
 		t.gone[0] = goneItem{}
 		t.gone = t.gone[1:]
-		if o, ok := t.keys[g.key]; ok && o.rev == g.rev {
+		if d, ok := t.deleted[g.key]; ok && d.rev == g.rev {
+			delete(t.deleted, g.key)
+		} else if o, ok := t.keys[g.key]; ok && o.rev == g.rev {
 			delete(t.keys, g.key)
 		}
 	}
@@ -456,14 +476,26 @@ func (t *tracker) maxRev() uint64 {
 func (t *tracker) get(key string) (observation, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	o, ok := t.keys[key]
-	return o, ok
+	return t.lookup(key)
+}
+
+// lookup returns what is known of key, deleted or not. The caller holds
+// t.mu.
+func (t *tracker) lookup(key string) (observation, bool) {
+	if o, ok := t.keys[key]; ok {
+		return o, true
+	}
+	if d, ok := t.deleted[key]; ok {
+		return observation{entry: entry{rev: d.rev}, seen: t.epoch.Add(d.seen)}, true
+	}
+	return observation{}, false
 }
 
 // forget drops what is known of key, after a write whose outcome is unknown.
 func (t *tracker) forget(key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	delete(t.deleted, key)
 	if o, ok := t.keys[key]; ok {
 		if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 			t.indexWaiter(key, entry{})

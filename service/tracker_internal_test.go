@@ -113,3 +113,37 @@ func firstDiff(a, b []string) string {
 	}
 	return "the end"
 }
+
+// A deleted key is known, with the revision of its delete and when that
+// was seen, until the retry window has passed: a stale write below it is
+// ignored, a newer one replaces it, and a delete that carries an end mark
+// the ended ids do not cover keeps that mark.
+func TestDeletedKeysAreKeptForTheWindow(t *testing.T) {
+	tr := newTracker(0, time.Minute, 40*time.Millisecond)
+	key := streams.LeaseKey("r")
+	before := time.Now()
+	tr.observe(key, entry{rev: 5})
+	o, ok := tr.get(key)
+	if !ok || o.rev != 5 || o.held() || o.seen.Before(before) || time.Since(o.seen) > time.Second {
+		t.Fatalf("deleted key: %+v, %v", o, ok)
+	}
+	if o := tr.observe(key, entry{rev: 4, rec: &streams.Record{LeaseID: "l", RequestID: "q"}}); o.rev != 5 || o.held() {
+		t.Fatalf("an older write replaced the delete: %+v", o)
+	}
+	if o := tr.observe(key, entry{rev: 6, rec: &streams.Record{LeaseID: "l", RequestID: "q", TTLms: 1000}}); o.rev != 6 || !o.held() {
+		t.Fatalf("a newer grant did not replace the delete: %+v", o)
+	}
+	marked := streams.LeaseKey("marked")
+	tr.observe(marked, entry{rev: 7, end: &streams.EndMark{RequestID: "elsewhere"}})
+	if o, ok := tr.get(marked); !ok || o.end == nil || o.end.RequestID != "elsewhere" {
+		t.Fatalf("end mark lost: %+v, %v", o, ok)
+	}
+	time.Sleep(60 * time.Millisecond)
+	tr.observe(streams.LeaseKey("later"), entry{rev: 8}) // forgets what is past the window
+	if _, ok := tr.get(marked); ok {
+		t.Fatal("the marked delete is still known after the window")
+	}
+	if o, ok := tr.get(key); !ok || !o.held() {
+		t.Fatalf("the lease granted over the delete was forgotten with it: %+v, %v", o, ok)
+	}
+}
