@@ -23,18 +23,20 @@ type flatBody interface {
 func decodeFlat(data []byte, v flatBody) bool {
 	names := v.flatNames()
 	var seen uint32
+	var whole string        // data as a string, made once: the values are slices of it
 	i := skipSpace(data, 1) // data[0] is '{'
 	if i < len(data) && data[i] == '}' {
 		return i == len(data)-1
 	}
 	for {
-		name, next, ok := flatString(data, i)
+		from, to, ok := flatString(data, i)
 		if !ok {
 			return false
 		}
+		next := to + 1
 		field := -1
 		for f, n := range names {
-			if n == name {
+			if n == string(data[from:to]) { // compared without a copy
 				field = f
 				break
 			}
@@ -52,11 +54,17 @@ func decodeFlat(data []byte, v flatBody) bool {
 			return false
 		}
 		if data[i] == '"' {
-			s, next, ok := flatString(data, i)
-			if !ok || !v.setFlat(field, s, 0, false) {
+			from, to, ok := flatString(data, i)
+			if !ok {
 				return false
 			}
-			i = next
+			if whole == "" {
+				whole = string(data)
+			}
+			if !v.setFlat(field, whole[from:to], 0, false) {
+				return false
+			}
+			i = to + 1
 		} else {
 			n, next, ok := flatInt(data, i)
 			if !ok || !v.setFlat(field, "", n, true) {
@@ -87,20 +95,21 @@ func skipSpace(data []byte, i int) int {
 }
 
 // flatString reads a string of printable ASCII without escapes at
-// data[i], a '"', and returns it and the index after it.
-func flatString(data []byte, i int) (string, int, bool) {
+// data[i], a '"': its contents are data[from:to], and the closing quote
+// is at to.
+func flatString(data []byte, i int) (from, to int, ok bool) {
 	if i >= len(data) || data[i] != '"' {
-		return "", 0, false
+		return 0, 0, false
 	}
 	for j := i + 1; j < len(data); j++ {
 		switch c := data[j]; {
 		case c == '"':
-			return string(data[i+1 : j]), j + 1, true
+			return i + 1, j, true
 		case c < 0x20 || c > 0x7e || c == '\\':
-			return "", 0, false
+			return 0, 0, false
 		}
 	}
-	return "", 0, false
+	return 0, 0, false
 }
 
 // flatInt reads an integer of at most 18 digits, no fraction or exponent,

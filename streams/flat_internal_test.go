@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/go-json-experiment/json"
 )
@@ -67,4 +68,41 @@ func TestClientBodiesTakeTheFastForm(t *testing.T) {
 			t.Fatalf("%s: fast form gave %+v, want %+v", c.body, c.v, c.want)
 		}
 	}
+}
+
+// The fast form against the JSON decoder on an acquire body of the Go
+// client's shape: go test ./streams -run '^$' -bench Decode.
+func BenchmarkDecodeAcquire(b *testing.B) {
+	body := []byte(`{"resource":"bench/0a1b2c3d/steady/r12345","request_id":"0123456789abcdef","owner":"bench-0a1b2c3d","ttl_ms":30000}`)
+	b.Run("flat", func(b *testing.B) {
+		for b.Loop() {
+			var req AcquireRequest
+			if !decodeFlat(body, &req) {
+				b.Fatal("not the flat form")
+			}
+		}
+	})
+	b.Run("decoder", func(b *testing.B) {
+		for b.Loop() {
+			var req AcquireRequest
+			if err := json.Unmarshal(body, &req, json.RejectUnknownMembers(true)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// FormatTime against time.Format with the wire layout.
+func BenchmarkFormatTime(b *testing.B) {
+	now := time.Now()
+	b.Run("FormatTime", func(b *testing.B) {
+		for b.Loop() {
+			_ = FormatTime(now)
+		}
+	})
+	b.Run("time.Format", func(b *testing.B) {
+		for b.Loop() {
+			_ = now.UTC().Format(TimeFormat)
+		}
+	})
 }
