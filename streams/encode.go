@@ -15,8 +15,17 @@ import (
 // nil pointer is null.
 
 func appendString(b []byte, s string) []byte {
-	b, _ = jsontext.AppendQuote(b, s) // the error only reports replaced bytes
-	return b
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			b, _ = jsontext.AppendQuote(b, s) // the error only reports replaced bytes
+			return b
+		}
+	}
+	// Printable ASCII with nothing to escape (every name, id and time
+	// jetlock writes): the quoted form is the string itself.
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 func appendField(b []byte, name, s string) []byte {
