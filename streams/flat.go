@@ -1,5 +1,7 @@
 package streams
 
+import "slices"
+
 // The bodies of acquire, renew and release, decoded on every request, are
 // flat objects of short ASCII strings and integers. decodeFlat reads that
 // common form without reflection; anything else (an escape, a byte outside
@@ -21,9 +23,9 @@ type flatBody interface {
 // whitespace, and reports whether it could; when it could not, v may be
 // partly filled and must be zeroed (resetFlat).
 func decodeFlat(data []byte, v flatBody) bool {
+	r := flatReader{data: data}
 	names := v.flatNames()
 	var seen uint32
-	var whole string        // data as a string, made once: the values are slices of it
 	i := skipSpace(data, 1) // data[0] is '{'
 	if i < len(data) && data[i] == '}' {
 		return i == len(data)-1
@@ -33,44 +35,17 @@ func decodeFlat(data []byte, v flatBody) bool {
 		if !ok {
 			return false
 		}
-		next := to + 1
-		field := -1
-		for f, n := range names {
-			if n == string(data[from:to]) { // compared without a copy
-				field = f
-				break
-			}
-		}
+		field := slices.Index(names, string(data[from:to])) // compared without a copy
 		if field < 0 || seen&(1<<field) != 0 {
 			return false
 		}
 		seen |= 1 << field
-		i = skipSpace(data, next)
+		i = skipSpace(data, to+1)
 		if i >= len(data) || data[i] != ':' {
 			return false
 		}
-		i = skipSpace(data, i+1)
-		if i >= len(data) {
+		if i, ok = r.value(skipSpace(data, i+1), field, v); !ok {
 			return false
-		}
-		if data[i] == '"' {
-			from, to, ok := flatString(data, i)
-			if !ok {
-				return false
-			}
-			if whole == "" {
-				whole = string(data)
-			}
-			if !v.setFlat(field, whole[from:to], 0, false) {
-				return false
-			}
-			i = to + 1
-		} else {
-			n, next, ok := flatInt(data, i)
-			if !ok || !v.setFlat(field, "", n, true) {
-				return false
-			}
-			i = next
 		}
 		i = skipSpace(data, i)
 		if i >= len(data) {
@@ -85,6 +60,33 @@ func decodeFlat(data []byte, v flatBody) bool {
 			return false
 		}
 	}
+}
+
+// flatReader holds a body being read, and the body as a string once a
+// string value needs it: every string value is a slice of that one copy.
+type flatReader struct {
+	data  []byte
+	whole string
+}
+
+// value reads the value of member field at data[i] into v and returns the
+// index after it.
+func (r *flatReader) value(i, field int, v flatBody) (int, bool) {
+	if i >= len(r.data) {
+		return 0, false
+	}
+	if r.data[i] != '"' {
+		n, next, ok := flatInt(r.data, i)
+		return next, ok && v.setFlat(field, "", n, true)
+	}
+	from, to, ok := flatString(r.data, i)
+	if !ok {
+		return 0, false
+	}
+	if r.whole == "" {
+		r.whole = string(r.data)
+	}
+	return to + 1, v.setFlat(field, r.whole[from:to], 0, false)
 }
 
 func skipSpace(data []byte, i int) int {
