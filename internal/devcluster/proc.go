@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -66,8 +68,7 @@ type ProcCluster struct {
 
 // startAttempts bounds the starts of a process cluster: a node can fail to
 // bind a port that FreePort found free, since the port is free again until
-// the node listens and every outgoing connection on the machine draws its
-// local port from the same range.
+// the node listens, and another process may take it meanwhile.
 const startAttempts = 3
 
 // StartProcs starts the three nodes and waits until JetStream answers.
@@ -214,14 +215,49 @@ func (c *ProcCluster) waitJetStream(ctx context.Context) error {
 	}
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago. Where
+// the system says which range it draws ephemeral ports from (Linux), the
+// port is drawn below that range: every outgoing connection's local port
+// and every listener on port 0 come from the range, so a port taken from
+// it can be taken again while a node is stopped, and its restart on the
+// same port then fails.
 func FreePort() (int, error) {
+	if low := ephemeralLow(); low-minPort >= 1000 {
+		for range 50 {
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(minPort+rand.IntN(low-minPort))))
+			if err == nil {
+				defer l.Close()
+				return l.Addr().(*net.TCPAddr).Port, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// minPort is the lowest port FreePort draws below the ephemeral range.
+const minPort = 10000
+
+// ephemeralLow returns the first port of the system's ephemeral range, or
+// 0 where it cannot tell.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return 0
+	}
+	low, err := strconv.Atoi(fields[0])
+	if err != nil {
+		return 0
+	}
+	return low
 }
 
 // Open reports whether the cluster runs without accounts (ProcOptions.Open).
