@@ -34,7 +34,8 @@ type tracker struct {
 	// deleted holds the keys whose last write deleted them (with nothing
 	// else to remember), apart from keys and in less space: at the design
 	// load most of what an instance knows is the retry window's deleted
-	// keys. gone lists them, oldest first, to forget after the window.
+	// keys. gone lists every delete, oldest first, whether its key is in
+	// deleted or (keeping an end mark) in keys, to forget after the window.
 	deleted map[string]deletedKey
 	gone    []goneItem
 
