@@ -34,10 +34,14 @@ type tracker struct {
 	// deleted holds the keys whose last write deleted them (with nothing
 	// else to remember), apart from keys and in less space: at the design
 	// load most of what an instance knows is the retry window's deleted
-	// keys. gone lists every delete, oldest first, whether its key is in
-	// deleted or (keeping an end mark) in keys, to forget after the window.
-	deleted map[string]deletedKey
+	// keys. It is keyed by a 64-bit hash of the key (keyID), so that
+	// neither it nor gone holds a string: a collision would only make a
+	// compare-and-set fail and the request decide again on a read. gone
+	// lists those deletes, and marks the deletes kept in keys for their end
+	// mark, oldest first, to forget after the window.
+	deleted map[uint64]deletedKey
 	gone    []goneItem
+	marks   []markItem
 
 	// held indexes the resources (decoded names) whose lease keys hold a
 	// lease, in order, for list. It is brought up to date only when a list
@@ -89,6 +93,12 @@ type endedItem struct {
 }
 
 type goneItem struct {
+	id  uint64 // keyID of the key
+	rev uint64
+	at  time.Duration // since the tracker's epoch
+}
+
+type markItem struct {
 	key string
 	rev uint64
 	at  time.Duration // since the tracker's epoch
@@ -116,10 +126,14 @@ type waiterInfo struct {
 type observation struct {
 	entry
 	seen time.Time // carries a monotonic reading
+	// key is the key's name as the tracker keeps it (empty for a deleted
+	// key): the observations, due items and index changes of a key share
+	// this one copy rather than each request's own.
+	key string
 }
 
 type dueItem struct {
-	at  time.Time
+	at  time.Duration // since the tracker's epoch
 	key string
 	rev uint64
 }
@@ -132,8 +146,8 @@ func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 
 // resetLocked forgets everything; the caller holds t.mu (or owns t).
 func (t *tracker) resetLocked() {
-	t.keys, t.deleted = make(map[string]observation), make(map[string]deletedKey)
-	t.due, t.gone, t.endedQ = nil, nil, nil
+	t.keys, t.deleted = make(map[string]observation), make(map[uint64]deletedKey)
+	t.due, t.gone, t.marks, t.endedQ = nil, nil, nil, nil
 	t.held, t.heldChanges, t.heldStale, t.nHeld = btree.NewOrderedG[string](32), make(map[string]bool), false, 0
 	t.waiters = make(map[string]map[string]waiterInfo)
 	t.owners = make(map[string]int)
@@ -176,12 +190,16 @@ func (t *tracker) observe(key string, e entry) observation {
 		}
 	}
 	wasHeld := o.held()
-	o = observation{entry: e, seen: now}
+	if o.key != "" {
+		key = o.key
+	}
+	at := now.Sub(t.epoch)
+	o = observation{entry: e, seen: now, key: key}
 	if e.held() || e.foreign || e.end != nil {
 		t.keys[key] = o
-		delete(t.deleted, key)
+		delete(t.deleted, t.keyID(key))
 	} else {
-		t.deleted[key] = deletedKey{rev: e.rev, seen: now.Sub(t.epoch)}
+		t.deleted[t.keyID(key)] = deletedKey{rev: e.rev, seen: at}
 		delete(t.keys, key)
 	}
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
@@ -193,27 +211,42 @@ func (t *tracker) observe(key string, e entry) observation {
 	}
 	switch {
 	case e.held() || e.foreign:
-		t.due.push(dueItem{at: t.deadline(&o), key: key, rev: e.rev})
+		t.due.push(dueItem{at: t.deadline(&o).Sub(t.epoch), key: key, rev: e.rev})
+	case e.end != nil:
+		t.marks = append(t.marks, markItem{key: key, rev: e.rev, at: at})
 	default:
-		t.gone = append(t.gone, goneItem{key: key, rev: e.rev, at: now.Sub(t.epoch)})
+		t.gone = append(t.gone, goneItem{id: t.keyID(key), rev: e.rev, at: at})
 	}
 	t.forgetGone(now, 16)
 	return o
 }
 
 // forgetGone drops up to n observations of keys deleted longer than the
-// retry window ago. The caller holds t.mu.
+// retry window ago, and as many kept for their end mark. The caller holds
+// t.mu.
 func (t *tracker) forgetGone(now time.Time, n int) {
-	for ; n > 0 && len(t.gone) > 0 && now.Sub(t.epoch)-t.gone[0].at > t.window; n-- {
+	since := now.Sub(t.epoch)
+	for i := n; i > 0 && len(t.gone) > 0 && since-t.gone[0].at > t.window; i-- {
 		g := t.gone[0]
 		t.gone[0] = goneItem{}
 		t.gone = t.gone[1:]
-		if d, ok := t.deleted[g.key]; ok && d.rev == g.rev {
-			delete(t.deleted, g.key)
-		} else if o, ok := t.keys[g.key]; ok && o.rev == g.rev {
-			delete(t.keys, g.key)
+		if d, ok := t.deleted[g.id]; ok && d.rev == g.rev {
+			delete(t.deleted, g.id)
 		}
 	}
+	for i := n; i > 0 && len(t.marks) > 0 && since-t.marks[0].at > t.window; i-- {
+		m := t.marks[0]
+		t.marks[0] = markItem{}
+		t.marks = t.marks[1:]
+		if o, ok := t.keys[m.key]; ok && o.rev == m.rev {
+			delete(t.keys, m.key)
+		}
+	}
+}
+
+// keyID is the id under which a deleted key is kept.
+func (t *tracker) keyID(key string) uint64 {
+	return maphash.String(t.seed, key)
 }
 
 // noteEnded records that the lease of requestID at key ended, and forgets
@@ -486,7 +519,7 @@ func (t *tracker) lookup(key string) (observation, bool) {
 	if o, ok := t.keys[key]; ok {
 		return o, true
 	}
-	if d, ok := t.deleted[key]; ok {
+	if d, ok := t.deleted[t.keyID(key)]; ok {
 		return observation{entry: entry{rev: d.rev}, seen: t.epoch.Add(d.seen)}, true
 	}
 	return observation{}, false
@@ -496,7 +529,7 @@ func (t *tracker) lookup(key string) (observation, bool) {
 func (t *tracker) forget(key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	delete(t.deleted, key)
+	delete(t.deleted, t.keyID(key))
 	if o, ok := t.keys[key]; ok {
 		if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 			t.indexWaiter(key, entry{})
@@ -521,7 +554,7 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	t.forgetGone(now, limit)
 	t.forgetEnded(now, limit)
 	var out []dueItem
-	for len(t.due) > 0 && len(out) < limit && !t.due[0].at.After(now) {
+	for since := now.Sub(t.epoch); len(t.due) > 0 && len(out) < limit && t.due[0].at <= since; {
 		it := t.due.pop()
 		if o, ok := t.keys[it.key]; ok && o.rev == it.rev && (o.held() || o.foreign) {
 			out = append(out, it)
@@ -533,7 +566,7 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 // retryAt puts an item back to be tried again at.
 func (t *tracker) retryAt(it dueItem, at time.Time) {
 	t.mu.Lock()
-	it.at = at
+	it.at = at.Sub(t.epoch)
 	t.due.push(it)
 	t.mu.Unlock()
 }
@@ -548,7 +581,7 @@ func (h *dueHeap) push(it dueItem) {
 	q := *h
 	for i := len(q) - 1; i > 0; {
 		p := (i - 1) / 2
-		if !q[i].at.Before(q[p].at) {
+		if q[i].at >= q[p].at {
 			break
 		}
 		q[i], q[p] = q[p], q[i]
@@ -565,10 +598,10 @@ func (h *dueHeap) pop() dueItem {
 	q = q[:n]
 	for i := 0; ; {
 		l, m := 2*i+1, i
-		if l < n && q[l].at.Before(q[m].at) {
+		if l < n && q[l].at < q[m].at {
 			m = l
 		}
-		if r := l + 1; r < n && q[r].at.Before(q[m].at) {
+		if r := l + 1; r < n && q[r].at < q[m].at {
 			m = r
 		}
 		if m == i {

@@ -4,35 +4,36 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/jetlock/jetlock/streams"
 )
 
 // The due heap pops items in time order, however pushes and pops mix.
 func TestDueHeapOrder(t *testing.T) {
-	base := time.Now()
 	r := rand.New(rand.NewPCG(1, 2))
 	var h dueHeap
-	var want []time.Duration // what h holds, as offsets from base
+	var want []time.Duration // what h holds
 	for i := range 5000 {
 		if len(h) > 0 && r.IntN(3) == 0 {
 			slices.Sort(want)
 			got := h.pop()
-			if d := got.at.Sub(base); d != want[0] {
+			if d := got.at; d != want[0] {
 				t.Fatalf("step %d: popped %v, want the earliest %v", i, d, want[0])
 			}
 			want = want[1:]
 			continue
 		}
 		d := time.Duration(r.IntN(1000)) * time.Millisecond
-		h.push(dueItem{at: base.Add(d), key: "k", rev: uint64(i)})
+		h.push(dueItem{at: d, key: "k", rev: uint64(i)})
 		want = append(want, d)
 	}
 	slices.Sort(want)
 	for _, w := range want {
-		if d := h.pop().at.Sub(base); d != w {
+		if d := h.pop().at; d != w {
 			t.Fatalf("draining: popped %v, want %v", d, w)
 		}
 	}
@@ -145,5 +146,45 @@ func TestDeletedKeysAreKeptForTheWindow(t *testing.T) {
 	}
 	if o, ok := tr.get(key); !ok || !o.held() {
 		t.Fatalf("the lease granted over the delete was forgotten with it: %+v, %v", o, ok)
+	}
+}
+
+// A key's observation, its due items and its list index changes share the
+// tracker's one copy of the key's name, however many requests named it
+// (each request decodes a name of its own).
+func TestTrackerKeepsOneCopyOfAKey(t *testing.T) {
+	tr := newTracker(time.Second, time.Minute, time.Minute)
+	name := func() string { return streams.LeaseKey(strings.Repeat("r", 40)) } // a new string on every call
+	first := name()
+	tr.observe(first, entry{rev: 1, rec: &streams.Record{LeaseID: "l", RequestID: "q", TTLms: 1000}})
+	for rev := uint64(2); rev <= 5; rev++ {
+		key := name()
+		if unsafe.StringData(key) == unsafe.StringData(first) {
+			t.Fatal("the test's names share their bytes")
+		}
+		tr.observe(key, entry{rev: rev, rec: &streams.Record{LeaseID: "l", RequestID: "q", TTLms: 1000}})
+	}
+	same := func(what, s string) {
+		t.Helper()
+		if unsafe.StringData(s) != unsafe.StringData(first) {
+			t.Errorf("%s keeps a copy of its own", what)
+		}
+	}
+	o, ok := tr.get(name())
+	if !ok || o.rev != 5 {
+		t.Fatalf("observation: %+v, %v", o, ok)
+	}
+	same("the observation", o.key)
+	for key := range tr.keys {
+		same("the map key", key)
+	}
+	if len(tr.due) != 5 {
+		t.Fatalf("%d due items, want 5", len(tr.due))
+	}
+	for _, it := range tr.due {
+		same("a due item", it.key)
+	}
+	for key := range tr.heldChanges {
+		same("the list index change", key)
 	}
 }
