@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/testenv"
@@ -37,7 +38,8 @@ func waitForWaiters(t *testing.T, c caller, res string, n int) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return c.status(res).Waiters == n }, "%d waiters on %s", n, res)
 }
 
-func countWakes(t *testing.T, nc *nats.Conn) *atomic.Int64 {
+// countWakeMessages counts the wake messages on the wire.
+func countWakeMessages(t *testing.T, nc *nats.Conn) *atomic.Int64 {
 	var n atomic.Int64
 	sub, err := nc.Subscribe("jetlock.wake.>", func(*nats.Msg) { n.Add(1) })
 	if err != nil {
@@ -75,12 +77,17 @@ func noWaiterRecordsLeft(t *testing.T, env *testenv.Env) {
 }
 
 // 50 waiters on one hot resource are granted in ticket order, and every
-// release sends exactly one wake message: no thundering herd.
+// release wakes exactly one waiter: no thundering herd. The waiters are
+// this instance's own, so they are woken in process, without a message.
 func TestWaitersFIFOAndOneWakePerRelease(t *testing.T) {
 	env := testenv.Start(t)
-	env.Serve(waitConfig())
+	cfg := waitConfig()
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	env.Serve(cfg)
 	c := caller{t: t, nc: env.Connect()}
-	wakes := countWakes(t, env.ConnectAs(devcluster.Service))
+	messages := countWakeMessages(t, env.ConnectAs(devcluster.Service))
+	wakes := func() int { return int(testenv.Metric(t, reg, "jetlock_wakes_total", nil)) }
 	const res, n = "hot/1", 50
 	holder := c.mustAcquire(res, "holder", 30000)
 	var mu sync.Mutex
@@ -118,10 +125,13 @@ func TestWaitersFIFOAndOneWakePerRelease(t *testing.T) {
 	}
 	// One wake per release that had a waiter behind it: the holder's and
 	// those of the first n-1 waiters.
-	testenv.Eventually(t, 2*time.Second, func() bool { return wakes.Load() >= n }, "wakes")
+	testenv.Eventually(t, 2*time.Second, func() bool { return wakes() >= n }, "wakes")
 	time.Sleep(200 * time.Millisecond)
-	if got := wakes.Load(); got != n {
-		t.Fatalf("%d wake messages for %d releases with waiters, want exactly one each", got, n)
+	if got := wakes(); got != n {
+		t.Fatalf("%d wakes for %d releases with waiters, want exactly one each", got, n)
+	}
+	if got := messages.Load(); got != 0 {
+		t.Fatalf("%d wake messages published for waiters of the instance itself, want none", got)
 	}
 	if st := c.status(res); st.Held || st.Waiters != 0 {
 		t.Fatalf("after the run: %+v", st)

@@ -2,6 +2,7 @@ package service
 
 import (
 	"log/slog"
+	"strings"
 	"sync"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -10,10 +11,13 @@ import (
 	"github.com/jetlock/jetlock/streams"
 )
 
-// wakes carries wake messages between instances. Each waiting request
+// wakes carries wake messages to waiting requests. Each waiting request
 // served here has a wake subject of its own, prefix + request hash; a wake
 // message on it either carries the grant that handed the waiter the
 // resource (its reply, no round trip needed) or is empty (check again).
+// A wake for a request this instance serves is delivered in-process,
+// without a message: on a hot lock most hand-overs are between requests
+// of one instance.
 // Wake subjects lie under the service's prefix: the service never
 // publishes a reply there, and deploy/'s permissions let only the
 // service's user publish there, so a grant on a wake subject comes from an
@@ -49,9 +53,8 @@ func (w *wakes) unregister(hash string, ch chan *streams.LeaseResponse) {
 	w.mu.Unlock()
 }
 
-// onMsg routes a wake message to the waiting request it names. A grant
-// replaces an empty wake still unread; an empty wake never replaces a
-// grant.
+// onMsg routes a wake message from another instance to the waiting
+// request it names.
 func (w *wakes) onMsg(m *nats.Msg) {
 	var grant *streams.LeaseResponse
 	if len(m.Data) > 0 {
@@ -61,8 +64,15 @@ func (w *wakes) onMsg(m *nats.Msg) {
 			return
 		}
 	}
+	w.deliver(m.Subject[len(w.prefix):], grant)
+}
+
+// deliver hands a wake to the waiting request hash, if it still waits
+// here. A grant replaces an empty wake still unread; an empty wake never
+// replaces a grant.
+func (w *wakes) deliver(hash string, grant *streams.LeaseResponse) {
 	w.mu.Lock()
-	ch := w.waiting[m.Subject[len(w.prefix):]]
+	ch := w.waiting[hash]
 	w.mu.Unlock()
 	if ch == nil {
 		return
@@ -85,10 +95,16 @@ func (w *wakes) onMsg(m *nats.Msg) {
 	}
 }
 
-// send publishes a wake message to subject, with grant as its body if
-// given.
+// send wakes the waiting request of subject, with grant if given: in
+// process when this instance serves it, otherwise by a message to
+// subject.
 func (w *wakes) send(subject string, grant *streams.LeaseResponse) {
 	if subject == "" {
+		return
+	}
+	if hash, ok := strings.CutPrefix(subject, w.prefix); ok {
+		w.deliver(hash, grant)
+		w.sent()
 		return
 	}
 	var body []byte
