@@ -28,10 +28,15 @@ type HotlockResult struct {
 	HandoverP50 float64 `json:"handover_p50_ms"` // release sent -> next grant of the resource received
 	HandoverP99 float64 `json:"handover_p99_ms"`
 	HandoverMax float64 `json:"handover_max_ms"`
-	// Wake messages seen on WakeSubject; WakesPerRelease is null (n/a) when
-	// none were seen.
+	// Wake messages seen on WakeSubject, and the waiting requests the
+	// service woke by its metrics (jetlock_wakes_total; null without
+	// them): an instance wakes its own waiting requests in process,
+	// without a message. WakesPerRelease is ServiceWakes per release, or
+	// Wakes per release when the service's metrics are not read; null
+	// (n/a) when there were none.
 	WakeSubject     string   `json:"wake_subject"`
 	Wakes           int64    `json:"wakes"`
+	ServiceWakes    *int64   `json:"service_wakes"`
 	WakesPerRelease *float64 `json:"wakes_per_release"`
 	// Fairness: Jain's index of grants per caller (1 = perfectly even),
 	// the fewest and most grants of one caller, and the fraction of grants
@@ -50,8 +55,14 @@ type hotResource struct {
 
 	mu         sync.Mutex
 	holder     int       // caller holding it, or -1
+	holderReq  string    // the request id of the holder's acquire
 	releasedAt time.Time // a release was sent and no grant has arrived since
 	waiting    map[int]hotWait
+	// cancelled holds the request ids of the waits the bench cancelled at
+	// the end, and when it sent each cancel: such a cancel also ends the
+	// lease if the wait was granted meanwhile (its grant reply still on
+	// its way), and the resource goes to the next waiter at once.
+	cancelled map[string]time.Time
 }
 
 type hotWait struct {
@@ -82,18 +93,30 @@ func runHotlock(ctx context.Context, e *env, sum *Summary) error {
 		count: make([]atomic.Int64, c.hotResources*c.waiters)}
 	h.ph = newPhase("hotlock", h.be, e.rq.InFlight, c.duration)
 	for i := range c.hotResources {
-		h.res = append(h.res, &hotResource{name: fmt.Sprintf("%shot%03d", e.names("hot"), i), holder: -1, waiting: map[int]hotWait{}})
+		h.res = append(h.res, &hotResource{name: fmt.Sprintf("%shot%03d", e.names("hot"), i), holder: -1, waiting: map[int]hotWait{}, cancelled: map[string]time.Time{}})
 	}
 	wakeSubj, stop, err := h.countWakes()
 	if err != nil {
 		return err
 	}
 	defer stop()
+	var before svcStats
+	if e.svc != nil {
+		before = e.svc.stats(ctx)
+	}
 	fmt.Fprintf(e.out, "hotlock: %d callers on each of %d resources, hold %v, wait_ms %d, for %v\n",
 		c.waiters, c.hotResources, c.hold, c.wait.Milliseconds(), c.duration)
 	e.measure(ctx, sum, h.ph, func() { h.run(ctx) })
 	sum.use(h.ph)
 	sum.Hotlock = h.result(wakeSubj)
+	if e.svc != nil && len(e.svc.metrics) > 0 {
+		n := int64(*e.svc.stats(context.WithoutCancel(ctx)).wakes - *before.wakes)
+		sum.Hotlock.ServiceWakes = &n
+		if r := sum.Hotlock; r.Releases > 0 {
+			v := round2(float64(n) / float64(r.Releases))
+			r.WakesPerRelease = &v
+		}
+	}
 	if n := sum.Hotlock.HolderOverlaps; n > 0 {
 		return fmt.Errorf("hotlock: %d grants arrived while another lease of the resource was held", n)
 	}
@@ -224,7 +247,7 @@ func (h *hotlock) caller(ctx context.Context, id int, r *hotResource, end time.T
 		if res.Code != load.CodeOK {
 			continue
 		}
-		g := h.granted(id, r, res, sent, at)
+		g := h.granted(id, reqID, r, res, sent, at)
 		select {
 		case <-time.After(h.e.cfg.hold):
 		case <-ctx.Done():
@@ -256,14 +279,17 @@ func (h *hotlock) acquire(ctx context.Context, r *hotResource, reqID, owner stri
 	}
 }
 
-// granted records a grant of r to caller id.
-func (h *hotlock) granted(id int, r *hotResource, res load.Result, sent, at time.Time) *load.Grant {
+// granted records a grant of r to caller id's acquire reqID.
+func (h *hotlock) granted(id int, reqID string, r *hotResource, res load.Result, sent, at time.Time) *load.Grant {
 	h.grants.Add(1)
 	h.count[id].Add(1)
 	g := h.log.Granted(r.name, res.Token, res.Lease, sent, at, h.e.cfg.ttl)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.holder >= 0 {
+	if c, ok := r.cancelled[reqID]; ok {
+		h.log.ReleasedAt(g, c) // the lease may have ended when the cancel was sent
+	}
+	if _, ended := r.cancelled[r.holderReq]; r.holder >= 0 && !ended {
 		h.overlaps.Add(1)
 	}
 	for other, w := range r.waiting {
@@ -276,7 +302,7 @@ func (h *hotlock) granted(id int, r *hotResource, res load.Result, sent, at time
 		h.hand.Record(at.Sub(r.releasedAt), load.CodeOK)
 		r.releasedAt = time.Time{}
 	}
-	r.holder = id
+	r.holder, r.holderReq = id, reqID
 	return g
 }
 
@@ -312,6 +338,7 @@ func (h *hotlock) cancelWaits() {
 	for _, r := range h.res {
 		r.mu.Lock()
 		for _, w := range r.waiting {
+			r.cancelled[w.reqID] = time.Now()
 			wg.Go(func() {
 				m := h.be.Msg(streams.OpCancel, &streams.CancelRequest{Resource: r.name, RequestID: w.reqID})
 				_, _, _ = h.e.rq.Do(context.Background(), m, h.e.cfg.timeout)
@@ -326,9 +353,12 @@ func printHotlock(w io.Writer, r *HotlockResult) {
 	fmt.Fprintf(w, "\n== hotlock: %d callers on each of %d resources, hold %.0fms ==\n", r.Waiters, r.Resources, r.HoldMs)
 	fmt.Fprintf(w, "grants %d (%.0f/s), releases %d; hand-over (release sent -> next grant) p50 %s p99 %s max %s over %d hand-overs\n",
 		r.Grants, r.GrantsPerS, r.Releases, fmtMs(r.HandoverP50), fmtMs(r.HandoverP99), fmtMs(r.HandoverMax), r.Handovers)
-	if r.WakesPerRelease != nil {
+	switch {
+	case r.ServiceWakes != nil && r.WakesPerRelease != nil:
+		fmt.Fprintf(w, "wakes: %d by the service (%d messages on %s), %.2f per release\n", *r.ServiceWakes, r.Wakes, r.WakeSubject, *r.WakesPerRelease)
+	case r.WakesPerRelease != nil:
 		fmt.Fprintf(w, "wakes: %d on %s, %.2f per release\n", r.Wakes, r.WakeSubject, *r.WakesPerRelease)
-	} else {
+	default:
 		fmt.Fprintf(w, "wakes per release: n/a (no wake messages seen on %s)\n", r.WakeSubject)
 	}
 	fmt.Fprintf(w, "fairness: Jain index %.2f, grants per caller %d..%d, %.0f%% of grants bypassed a caller waiting longer\n",

@@ -42,7 +42,7 @@ func TestCPUCost(t *testing.T) {
 
 // The service's figures of a phase sum every instance's metrics.
 func TestParseMetricsSumsInstances(t *testing.T) {
-	st := svcStats{ops: map[string]opTime{}, shed: map[string]float64{}}
+	st := newSvcStats()
 	for _, text := range []string{`# HELP jetlock_request_duration_seconds Time from receipt to reply, by operation.
 # TYPE jetlock_request_duration_seconds histogram
 jetlock_request_duration_seconds_bucket{op="acquire",le="0.005"} 3
@@ -51,12 +51,16 @@ jetlock_request_duration_seconds_count{op="acquire"} 3
 # TYPE jetlock_requests_shed_total counter
 jetlock_requests_shed_total{op="acquire",reason="waited"} 1
 jetlock_requests_shed_total{op="renew",reason="waited"} 1
+# TYPE jetlock_wakes_total counter
+jetlock_wakes_total 5
 `, `# TYPE jetlock_request_duration_seconds histogram
 jetlock_request_duration_seconds_sum{op="acquire"} 2
 jetlock_request_duration_seconds_count{op="acquire"} 1
 # TYPE jetlock_requests_shed_total counter
 jetlock_requests_shed_total{op="acquire",reason="queue_full"} 7
 jetlock_requests_shed_total{op="acquire",reason="waited"} 8
+# TYPE jetlock_wakes_total counter
+jetlock_wakes_total 2
 `} {
 		if err := parseMetrics(strings.NewReader(text), st); err != nil {
 			t.Fatal(err)
@@ -67,6 +71,9 @@ jetlock_requests_shed_total{op="acquire",reason="waited"} 8
 	}
 	if st.shed["waited"] != 10 || st.shed["queue_full"] != 7 {
 		t.Errorf("shed %v, want waited 10 and queue_full 7", st.shed)
+	}
+	if *st.wakes != 7 {
+		t.Errorf("wakes %v, want 7", *st.wakes)
 	}
 }
 

@@ -214,17 +214,23 @@ type opTime struct {
 }
 
 // svcStats is a reading of the service's metrics: its own time per
-// operation, and the requests it shed by reason (see
-// jetlock_requests_shed_total).
+// operation, the requests it shed by reason (see
+// jetlock_requests_shed_total), and the waiting requests it woke
+// (jetlock_wakes_total: in process or by a message).
 type svcStats struct {
-	ops  map[string]opTime
-	shed map[string]float64
+	ops   map[string]opTime
+	shed  map[string]float64
+	wakes *float64
+}
+
+func newSvcStats() svcStats {
+	return svcStats{ops: map[string]opTime{}, shed: map[string]float64{}, wakes: new(float64)}
 }
 
 // stats reads and sums the metrics of every instance; an instance that
 // does not answer counts nothing.
 func (s *serviceRun) stats(ctx context.Context) svcStats {
-	st := svcStats{ops: map[string]opTime{}, shed: map[string]float64{}}
+	st := newSvcStats()
 	for _, url := range s.metrics {
 		_ = scrape(ctx, url, st)
 	}
@@ -262,6 +268,9 @@ func parseMetrics(r io.Reader, st svcStats) error {
 	}
 	for _, m := range fams["jetlock_requests_shed_total"].GetMetric() {
 		st.shed[label(m, "reason")] += m.GetCounter().GetValue()
+	}
+	for _, m := range fams["jetlock_wakes_total"].GetMetric() {
+		*st.wakes += m.GetCounter().GetValue()
 	}
 	return nil
 }
