@@ -92,10 +92,11 @@ type endedItem struct {
 	at time.Duration // since the tracker's epoch
 }
 
+// goneItem is a delete kept in deleted: its key's keyID and when it was
+// seen (deletedKey.seen, which tells it from a later delete of the key).
 type goneItem struct {
-	id  uint64 // keyID of the key
-	rev uint64
-	at  time.Duration // since the tracker's epoch
+	id uint64
+	at time.Duration // since the tracker's epoch
 }
 
 type markItem struct {
@@ -215,7 +216,7 @@ func (t *tracker) observe(key string, e entry) observation {
 	case e.end != nil:
 		t.marks = append(t.marks, markItem{key: key, rev: e.rev, at: at})
 	default:
-		t.gone = append(t.gone, goneItem{id: t.keyID(key), rev: e.rev, at: at})
+		t.gone = append(t.gone, goneItem{id: t.keyID(key), at: at})
 	}
 	t.forgetGone(now, 16)
 	return o
@@ -230,7 +231,7 @@ func (t *tracker) forgetGone(now time.Time, n int) {
 		g := t.gone[0]
 		t.gone[0] = goneItem{}
 		t.gone = t.gone[1:]
-		if d, ok := t.deleted[g.id]; ok && d.rev == g.rev {
+		if d, ok := t.deleted[g.id]; ok && d.seen == g.at {
 			delete(t.deleted, g.id)
 		}
 	}

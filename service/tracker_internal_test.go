@@ -188,3 +188,26 @@ func TestTrackerKeepsOneCopyOfAKey(t *testing.T) {
 		same("the list index change", key)
 	}
 }
+
+// Forgetting a delete after the window forgets only that delete: a later
+// delete of the same key stays known for a window of its own.
+func TestForgettingADeleteKeepsALaterOne(t *testing.T) {
+	tr := newTracker(0, time.Minute, time.Minute)
+	key := streams.LeaseKey("twice")
+	tr.observe(key, entry{rev: 5})
+	tr.observe(key, entry{rev: 6, rec: &streams.Record{LeaseID: "l", RequestID: "q", TTLms: 1000}})
+	time.Sleep(time.Millisecond)
+	tr.observe(key, entry{rev: 7})
+	if len(tr.gone) != 2 {
+		t.Fatalf("%d deletes queued, want 2", len(tr.gone))
+	}
+	tr.mu.Lock()
+	tr.forgetGone(tr.epoch.Add(tr.gone[0].at+tr.window+1), 16) // the first delete's window is over, not the second's
+	tr.mu.Unlock()
+	if o, ok := tr.get(key); !ok || o.rev != 7 || o.held() {
+		t.Fatalf("the later delete: %+v, %v; want it known at revision 7", o, ok)
+	}
+	if len(tr.gone) != 1 {
+		t.Fatalf("%d deletes queued after the first was forgotten, want 1", len(tr.gone))
+	}
+}
