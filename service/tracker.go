@@ -35,8 +35,10 @@ type tracker struct {
 	// else to remember), apart from keys and in less space: at the design
 	// load most of what an instance knows is the retry window's deleted
 	// keys. It is keyed by a 64-bit hash of the key (keyID), so that
-	// neither it nor gone holds a string: a collision would only make a
-	// compare-and-set fail and the request decide again on a read. gone
+	// neither it nor gone holds a string. Two keys with one id (a chance
+	// of about one in 2^64 for a pair) cost time, never safety: a write of
+	// the other key may be taken for stale until it is written or read
+	// again, and every decision still commits by compare-and-set. gone
 	// lists those deletes, and marks the deletes kept in keys for their end
 	// mark, oldest first, to forget after the window.
 	deleted map[uint64]deletedKey
