@@ -42,8 +42,8 @@ type tracker struct {
 	// lists those deletes, and marks the deletes kept in keys for their end
 	// mark, oldest first, to forget after the window.
 	deleted map[uint64]deletedKey
-	gone    []goneItem
-	marks   []markItem
+	gone    fifo[uint64] // keyIDs
+	marks   fifo[markedKey]
 
 	// held indexes the resources (decoded names) whose lease keys hold a
 	// lease, in order, for list. It is brought up to date only when a list
@@ -83,28 +83,43 @@ type tracker struct {
 	seed   maphash.Seed
 	epoch  time.Time
 	ended  map[uint64]time.Duration
-	endedQ []endedItem
+	endedQ fifo[uint64]
 }
 
 // maxEnded bounds the ended request ids an instance remembers.
 const maxEnded = 1 << 20
 
-type endedItem struct {
-	id uint64
-	at time.Duration // since the tracker's epoch
+// fifo holds what the tracker forgets after the retry window, oldest
+// first, each with when it was seen (an offset from the tracker's epoch,
+// which also tells it from a later item of the same key or id).
+type fifo[T any] []seenAt[T]
+
+type seenAt[T any] struct {
+	v  T
+	at time.Duration
 }
 
-// goneItem is a delete kept in deleted: its key's keyID and when it was
-// seen (deletedKey.seen, which tells it from a later delete of the key).
-type goneItem struct {
-	id uint64
-	at time.Duration // since the tracker's epoch
+func (q *fifo[T]) push(v T, at time.Duration) { *q = append(*q, seenAt[T]{v: v, at: at}) }
+
+// pop drops the oldest item and hands it to forget.
+func (q *fifo[T]) pop(t *tracker, forget func(*tracker, T, time.Duration)) {
+	it := (*q)[0]
+	(*q)[0] = seenAt[T]{}
+	*q = (*q)[1:]
+	forget(t, it.v, it.at)
 }
 
-type markItem struct {
+// expire pops up to n items seen more than the retry window before since.
+func (q *fifo[T]) expire(t *tracker, since time.Duration, n int, forget func(*tracker, T, time.Duration)) {
+	for ; n > 0 && len(*q) > 0 && since-(*q)[0].at > t.window; n-- {
+		q.pop(t, forget)
+	}
+}
+
+// markedKey is a delete kept in keys for its end mark.
+type markedKey struct {
 	key string
 	rev uint64
-	at  time.Duration // since the tracker's epoch
 }
 
 // deletedKey is what the tracker keeps of a deleted key: the revision of
@@ -216,9 +231,9 @@ func (t *tracker) observe(key string, e entry) observation {
 	case e.held() || e.foreign:
 		t.due.push(dueItem{at: t.deadline(&o).Sub(t.epoch), key: key, rev: e.rev})
 	case e.end != nil:
-		t.marks = append(t.marks, markItem{key: key, rev: e.rev, at: at})
+		t.marks.push(markedKey{key: key, rev: e.rev}, at)
 	default:
-		t.gone = append(t.gone, goneItem{id: t.keyID(key), at: at})
+		t.gone.push(t.keyID(key), at)
 	}
 	t.forgetGone(now, 16)
 	return o
@@ -229,21 +244,23 @@ func (t *tracker) observe(key string, e entry) observation {
 // t.mu.
 func (t *tracker) forgetGone(now time.Time, n int) {
 	since := now.Sub(t.epoch)
-	for i := n; i > 0 && len(t.gone) > 0 && since-t.gone[0].at > t.window; i-- {
-		g := t.gone[0]
-		t.gone[0] = goneItem{}
-		t.gone = t.gone[1:]
-		if d, ok := t.deleted[g.id]; ok && d.seen == g.at {
-			delete(t.deleted, g.id)
-		}
+	t.gone.expire(t, since, n, (*tracker).forgetDeleted)
+	t.marks.expire(t, since, n, (*tracker).forgetMarked)
+}
+
+// forgetDeleted forgets the delete of key id seen at, unless the key was
+// written since.
+func (t *tracker) forgetDeleted(id uint64, at time.Duration) {
+	if d, ok := t.deleted[id]; ok && d.seen == at {
+		delete(t.deleted, id)
 	}
-	for i := n; i > 0 && len(t.marks) > 0 && since-t.marks[0].at > t.window; i-- {
-		m := t.marks[0]
-		t.marks[0] = markItem{}
-		t.marks = t.marks[1:]
-		if o, ok := t.keys[m.key]; ok && o.rev == m.rev {
-			delete(t.keys, m.key)
-		}
+}
+
+// forgetMarked forgets a delete kept for its end mark, unless the key was
+// written since.
+func (t *tracker) forgetMarked(m markedKey, _ time.Duration) {
+	if o, ok := t.keys[m.key]; ok && o.rev == m.rev {
+		delete(t.keys, m.key)
 	}
 }
 
@@ -258,9 +275,9 @@ func (t *tracker) keyID(key string) uint64 {
 func (t *tracker) noteEnded(key, requestID string, now time.Time) {
 	id, at := t.endedID(key, requestID), now.Sub(t.epoch)
 	t.ended[id] = at
-	t.endedQ = append(t.endedQ, endedItem{id: id, at: at})
+	t.endedQ.push(id, at)
 	for len(t.endedQ) > maxEnded {
-		t.dropEnded()
+		t.endedQ.pop(t, (*tracker).forgetEndedID)
 	}
 	t.forgetEnded(now, 16)
 }
@@ -270,18 +287,15 @@ func (t *tracker) noteEnded(key, requestID string, now time.Time) {
 // burst of leases left is forgotten even when no lease ends after it. The
 // caller holds t.mu.
 func (t *tracker) forgetEnded(now time.Time, n int) {
-	for since := now.Sub(t.epoch); n > 0 && len(t.endedQ) > 0 && since-t.endedQ[0].at > t.window; n-- {
-		t.dropEnded()
-	}
+	t.endedQ.expire(t, now.Sub(t.epoch), n, (*tracker).forgetEndedID)
 }
 
-// dropEnded forgets the oldest ended request id. The caller holds t.mu.
-func (t *tracker) dropEnded() {
-	if t.ended[t.endedQ[0].id] == t.endedQ[0].at {
-		delete(t.ended, t.endedQ[0].id)
+// forgetEndedID forgets the ended request id seen at, unless it ended
+// again since.
+func (t *tracker) forgetEndedID(id uint64, at time.Duration) {
+	if t.ended[id] == at {
+		delete(t.ended, id)
 	}
-	t.endedQ[0] = endedItem{}
-	t.endedQ = t.endedQ[1:]
 }
 
 // endedID is the id under which the end of requestID's lease at key is

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -209,5 +210,23 @@ func TestForgettingADeleteKeepsALaterOne(t *testing.T) {
 	}
 	if len(tr.gone) != 1 {
 		t.Fatalf("%d deletes queued after the first was forgotten, want 1", len(tr.gone))
+	}
+}
+
+// At most maxEnded ended request ids are remembered: beyond that, the
+// oldest are forgotten first, whatever the retry window.
+func TestEndedIDsAreBounded(t *testing.T) {
+	tr := newTracker(0, time.Minute, time.Hour)
+	now := time.Now()
+	tr.mu.Lock()
+	for i := range maxEnded + 10 {
+		tr.noteEnded("lease.k", strconv.Itoa(i), now)
+	}
+	tr.mu.Unlock()
+	if len(tr.ended) != maxEnded || len(tr.endedQ) != maxEnded {
+		t.Fatalf("%d ended ids remembered (%d queued), want the bound %d", len(tr.ended), len(tr.endedQ), maxEnded)
+	}
+	if tr.hasEnded("lease.k", "9") || !tr.hasEnded("lease.k", "10") || !tr.hasEnded("lease.k", strconv.Itoa(maxEnded+9)) {
+		t.Fatal("want the 10 oldest forgotten and the rest remembered")
 	}
 }
