@@ -213,11 +213,12 @@ func (t *tracker) observe(key string, e entry) observation {
 	}
 	at := now.Sub(t.epoch)
 	o = observation{entry: e, seen: now, key: key}
+	id := t.keyID(key)
 	if e.held() || e.foreign || e.end != nil {
 		t.keys[key] = o
-		delete(t.deleted, t.keyID(key))
+		delete(t.deleted, id)
 	} else {
-		t.deleted[t.keyID(key)] = deletedKey{rev: e.rev, seen: at}
+		t.deleted[id] = deletedKey{rev: e.rev, seen: at}
 		delete(t.keys, key)
 	}
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
@@ -233,7 +234,7 @@ func (t *tracker) observe(key string, e entry) observation {
 	case e.end != nil:
 		t.marks.push(markedKey{key: key, rev: e.rev}, at)
 	default:
-		t.gone.push(t.keyID(key), at)
+		t.gone.push(id, at)
 	}
 	t.forgetGone(now, 16)
 	return o
