@@ -108,15 +108,12 @@ func runHotlock(ctx context.Context, e *env, sum *Summary) error {
 		c.waiters, c.hotResources, c.hold, c.wait.Milliseconds(), c.duration)
 	e.measure(ctx, sum, h.ph, func() { h.run(ctx) })
 	sum.use(h.ph)
-	sum.Hotlock = h.result(wakeSubj)
+	var svcWakes *int64
 	if e.svc != nil && len(e.svc.metrics) > 0 {
 		n := int64(*e.svc.stats(context.WithoutCancel(ctx)).wakes - *before.wakes)
-		sum.Hotlock.ServiceWakes = &n
-		if r := sum.Hotlock; r.Releases > 0 {
-			v := round2(float64(n) / float64(r.Releases))
-			r.WakesPerRelease = &v
-		}
+		svcWakes = &n
 	}
+	sum.Hotlock = h.result(wakeSubj, svcWakes)
 	if n := sum.Hotlock.HolderOverlaps; n > 0 {
 		return fmt.Errorf("hotlock: %d grants arrived while another lease of the resource was held", n)
 	}
@@ -188,19 +185,24 @@ func (h *hotlock) run(ctx context.Context) {
 	}
 }
 
-// result summarises the run.
-func (h *hotlock) result(wakeSubj string) *HotlockResult {
+// result summarises the run; svcWakes is the service's count of wakes
+// during it, nil when its metrics are not read.
+func (h *hotlock) result(wakeSubj string, svcWakes *int64) *HotlockResult {
 	c := h.e.cfg
 	r := &HotlockResult{Resources: c.hotResources, Waiters: c.waiters, HoldMs: float64(c.hold) / 1e6,
 		Grants: h.grants.Load(), Releases: h.releases.Load(), WakeSubject: wakeSubj, Wakes: h.wakes.Load(),
-		HolderOverlaps: h.overlaps.Load()}
+		ServiceWakes: svcWakes, HolderOverlaps: h.overlaps.Load()}
 	if h.ph.DurationS > 0 {
 		r.GrantsPerS = round2(float64(r.Grants) / min(h.ph.DurationS, c.duration.Seconds()))
 	}
 	hs := h.hand.Summary(time.Second)
 	r.Handovers, r.HandoverP50, r.HandoverP99, r.HandoverMax = hs.Count, hs.P50, hs.P99, hs.Max
-	if r.Wakes > 0 && r.Releases > 0 {
-		v := round2(float64(r.Wakes) / float64(r.Releases))
+	wakes := r.Wakes
+	if svcWakes != nil {
+		wakes = *svcWakes
+	}
+	if wakes > 0 && r.Releases > 0 {
+		v := round2(float64(wakes) / float64(r.Releases))
 		r.WakesPerRelease = &v
 	}
 	counts := make([]int64, len(h.count))
