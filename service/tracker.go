@@ -23,7 +23,11 @@ import (
 // never written is not kept, and a deleted key is forgotten once the retry
 // window has passed (its delete marker expires from the bucket then too).
 // Due times sit in a min-heap, so each sweep costs in proportion to the
-// leases that expire, not to all keys.
+// leases that expire, not to all keys. A key has at most one item there
+// that counts (observation.due): a renewal, which only moves a deadline
+// later, leaves it in place, and the item is put back at the new deadline
+// when it comes up. The heap then holds an item per lease and per lease
+// released before its deadline, not one per renewal.
 type tracker struct {
 	grace, foreignTTL time.Duration
 
@@ -75,15 +79,13 @@ type tracker struct {
 	// or renewed grant is no longer stored. At most maxEnded are kept; the
 	// end marks in the bucket cover what is dropped. An id is kept as a
 	// 64-bit hash of key and request id, and its time as an offset from
-	// epoch, so that neither the map nor the queue holds a pointer for the
-	// garbage collector to scan (a collision would answer a new request
-	// lease_lost, with a chance of about one in 2^64 over the retry
-	// window's ids).
+	// epoch, in a table without pointers (recentIDs); a collision would
+	// answer a new request lease_lost, with a chance of about one in 2^64
+	// over the retry window's ids.
 	window time.Duration
 	seed   maphash.Seed
 	epoch  time.Time
-	ended  map[uint64]time.Duration
-	endedQ fifo[uint64]
+	ended  recentIDs
 }
 
 // maxEnded bounds the ended request ids an instance remembers.
@@ -148,6 +150,9 @@ type observation struct {
 	// key): the observations, due items and index changes of a key share
 	// this one copy rather than each request's own.
 	key string
+	// due is the time of the key's due item (since epoch), no later than
+	// its deadline; zero when it has none (not held, or being swept).
+	due time.Duration
 }
 
 type dueItem struct {
@@ -165,12 +170,12 @@ func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 // resetLocked forgets everything; the caller holds t.mu (or owns t).
 func (t *tracker) resetLocked() {
 	t.keys, t.deleted = make(map[string]observation), make(map[uint64]deletedKey)
-	t.due, t.gone, t.marks, t.endedQ = nil, nil, nil, nil
+	t.due, t.gone, t.marks = nil, nil, nil
+	t.ended.reset()
 	t.held, t.heldChanges, t.heldStale, t.nHeld = btree.NewOrderedG[string](32), make(map[string]bool), false, 0
 	t.waiters = make(map[string]map[string]waiterInfo)
 	t.owners = make(map[string]int)
 	t.left = make(map[string]time.Time)
-	t.ended = make(map[uint64]time.Duration)
 	t.nWaiters = 0
 }
 
@@ -207,19 +212,26 @@ func (t *tracker) observe(key string, e entry) observation {
 			e.end = nil
 		}
 	}
-	wasHeld := o.held()
+	wasHeld, due := o.held(), o.due
 	if o.key != "" {
 		key = o.key
 	}
 	at := now.Sub(t.epoch)
 	o = observation{entry: e, seen: now, key: key}
 	id := t.keyID(key)
-	if e.held() || e.foreign || e.end != nil {
+	switch {
+	case e.held() || e.foreign:
+		t.schedule(&o, due)
 		t.keys[key] = o
 		delete(t.deleted, id)
-	} else {
+	case e.end != nil:
+		t.keys[key] = o
+		delete(t.deleted, id)
+		t.marks.push(markedKey{key: key, rev: e.rev}, at)
+	default:
 		t.deleted[id] = deletedKey{rev: e.rev, seen: at}
 		delete(t.keys, key)
+		t.gone.push(id, at)
 	}
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 		t.indexWaiter(key, e)
@@ -228,16 +240,21 @@ func (t *tracker) observe(key string, e entry) observation {
 		// with each renewal.
 		t.indexLease(key, e.held())
 	}
-	switch {
-	case e.held() || e.foreign:
-		t.due.push(dueItem{at: t.deadline(&o).Sub(t.epoch), key: key, rev: e.rev})
-	case e.end != nil:
-		t.marks.push(markedKey{key: key, rev: e.rev}, at)
-	default:
-		t.gone.push(id, at)
-	}
 	t.forgetGone(now, 16)
 	return o
+}
+
+// schedule gives o, held or foreign, its due item: the key's item due at
+// due, if it has one no later than o's deadline (popDue puts it back at
+// the deadline when it comes up), or a new one. The caller holds t.mu.
+func (t *tracker) schedule(o *observation, due time.Duration) {
+	d := t.deadline(o).Sub(t.epoch)
+	if due != 0 && due <= d {
+		o.due = due
+		return
+	}
+	o.due = d
+	t.due.push(dueItem{at: d, key: o.key, rev: o.rev})
 }
 
 // forgetGone drops up to n observations of keys deleted longer than the
@@ -274,11 +291,9 @@ func (t *tracker) keyID(key string) uint64 {
 // what is older than the retry window or beyond maxEnded. The caller holds
 // t.mu.
 func (t *tracker) noteEnded(key, requestID string, now time.Time) {
-	id, at := t.endedID(key, requestID), now.Sub(t.epoch)
-	t.ended[id] = at
-	t.endedQ.push(id, at)
-	for len(t.endedQ) > maxEnded {
-		t.endedQ.pop(t, (*tracker).forgetEndedID)
+	t.ended.note(t.endedID(key, requestID), now.Sub(t.epoch))
+	for t.ended.entries() > maxEnded {
+		t.ended.dropOldest()
 	}
 	t.forgetEnded(now, 16)
 }
@@ -288,15 +303,7 @@ func (t *tracker) noteEnded(key, requestID string, now time.Time) {
 // burst of leases left is forgotten even when no lease ends after it. The
 // caller holds t.mu.
 func (t *tracker) forgetEnded(now time.Time, n int) {
-	t.endedQ.expire(t, now.Sub(t.epoch), n, (*tracker).forgetEndedID)
-}
-
-// forgetEndedID forgets the ended request id seen at, unless it ended
-// again since.
-func (t *tracker) forgetEndedID(id uint64, at time.Duration) {
-	if t.ended[id] == at {
-		delete(t.ended, id)
-	}
+	t.ended.expire(now.Sub(t.epoch), t.window, n)
 }
 
 // endedID is the id under which the end of requestID's lease at key is
@@ -315,7 +322,7 @@ func (t *tracker) endedID(key, requestID string) uint64 {
 func (t *tracker) hasEnded(key, requestID string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	at, ok := t.ended[t.endedID(key, requestID)]
+	at, ok := t.ended.seen(t.endedID(key, requestID))
 	return ok && time.Since(t.epoch)-at <= t.window
 }
 
@@ -564,8 +571,12 @@ func (t *tracker) expired(o observation, now time.Time) bool {
 	return (o.held() || o.foreign) && !now.Before(t.deadline(&o))
 }
 
-// popDue removes and returns the items due at now whose revision is still
-// the current one of their key, held or foreign.
+// popDue removes and returns the items of keys, held or foreign, that
+// have passed their deadline at now, each with the key's current
+// revision. An item of a key written since it was scheduled goes back at
+// the key's new deadline; an item that is no longer its key's is dropped.
+// The sweep owns what it is given until it writes the key or calls
+// retryAt.
 func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -574,19 +585,32 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	var out []dueItem
 	for since := now.Sub(t.epoch); len(t.due) > 0 && len(out) < limit && t.due[0].at <= since; {
 		it := t.due.pop()
-		if o, ok := t.keys[it.key]; ok && o.rev == it.rev && (o.held() || o.foreign) {
+		o, ok := t.keys[it.key]
+		if !ok || o.due != it.at || !(o.held() || o.foreign) {
+			continue
+		}
+		if d := t.deadline(&o).Sub(t.epoch); d > since {
+			o.due, it.at = d, d
+			t.due.push(it)
+		} else {
+			o.due, it.rev = 0, o.rev
 			out = append(out, it)
 		}
+		t.keys[it.key] = o
 	}
 	return out
 }
 
-// retryAt puts an item back to be tried again at.
+// retryAt puts an item the sweep was given back, to be tried again at,
+// unless its key was written (and so scheduled) since.
 func (t *tracker) retryAt(it dueItem, at time.Time) {
 	t.mu.Lock()
-	it.at = at.Sub(t.epoch)
-	t.due.push(it)
-	t.mu.Unlock()
+	defer t.mu.Unlock()
+	if o, ok := t.keys[it.key]; ok && o.rev == it.rev && o.due == 0 {
+		o.due, it.at = at.Sub(t.epoch), at.Sub(t.epoch)
+		t.keys[it.key] = o
+		t.due.push(it)
+	}
 }
 
 // dueHeap is a min-heap of due items by time. Its own push and pop, rather

@@ -179,8 +179,8 @@ func TestTrackerKeepsOneCopyOfAKey(t *testing.T) {
 	for key := range tr.keys {
 		same("the map key", key)
 	}
-	if len(tr.due) != 5 {
-		t.Fatalf("%d due items, want 5", len(tr.due))
+	if len(tr.due) != 1 {
+		t.Fatalf("%d due items for a lease renewed 4 times, want 1", len(tr.due))
 	}
 	for _, it := range tr.due {
 		same("a due item", it.key)
@@ -223,10 +223,56 @@ func TestEndedIDsAreBounded(t *testing.T) {
 		tr.noteEnded("lease.k", strconv.Itoa(i), now)
 	}
 	tr.mu.Unlock()
-	if len(tr.ended) != maxEnded || len(tr.endedQ) != maxEnded {
-		t.Fatalf("%d ended ids remembered (%d queued), want the bound %d", len(tr.ended), len(tr.endedQ), maxEnded)
+	if tr.ended.len() != maxEnded || tr.ended.entries() != maxEnded {
+		t.Fatalf("%d ended ids remembered (%d entries), want the bound %d", tr.ended.len(), tr.ended.entries(), maxEnded)
 	}
 	if tr.hasEnded("lease.k", "9") || !tr.hasEnded("lease.k", "10") || !tr.hasEnded("lease.k", strconv.Itoa(maxEnded+9)) {
 		t.Fatal("want the 10 oldest forgotten and the rest remembered")
+	}
+}
+
+// A lease has one due item however often it is renewed: at the first
+// deadline it goes back at the renewal's, and only a renewal due earlier
+// (a shorter TTL) schedules an item of its own. What popDue hands the
+// sweep carries the key's current revision, and the key has no other item
+// that counts until the sweep writes it or puts the item back.
+func TestARenewalMovesTheLeasesDueItem(t *testing.T) {
+	tr := newTracker(0, time.Minute, time.Minute)
+	key := streams.LeaseKey("renewed")
+	lease := func(rev uint64, ttlMs int64) entry {
+		return entry{rev: rev, rec: &streams.Record{LeaseID: "l", RequestID: "q", TTLms: ttlMs}}
+	}
+	tr.observe(key, lease(1, 1000))
+	o2 := tr.observe(key, lease(2, 2000))
+	if len(tr.due) != 1 {
+		t.Fatalf("%d due items after a renewal, want 1", len(tr.due))
+	}
+	if got := tr.popDue(tr.epoch.Add(tr.due[0].at), 10); len(got) != 0 {
+		t.Fatalf("renewed lease swept at its first deadline: %+v", got)
+	}
+	if len(tr.due) != 1 || tr.due[0].at != tr.deadline(&o2).Sub(tr.epoch) {
+		t.Fatalf("due items %+v, want one at the renewal's deadline", tr.due)
+	}
+	o3 := tr.observe(key, lease(3, 10))
+	if len(tr.due) != 2 {
+		t.Fatalf("%d due items after a renewal due earlier, want 2", len(tr.due))
+	}
+	got := tr.popDue(tr.deadline(&o3), 10)
+	if len(got) != 1 || got[0].rev != 3 || got[0].key != key {
+		t.Fatalf("swept %+v, want the lease at revision 3", got)
+	}
+	later := tr.deadline(&o2).Add(time.Minute)
+	if again := tr.popDue(later, 10); len(again) != 0 {
+		t.Fatalf("swept again while the sweep has it: %+v", again)
+	}
+	tr.retryAt(got[0], later)
+	if again := tr.popDue(later, 10); len(again) != 1 || again[0].rev != 3 {
+		t.Fatalf("after retryAt swept %+v, want the lease at revision 3", again)
+	}
+	// A retry of a revision written over since is not put back.
+	tr.observe(key, lease(4, 1000))
+	tr.retryAt(got[0], later)
+	if n := len(tr.due); n != 1 {
+		t.Fatalf("%d due items after a stale retry, want the renewal's 1", n)
 	}
 }
