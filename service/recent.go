@@ -4,13 +4,13 @@ import "time"
 
 // recentIDs remembers 64-bit ids for the retry window, each with when it
 // was noted (an offset from the tracker's epoch), and forgets them oldest
-// first. The tracker keeps the ended request ids in one: a quarter of a
-// million at the design load, the largest thing an instance holds.
+// first. The tracker keeps the ended request ids in one: one per release
+// over the window, a quarter of a million at the design load.
 //
 // A Go map beside a queue of what to forget held each id twice, in about
-// twice the space. Here an id sits once, in a ring in the order noted, and
-// an open-addressing index of ring positions (linear probing, at most
-// half full) finds it. Neither holds a pointer, so the garbage
+// one and a half times the space. Here an id sits once, in a ring in the order noted, and
+// an open-addressing index of ring positions (linear probing, at most two
+// thirds full) finds it. Neither holds a pointer, so the garbage
 // collector never scans them. An id noted again leaves its old entry in the
 // ring, dead, until the ring's front passes it.
 type recentIDs struct {
@@ -140,7 +140,8 @@ func (r *recentIDs) unindex(i int) {
 }
 
 // resize moves the live entries, oldest first, into a ring of room for at
-// least size and an index that a full ring leaves at most half full.
+// least size and an index that a full ring leaves at most two thirds
+// full.
 func (r *recentIDs) resize(size int) {
 	size = max(size, minRecent)
 	ring := make([]seenAt[uint64], size)
@@ -152,7 +153,7 @@ func (r *recentIDs) resize(size int) {
 		}
 	}
 	slots := minRecent
-	for slots < 2*size {
+	for slots < size+size/2 {
 		slots <<= 1
 	}
 	r.ring, r.front, r.n, r.live = ring, 0, n, n

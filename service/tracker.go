@@ -354,7 +354,9 @@ func (t *tracker) indexLease(key string, held bool) {
 	}
 	t.heldChanges[key] = held
 	if len(t.heldChanges) > maxHeldChanges(t.nHeld) {
-		clear(t.heldChanges)
+		// A new map: clear would keep the memory of this one while no
+		// list comes to use it.
+		t.heldChanges = make(map[string]bool)
 		t.heldStale = true
 	}
 }
