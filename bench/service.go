@@ -24,6 +24,7 @@ import (
 
 	"github.com/jetlock/jetlock/internal/batchconn"
 	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/internal/gctune"
 	"github.com/jetlock/jetlock/service"
 )
 
@@ -162,6 +163,7 @@ func serviceMain(args []string) int {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()
 	}()
+	gctune.Apply(os.LookupEnv) // as lockd does
 	cfg := tune.config(service.DefaultConfig())
 	cfg.Prefix, cfg.Bucket.Bucket = *prefix, *bucket
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -23,7 +23,8 @@
 // or check could not reach the bucket or could not apply --fix.
 //
 // Every flag can also be set through the environment variable named in
-// --help.
+// --help. lockd sets the garbage collector's target to GOGC=50 unless the
+// environment sets GOGC (see internal/gctune and docs/operations.md).
 package main
 
 import (

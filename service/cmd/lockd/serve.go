@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/internal/gctune"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
 )
@@ -140,6 +141,9 @@ func (c *serveCmd) Run(ctx context.Context, out *stdio) error {
 	}
 	log := slog.New(slog.NewTextHandler(out.err, &slog.HandlerOptions{Level: level}))
 	cfg.Logger = log
+	if gctune.Apply(os.LookupEnv) {
+		log.Debug("garbage collector target set (GOGC is not set)", "gogc", gctune.Percent)
+	}
 	audit, closeAudit, err := openAudit(c.Audit, out)
 	if err != nil {
 		return err
