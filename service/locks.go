@@ -79,6 +79,11 @@ func (l *locks) current(ctx context.Context, key string, fresh bool) (observatio
 	if err != nil {
 		return observation{}, err
 	}
+	if e.rev == 0 {
+		// Nothing stored: a delete marker the tracker may still know of
+		// has expired from the bucket (it lives for the retry window).
+		return l.tracker.vanished(key), nil
+	}
 	return l.tracker.observe(key, e), nil
 }
 

@@ -552,6 +552,26 @@ func (t *tracker) lookup(key string) (observation, bool) {
 	return observation{}, false
 }
 
+// vanished takes in a read from the stream leader that found nothing
+// stored at key, and returns what is now known of it. A delete marker
+// lives for the retry window only (Nats-TTL); the tracker forgets it on
+// its own clock, a little after the bucket drops it, and may learn it
+// again meanwhile from a read or a late watcher delivery. Kept, that
+// marker's revision would fail every compare-and-set on the key (which
+// expects its last revision, now none) until forgotten. A lease, waiter
+// or foreign value cannot vanish from the bucket (only the stream's
+// recreation takes them, which the stream guard handles): it stays.
+func (t *tracker) vanished(key string) observation {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if o, known := t.lookup(key); known && (o.held() || o.foreign) {
+		return o
+	}
+	delete(t.deleted, t.keyID(key))
+	delete(t.keys, key)
+	return observation{seen: time.Now()}
+}
+
 // forget drops what is known of key, after a write whose outcome is unknown.
 func (t *tracker) forget(key string) {
 	t.mu.Lock()
