@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,6 +36,18 @@ func serveToCaller(t *testing.T, cfg Config) (*Service, *nats.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
+	// The service's subscriptions reach the caller's node over the routes
+	// a moment after it is ready: until then a request finds no responders.
+	for try := 0; ; try++ {
+		_, _, err := ask(nc, streams.OpStatus, streams.StatusRequest{Resource: "ready"})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, nats.ErrNoResponders) || try == 100 {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	return s, nc
 }
 
