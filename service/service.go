@@ -56,8 +56,7 @@ type Service struct {
 	gate       *gate
 	limits     *limits
 	deadlines  *deadlines
-	work       chan func()   // hands a request to an idle worker
-	workerIdle time.Duration // see workerIdle
+	workers    *workers
 	inflight   sync.WaitGroup
 	dispatched atomic.Int64
 	nWaiting   atomic.Int64
@@ -105,8 +104,6 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 		report:     newReporter(m, cfg.Audit, log, id),
 		tracker:    newTracker(cfg.ExpiryGrace, cfg.MaxTTL, cmp.Or(cfg.Bucket.RetryWindow, streams.DefaultRetryWindow)),
 		deadlines:  newDeadlines(cfg.QueueWait + cfg.OpTimeout),
-		work:       make(chan func()),
-		workerIdle: workerIdle,
 		peerLinger: peerLinger,
 		wantOrigin: cfg.UserRate > 0 || cfg.Audit != nil,
 		ready:      make(chan struct{}),
@@ -115,8 +112,9 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 	}
 	s.wakes = &wakes{nc: nc, prefix: cfg.Prefix + ".wake." + id + ".", log: log, sent: m.wakes.Inc,
 		waiting: make(map[string]chan *streams.LeaseResponse)}
+	s.workers = newWorkers(s.done)
 	s.limits = newLimits(cfg.OwnerRate, cfg.UserRate, s.report.limited)
-	s.gate = &gate{limit: cfg.MaxInFlight, maxQueued: cfg.MaxQueued, maxWait: cfg.QueueWait, spawn: s.spawn,
+	s.gate = &gate{limit: cfg.MaxInFlight, maxQueued: cfg.MaxQueued, maxWait: cfg.QueueWait, spawn: s.workers.spawn,
 		queuedGauge: func(n int) { m.queued.Set(float64(n)) }}
 	if cfg.Registerer != nil {
 		if err := m.register(cfg.Registerer, newHotCollector(s.report.hot, s.tracker)); err != nil {
@@ -161,6 +159,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	defer unsubscribe(subs)
+	go s.workers.reap(workerIdle) // until s.done
 	watchReady := make(chan struct{})
 	for _, run := range []func(){
 		func() { s.follow.heartbeat(bg, HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket)) },

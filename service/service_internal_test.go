@@ -134,18 +134,19 @@ func TestLoadSheddingBeyondMaxInFlight(t *testing.T) {
 	}
 }
 
-// Workers are reused, and exit after one to two workerIdle periods without
-// requests.
+// Workers are reused, the one idle last first, so that a steady load keeps
+// only the workers it needs; the rest exit after one to two idle periods.
 func TestWorkersAreReusedAndExitWhenIdle(t *testing.T) {
 	const idle = 100 * time.Millisecond
-	s := &Service{work: make(chan func()), done: make(chan struct{}), workerIdle: idle}
-	defer close(s.done)
+	done := make(chan struct{})
+	p := newWorkers(done)
+	go p.reap(idle)
 	// workers counts the worker goroutines, and those waiting for work.
 	workers := func() (all, waiting int) {
 		var b strings.Builder
 		_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
 		for _, g := range strings.Split(b.String(), "\n\n") {
-			if strings.Contains(g, "service.(*Service).worker(") {
+			if strings.Contains(g, "service.(*workers).run(") {
 				all++
 				if strings.Contains(g, "[select") {
 					waiting++
@@ -160,7 +161,7 @@ func TestWorkersAreReusedAndExitWhenIdle(t *testing.T) {
 	var started sync.WaitGroup
 	started.Add(5)
 	for range 5 {
-		s.spawn(func() { started.Done(); <-release })
+		p.spawn(func() { started.Done(); <-release })
 	}
 	started.Wait()
 	if n, _ := workers(); n != 5 {
@@ -169,14 +170,24 @@ func TestWorkersAreReusedAndExitWhenIdle(t *testing.T) {
 	close(release)
 	waitFor(t, 5*time.Second, func() bool { _, w := workers(); return w == 5 }, "the 5 workers to go back to waiting")
 
-	// The next request goes to one of them.
-	ran := make(chan struct{})
-	s.spawn(func() { close(ran) })
-	<-ran
-	if n, _ := workers(); n != 5 {
-		t.Fatalf("%d workers after one more request, want the same 5", n)
+	// One request at a time, more often than the idle period: they all go
+	// to the worker idle last, so the other four exit and that one stays.
+	deadline := time.Now().Add(5 * time.Second)
+	for n := 0; n != 1; n, _ = workers() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d workers after 5s of one request at a time, want 1", n)
+		}
+		ran := make(chan struct{})
+		p.spawn(func() { close(ran) })
+		<-ran
+		time.Sleep(idle / 10)
 	}
 
-	// No requests: every worker exits, one to two idle periods later.
+	// No requests: the last worker exits too.
 	waitFor(t, 5*time.Second, func() bool { n, _ := workers(); return n == 0 }, "every worker to exit")
+
+	// After the service has finished, a worker exits as soon as it is idle.
+	p.spawn(func() {})
+	close(done)
+	waitFor(t, 5*time.Second, func() bool { n, _ := workers(); return n == 0 }, "the worker to exit once done")
 }

@@ -1,44 +1,116 @@
 package service
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // workerIdle is how long a worker waits for another request before it
 // exits: between one and two times this.
 const workerIdle = 10 * time.Second
 
-// spawn runs f on an idle worker goroutine, or on a new one. Workers are
-// kept for the next request because a fresh goroutine grows its stack
-// several times over during a request, copying it each time.
-func (s *Service) spawn(f func()) {
-	select {
-	case s.work <- f:
-	default:
-		go s.worker(f)
+// workers runs requests on goroutines kept for the next request, because
+// a fresh goroutine grows its stack several times over during a request,
+// copying it each time.
+//
+// The idle workers form a stack: a request goes to the worker that became
+// idle last. Handed out in turn instead, every worker that a burst once
+// created would stay in use, and the collector, which shrinks the stacks
+// of parked goroutines at each cycle, would have each of them grow its
+// stack again on its next request; handed out last-in first-out, only as
+// many workers as the load needs stay in use, and the rest exit.
+type workers struct {
+	done <-chan struct{} // closed when the service has finished: workers exit
+
+	mu   sync.Mutex
+	idle []*worker // idle[len-1] became idle last
+	tick uint64    // periods of idle seen by reap
+}
+
+// worker is one worker goroutine; it receives its next request on next, or
+// nil when it is to exit.
+type worker struct {
+	next chan func()
+	tick uint64 // the pool's tick when it last became idle
+}
+
+// newWorkers returns a pool whose workers exit when done is closed, and,
+// while reap runs, after one to two idle periods without a request.
+func newWorkers(done <-chan struct{}) *workers {
+	return &workers{done: done}
+}
+
+// spawn runs f on the worker that became idle last, or on a new one.
+func (p *workers) spawn(f func()) {
+	p.mu.Lock()
+	if n := len(p.idle); n > 0 {
+		w := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		w.next <- f // buffered: only spawn sends, to a worker it took off idle
+		return
+	}
+	p.mu.Unlock()
+	go p.run(&worker{next: make(chan func(), 1)}, f)
+}
+
+// run runs f and then the requests spawn hands w.
+func (p *workers) run(w *worker, f func()) {
+	for f != nil {
+		f()
+		p.mu.Lock()
+		w.tick = p.tick
+		p.idle = append(p.idle, w)
+		p.mu.Unlock()
+		select {
+		case f = <-w.next:
+		case <-p.done:
+			if p.remove(w) {
+				return
+			}
+			f = <-w.next // spawn took it off idle and is handing it a request
+		}
 	}
 }
 
-// worker runs f and then the requests spawn hands it. Its idle timer is
-// not re-armed after every request (a timer reset per request is a
-// measurable share of the service's CPU at the design load): it ticks
-// every workerIdle, and the worker exits at a tick if it ran nothing since
-// the one before.
-func (s *Service) worker(f func()) {
-	idle := time.NewTicker(s.workerIdle)
-	defer idle.Stop()
-	for {
-		f()
-		ran := true
-		for f = nil; f == nil; {
-			select {
-			case f = <-s.work:
-			case <-idle.C:
-				if !ran {
-					return
-				}
-				ran = false
-			case <-s.done:
-				return
-			}
+// remove takes w off the idle stack, and reports whether it was there.
+func (p *workers) remove(w *worker) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, v := range p.idle {
+		if v == w {
+			p.idle = append(p.idle[:i], p.idle[i+1:]...)
+			return true
 		}
+	}
+	return false
+}
+
+// reap tells the workers that stayed idle for a whole period to exit,
+// until done is closed. The
+// longest idle are at the bottom of the stack, so it takes them from
+// there. It needs no timer per request: a worker's idle start is the tick
+// it became idle in.
+func (p *workers) reap(period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-p.done:
+			return
+		}
+		p.mu.Lock()
+		n := 0
+		for n < len(p.idle) && p.idle[n].tick < p.tick {
+			p.idle[n].next <- nil
+			n++
+		}
+		rest := copy(p.idle, p.idle[n:])
+		clear(p.idle[rest:])
+		p.idle = p.idle[:rest]
+		p.tick++
+		p.mu.Unlock()
 	}
 }
