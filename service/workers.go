@@ -88,10 +88,9 @@ func (p *workers) remove(w *worker) bool {
 }
 
 // reap tells the workers that stayed idle for a whole period to exit,
-// until done is closed. The
-// longest idle are at the bottom of the stack, so it takes them from
-// there. It needs no timer per request: a worker's idle start is the tick
-// it became idle in.
+// until done is closed. The longest idle are at the bottom of the stack,
+// so it takes them from there. It needs no timer per request: a worker's
+// idle start is the tick it became idle in.
 func (p *workers) reap(period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
