@@ -1,6 +1,7 @@
 package service
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -78,13 +79,12 @@ func (p *workers) run(w *worker, f func()) {
 func (p *workers) remove(w *worker) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i, v := range p.idle {
-		if v == w {
-			p.idle = append(p.idle[:i], p.idle[i+1:]...)
-			return true
-		}
+	i := slices.Index(p.idle, w)
+	if i < 0 {
+		return false
 	}
-	return false
+	p.idle = slices.Delete(p.idle, i, i+1)
+	return true
 }
 
 // reap tells the workers that stayed idle for a whole period to exit,
@@ -106,9 +106,7 @@ func (p *workers) reap(period time.Duration) {
 			p.idle[n].next <- nil
 			n++
 		}
-		rest := copy(p.idle, p.idle[n:])
-		clear(p.idle[rest:])
-		p.idle = p.idle[:rest]
+		p.idle = slices.Delete(p.idle, 0, n)
 		p.tick++
 		p.mu.Unlock()
 	}
