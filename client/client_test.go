@@ -82,7 +82,7 @@ func TestRenewalKeepsLeaseAliveAndReleaseIsIdempotent(t *testing.T) {
 		t.Fatalf("held after release: %+v", st)
 	}
 	// The in-process service keeps idle workers for its next requests.
-	goleak.VerifyNone(t, leaks, goleak.IgnoreAnyFunction("github.com/jetlock/jetlock/service.(*Service).worker"))
+	goleak.VerifyNone(t, leaks, goleak.IgnoreAnyFunction("github.com/jetlock/jetlock/service.(*workers).run"))
 }
 
 func TestLostClosesWhenRenewalRefused(t *testing.T) {
