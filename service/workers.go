@@ -70,7 +70,9 @@ func (p *workers) run(w *worker, f func()) {
 			if p.remove(w) {
 				return
 			}
-			f = <-w.next // spawn took it off idle and is handing it a request
+			// spawn took it off idle and is handing it a request, or
+			// reap did, just before done, and is telling it to exit.
+			f = <-w.next
 		}
 	}
 }
