@@ -45,6 +45,9 @@ func (r *Record) AppendJSON(b []byte) []byte {
 	if r.Owner != "" {
 		b = append(appendField(b, `"owner":`, r.Owner), ',')
 	}
+	if r.Tenant != "" {
+		b = append(appendField(b, `"tenant":`, r.Tenant), ',')
+	}
 	b = appendField(b, `"request_id":`, r.RequestID)
 	b = strconv.AppendInt(append(b, `,"ttl_ms":`...), r.TTLms, 10)
 	b = strconv.AppendUint(append(b, `,"token":`...), r.Token, 10)
@@ -73,6 +76,12 @@ func (m *EndMark) AppendJSON(b []byte) []byte {
 	}
 	b = appendField(append(b, '{'), `"ended_request_id":`, m.RequestID)
 	b = appendField(b, `,"ended_at":`, m.EndedAt)
+	if m.Why != "" {
+		b = appendField(b, `,"why":`, m.Why)
+	}
+	if m.Reason != "" {
+		b = appendField(b, `,"reason":`, m.Reason)
+	}
 	return append(b, '}')
 }
 

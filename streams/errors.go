@@ -8,8 +8,11 @@ const (
 	CodeLocked         = "locked"
 	CodeLeaseLost      = "lease_lost"
 	CodeTooManyWaiters = "too_many_waiters"
-	CodeUnavailable    = "unavailable"
-	CodeInternal       = "internal"
+	// CodeForbidden answers an admin request whose sender the NATS server
+	// did not vouch for as one of the service's operators.
+	CodeForbidden   = "forbidden"
+	CodeUnavailable = "unavailable"
+	CodeInternal    = "internal"
 )
 
 // Header names of the micro error convention, as nats.go's micro package
@@ -19,8 +22,8 @@ const (
 	HeaderError     = micro.ErrorHeader
 )
 
-// StatusCode returns the numeric header code of an error code: 400, 409,
-// 410, 429, 503, or 500 for anything unknown.
+// StatusCode returns the numeric header code of an error code: 400, 403,
+// 409, 410, 429, 503, or 500 for anything unknown.
 func StatusCode(code string) int {
 	switch code {
 	case CodeInvalidRequest:
@@ -31,6 +34,8 @@ func StatusCode(code string) int {
 		return 410
 	case CodeTooManyWaiters:
 		return 429
+	case CodeForbidden:
+		return 403
 	case CodeUnavailable:
 		return 503
 	default:
@@ -50,6 +55,8 @@ func CodeForStatus(status int) string {
 		return CodeLeaseLost
 	case 429:
 		return CodeTooManyWaiters
+	case 403:
+		return CodeForbidden
 	case 503:
 		return CodeUnavailable
 	default:

@@ -62,11 +62,11 @@ func decodeFlat(data []byte, v flatBody) bool {
 	}
 }
 
-// flatReader holds a body being read, and the body as a string once a
-// string value needs it: every string value is a slice of that one copy.
+// flatReader holds a body being read. Every string value is a copy of its
+// own bytes, never a slice of the body: a value kept for a lease's life
+// (its owner, its request id) must not keep the whole request alive.
 type flatReader struct {
-	data  []byte
-	whole string
+	data []byte
 }
 
 // value reads the value of member field at data[i] into v and returns the
@@ -83,17 +83,30 @@ func (r *flatReader) value(i, field int, v flatBody) (int, bool) {
 	if !ok {
 		return 0, false
 	}
-	if r.whole == "" {
-		r.whole = string(r.data)
-	}
-	return to + 1, v.setFlat(field, r.whole[from:to], 0, false)
+	return to + 1, v.setFlat(field, string(r.data[from:to]), 0, false)
 }
 
 func skipSpace(data []byte, i int) int {
-	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+	for i < len(data) && isJSONSpace(data[i]) {
 		i++
 	}
 	return i
+}
+
+// isJSONSpace reports whether c is whitespace to JSON (RFC 8259): space,
+// tab, line feed and carriage return, nothing else.
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// trimJSONSpace trims JSON whitespace around data.
+func trimJSONSpace(data []byte) []byte {
+	i, j := 0, len(data)
+	for i < j && isJSONSpace(data[i]) {
+		i++
+	}
+	for j > i && isJSONSpace(data[j-1]) {
+		j--
+	}
+	return data[i:j]
 }
 
 // flatString reads a string of printable ASCII without escapes at

@@ -3,8 +3,10 @@ package streams
 import (
 	"bytes"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/go-json-experiment/json"
 )
@@ -105,4 +107,48 @@ func BenchmarkFormatTime(b *testing.B) {
 			_ = now.UTC().Format(TimeFormat)
 		}
 	})
+}
+
+// Only JSON's own whitespace surrounds a body: \v, \f, U+0085 and U+00A0
+// (which bytes.TrimSpace would trim) make it malformed.
+func TestDecodeTrimsOnlyJSONWhitespace(t *testing.T) {
+	body := `{"resource":"a","request_id":"r"}`
+	for _, ok := range []string{" ", "\t", "\r\n", "\n \t"} {
+		var req AcquireRequest
+		if err := Decode([]byte(ok+body+ok), &req); err != nil || req.Resource != "a" {
+			t.Errorf("body around %q: %v, %+v", ok, err, req)
+		}
+	}
+	for _, bad := range []string{"\v", "\f", "\u0085", "\u00a0"} {
+		for _, data := range []string{bad + body, body + bad} {
+			var req AcquireRequest
+			if err := Decode([]byte(data), &req); err == nil {
+				t.Errorf("%q decoded as %+v, want invalid", data, req)
+			}
+		}
+	}
+}
+
+// A value the fast form decodes owns its bytes: it does not share the
+// body's memory, so keeping an owner for a lease's life does not keep the
+// request (padded to its size cap) alive.
+func TestFlatValuesOwnTheirBytes(t *testing.T) {
+	data := []byte(`{"resource":"orders/1","request_id":"r1","owner":"me"}` + string(bytes.Repeat([]byte(" "), 2000)))
+	var req AcquireRequest
+	if err := Decode(data, &req); err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := uintptr(unsafe.Pointer(&data[0])), uintptr(unsafe.Pointer(&data[len(data)-1]))
+	for _, s := range []string{req.Resource, req.RequestID, req.Owner} {
+		if p := uintptr(unsafe.Pointer(unsafe.StringData(s))); p >= lo && p <= hi {
+			t.Errorf("%q points into the request body", s)
+		}
+	}
+	// Nor are they slices of one copy of the whole body: then the owner
+	// would sit as far from the resource as it does in the body.
+	r, o := unsafe.StringData(req.Resource), unsafe.StringData(req.Owner)
+	inBody := strings.Index(string(data), `"me"`) + 1 - strings.Index(string(data), "orders/1")
+	if uintptr(unsafe.Pointer(o))-uintptr(unsafe.Pointer(r)) == uintptr(inBody) {
+		t.Errorf("owner and resource are slices of one copy of the body")
+	}
 }

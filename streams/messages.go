@@ -151,9 +151,11 @@ type CancelResponse struct {
 
 // StatusResponse answers a status request. It never carries the lease id.
 type StatusResponse struct {
-	Resource  string `json:"resource"`
-	Held      bool   `json:"held"`
-	Owner     string `json:"owner"`
+	Resource string `json:"resource"`
+	Held     bool   `json:"held"`
+	// Owner is shown to the lease's own tenant (the NATS user that holds
+	// it) and to operators; others see the lease without it.
+	Owner     string `json:"owner,omitempty"`
 	Token     uint64 `json:"token"`
 	ExpiresAt string `json:"expires_at"`
 	Waiters   int    `json:"waiters"`
@@ -163,8 +165,9 @@ type StatusResponse struct {
 // LeaseInfo is one held lease in a list reply. It never carries the lease
 // id.
 type LeaseInfo struct {
-	Resource  string `json:"resource"`
-	Owner     string `json:"owner"`
+	Resource string `json:"resource"`
+	// Owner is shown as in StatusResponse.
+	Owner     string `json:"owner,omitempty"`
 	Token     uint64 `json:"token"`
 	ExpiresAt string `json:"expires_at"`
 	Waiters   int    `json:"waiters"`
@@ -188,7 +191,8 @@ type RevokeResponse struct {
 
 // Holder describes the current holder in a "locked" error.
 type Holder struct {
-	Owner     string `json:"owner"`
+	// Owner is shown as in StatusResponse.
+	Owner     string `json:"owner,omitempty"`
 	Token     uint64 `json:"token"`
 	ExpiresAt string `json:"expires_at"`
 }
@@ -218,9 +222,16 @@ type ErrorResponse struct {
 // window, Wake the subject that wakes it, and LeaseTTLms and MaxHoldMs
 // what its acquire asked for, so that whoever ends the lease before it
 // can grant it in the same write.
+//
+// Tenant is who asked for the lease or the wait, as the NATS server
+// vouched for it ("ACCOUNT/user", from the Nats-Request-Info header it
+// stamps on a request that crosses an account import), or empty when the
+// request carried no such identity. A retry or cancel by request_id counts
+// only from the same tenant.
 type Record struct {
 	LeaseID    string `json:"lease_id,omitempty"`
 	Owner      string `json:"owner,omitempty"`
+	Tenant     string `json:"tenant,omitempty"`
 	RequestID  string `json:"request_id"`
 	TTLms      int64  `json:"ttl_ms"`
 	Token      uint64 `json:"token"`
@@ -239,10 +250,25 @@ type Record struct {
 // request is answered lease_lost within the retry window even after every
 // service instance and the cluster restarted (JetStream forgets message ids
 // of overwritten messages when it restarts).
+//
+// Why says what ended it (EndRelease, EndExpiry, EndRevoke, EndCancel) and
+// Reason, for a revoke, the operator's reason; both are empty in marks
+// written by older releases.
 type EndMark struct {
 	RequestID string `json:"ended_request_id"`
 	EndedAt   string `json:"ended_at"`
+	Why       string `json:"why,omitempty"`
+	Reason    string `json:"reason,omitempty"`
 }
+
+// What ended a lease, in EndMark.Why. A lease handed to the next waiter
+// ends without a mark: the key's next write is the waiter's lease.
+const (
+	EndRelease = "release"
+	EndExpiry  = "expiry"
+	EndRevoke  = "revoke"
+	EndCancel  = "cancel"
+)
 
 // DecodeEndMark parses the body of a delete marker; an empty body (a
 // delete written by something else) is no mark.

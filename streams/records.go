@@ -51,6 +51,9 @@ func (r *Record) checkCommon(rev uint64) error {
 	if err := ValidateOwner(r.Owner); err != nil {
 		return foreignf("%w", err)
 	}
+	if len(r.Tenant) > MaxTenantLen {
+		return foreignf("tenant of %d bytes, over %d", len(r.Tenant), MaxTenantLen)
+	}
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package streams
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -17,6 +16,9 @@ const (
 	MaxRequestIDLen = 128
 	MaxOwnerLen     = 128
 	MaxLeaseIDLen   = 64
+	// MaxTenantLen bounds a record's tenant: an account name and a user
+	// name as the NATS server reports them (an nkey is 56 bytes).
+	MaxTenantLen = 512
 )
 
 // ErrInvalid is wrapped by every validation and decoding error; the service
@@ -33,8 +35,11 @@ func invalidf(format string, args ...any) error {
 // field is refused because a misspelt option ("ttl" for "ttl_ms") would
 // otherwise be ignored silently. (It uses the encoding/json/v2 prototype,
 // which decodes several times faster than encoding/json.)
+//
+// Whitespace around the object is what JSON allows (space, tab, CR, LF);
+// any other byte there, \v or U+00A0 included, is malformed.
 func Decode(data []byte, v any) error {
-	data = bytes.TrimSpace(data)
+	data = trimJSONSpace(data)
 	if len(data) == 0 || data[0] != '{' {
 		return invalidf("body must be a JSON object")
 	}
