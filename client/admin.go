@@ -90,7 +90,7 @@ type Revocation struct {
 // caller without them gets ErrUnavailable when no service answers it.
 func (c *Client) Revoke(ctx context.Context, resource, reason string) (*Revocation, error) {
 	if err := streams.ValidateResource(resource); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		return nil, wrapErr(ErrInvalidRequest, err)
 	}
 	if reason == "" {
 		return nil, fmt.Errorf("%w: a reason is required", ErrInvalidRequest)

@@ -42,7 +42,7 @@ func (c *Client) Renew(ctx context.Context, resource, leaseID string, ttl time.D
 		return nil, fmt.Errorf("%w: ttl %v", ErrInvalidOption, ttl)
 	}
 	if err := req.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		return nil, wrapErr(ErrInvalidRequest, err)
 	}
 	var resp streams.LeaseResponse
 	err := c.retry(ctx, func() error { return c.call(ctx, streams.OpRenew, &req, &resp, 0) })
@@ -58,7 +58,7 @@ func (c *Client) Renew(ctx context.Context, resource, leaseID string, ttl time.D
 func (c *Client) Release(ctx context.Context, resource, leaseID string) (bool, error) {
 	req := streams.ReleaseRequest{Resource: resource, LeaseID: leaseID}
 	if err := req.Validate(); err != nil {
-		return false, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		return false, wrapErr(ErrInvalidRequest, err)
 	}
 	var resp streams.ReleaseResponse
 	err := c.retry(ctx, func() error { return c.call(ctx, streams.OpRelease, &req, &resp, 0) })

@@ -108,7 +108,7 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts ...AcquireOp
 func (c *Client) acquireOptions(resource string, opts []AcquireOption) (acquireOptions, error) {
 	var ao acquireOptions
 	if err := streams.ValidateResource(resource); err != nil {
-		return ao, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		return ao, wrapErr(ErrInvalidRequest, err)
 	}
 	for _, opt := range opts {
 		if err := opt(&ao); err != nil {
@@ -232,28 +232,76 @@ func (c *Client) retry(ctx context.Context, fn func() error) error {
 // call sends one request and decodes its reply into resp. extra lengthens
 // the request timeout (for a waiting acquire). A reply with an error code
 // becomes the matching sentinel error; no reply becomes ErrUnavailable
-// (outcome unknown); a cancelled ctx returns ctx.Err().
+// (outcome unknown); a publish the NATS server refuses becomes
+// ErrPermission (see permissionProbe); a cancelled ctx returns ctx.Err().
 func (c *Client) call(ctx context.Context, op string, req, resp any, extra time.Duration) error {
 	data, err := json.Marshal(req)
 	if err != nil {
 		return err
 	}
-	rctx, cancel := context.WithTimeout(ctx, c.opts.requestTimeout+extra)
+	subject := streams.Subject(c.opts.prefix, op)
+	tctx, cancel := context.WithTimeout(ctx, c.opts.requestTimeout+extra)
 	defer cancel()
-	msg, err := c.nc.RequestWithContext(rctx, streams.Subject(c.opts.prefix, op), data)
+	rctx, refuse := context.WithCancelCause(tctx)
+	before := c.nc.LastError()
+	defer c.permissionProbe(rctx, refuse, subject, before)()
+	msg, err := c.nc.RequestWithContext(rctx, subject, data)
 	if err != nil {
+		if cause := context.Cause(rctx); errors.Is(cause, ErrPermission) {
+			return cause
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
+		if last := c.nc.LastError(); newRefusal(before, last, subject) {
+			// The probe missed it (it ran before the publish went out).
+			return permissionError(last)
+		}
+		return wrapErr(ErrUnavailable, fmt.Errorf("%s request: %w", op, err))
 	}
 	if code := msg.Header.Get(streams.HeaderErrorCode); code != "" {
 		return decodeError(code, msg)
 	}
 	if err := json.Unmarshal(msg.Data, resp); err != nil {
-		return fmt.Errorf("%w: %s: bad reply: %w", ErrInternal, op, err)
+		return wrapErr(ErrInternal, fmt.Errorf("%s: bad reply: %w", op, err))
 	}
 	return nil
+}
+
+// permissionProbeDelay is how long a request waits for its reply before
+// the client asks whether the server refused to publish it.
+const permissionProbeDelay = 100 * time.Millisecond
+
+// permissionProbe makes a request whose publish the server refused fail
+// with ErrPermission at once, instead of after its timeout and retries.
+// The server answers a refused publish with nothing but an asynchronous
+// -ERR, which nats.go records as the connection's LastError (and passes to
+// the error handler, which is the caller's, not the client's). So, when a
+// request has had no reply for permissionProbeDelay, a flush (a round trip
+// behind the publish) makes sure any -ERR for it has been read; if the
+// last error is then a new refusal of this subject (newRefusal; before is
+// the last error when the request started), the request is cancelled with
+// that cause. Should the probe run before the publish went out, call
+// checks once more when the request times out. A reply within the delay costs nothing. The
+// returned func stops the probe and waits for it; call it when the request
+// has returned.
+func (c *Client) permissionProbe(ctx context.Context, refuse context.CancelCauseFunc, subject string, before error) (stop func()) {
+	done := make(chan struct{})
+	t := time.AfterFunc(permissionProbeDelay, func() {
+		defer close(done)
+		if c.nc.FlushWithContext(ctx) != nil {
+			return
+		}
+		if last := c.nc.LastError(); newRefusal(before, last, subject) {
+			refuse(permissionError(last))
+		}
+	})
+	return func() {
+		refuse(nil)
+		if !t.Stop() {
+			<-done
+		}
+	}
 }
 
 func decodeError(code string, msg *nats.Msg) error {
@@ -276,14 +324,14 @@ func decodeError(code string, msg *nats.Msg) error {
 		}
 		return he
 	case streams.CodeLeaseLost:
-		return fmt.Errorf("%w: %s", ErrLeaseLost, text)
+		return wrapText(ErrLeaseLost, text)
 	case streams.CodeInvalidRequest:
-		return fmt.Errorf("%w: %s", ErrInvalidRequest, text)
+		return wrapText(ErrInvalidRequest, text)
 	case streams.CodeTooManyWaiters:
-		return fmt.Errorf("%w: %s", ErrTooManyWaiters, text)
+		return wrapText(ErrTooManyWaiters, text)
 	case streams.CodeUnavailable:
-		return fmt.Errorf("%w: %s", ErrUnavailable, text)
+		return wrapText(ErrUnavailable, text)
 	default:
-		return fmt.Errorf("%w: %s", ErrInternal, text)
+		return wrapText(ErrInternal, text)
 	}
 }

@@ -3,12 +3,21 @@ package client
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/streams"
 )
 
 // Sentinel errors. Errors returned by the client wrap one of these (test
 // with errors.Is), except a cancelled or expired ctx, which is returned as
 // ctx.Err().
+//
+// An error's text names its sentinel once, then the detail: the service's
+// message for an error reply ("jetlock: invalid request: ttl_ms 3600000
+// outside [1000, 600000]"), or what went wrong on the client's side.
 var (
 	// ErrLocked: the resource is held by another lease. The concrete error
 	// is a *HeldError describing the holder.
@@ -33,6 +42,12 @@ var (
 	ErrInternal = errors.New("jetlock: internal service error")
 	// ErrInvalidOption: an option value is out of range.
 	ErrInvalidOption = errors.New("jetlock: invalid option")
+	// ErrPermission: the NATS server refused to let the connection publish
+	// the request (its user lacks the right, e.g. a caller sending an
+	// operator's revoke). The request never reached the service, so
+	// nothing changed and a retry cannot help. The error also wraps the
+	// server's nats.ErrPermissionViolation.
+	ErrPermission = errors.New("jetlock: permission denied")
 )
 
 // HeldError is returned when a resource is held by another lease. It
@@ -54,3 +69,73 @@ func (e *HeldError) Error() string {
 
 // Is makes a HeldError match ErrLocked.
 func (e *HeldError) Is(target error) bool { return target == ErrLocked }
+
+// wrapped is a sentinel with its detail and, when there is one, the error
+// that caused it; it matches both with errors.Is and errors.As.
+type wrapped struct {
+	sentinel error
+	cause    error // may be nil
+	text     string
+}
+
+func (e *wrapped) Error() string { return e.text }
+
+func (e *wrapped) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.sentinel}
+	}
+	return []error{e.sentinel, e.cause}
+}
+
+// wrapText returns sentinel with detail, a text such as a service's error
+// message. A detail that repeats the sentinel's own words at its start
+// ("invalid request: ttl_ms ..." under ErrInvalidRequest, as the service
+// words its messages) reads once.
+func wrapText(sentinel error, detail string) error {
+	return &wrapped{sentinel: sentinel, text: sentinel.Error() + ": " + trimWords(detail, sentinel)}
+}
+
+// wrapErr returns sentinel caused by cause (kept for errors.Is and As),
+// whose text reads once like wrapText's.
+func wrapErr(sentinel, cause error) error {
+	return &wrapped{sentinel: sentinel, cause: cause, text: sentinel.Error() + ": " + trimWords(cause.Error(), sentinel)}
+}
+
+// trimWords drops from the start of s what a reader has already been told
+// by sentinel: "jetlock: ", the sentinel's words, and the words of
+// streams.ErrInvalid (the contract validators' "invalid request: ").
+func trimWords(s string, sentinel error) string {
+	for _, p := range []string{"jetlock: ", words(sentinel) + ": ", streams.ErrInvalid.Error() + ": "} {
+		s = strings.TrimPrefix(s, p)
+	}
+	return s
+}
+
+// words is a sentinel's text without the package's "jetlock: ".
+func words(sentinel error) string { return strings.TrimPrefix(sentinel.Error(), "jetlock: ") }
+
+// permissionError returns ErrPermission for the server's refusal err (a
+// nats.ErrPermissionViolation), worded "publish to "SUBJECT" refused".
+func permissionError(err error) error {
+	what := err.Error()
+	if _, after, ok := strings.Cut(what, "Permissions Violation for "); ok {
+		what = strings.ToLower(after[:1]) + after[1:] // Publish to "x" -> publish to "x"
+	}
+	return &wrapped{sentinel: ErrPermission, cause: err, text: ErrPermission.Error() + ": " + what + " refused by the NATS server"}
+}
+
+// deniedPublish reports whether err is the server's refusal to let this
+// connection publish to subject.
+func deniedPublish(err error, subject string) bool {
+	return errors.Is(err, nats.ErrPermissionViolation) &&
+		strings.Contains(err.Error(), fmt.Sprintf("Publish to %q", subject))
+}
+
+// newRefusal reports whether last, a connection's last error, is a refusal
+// to publish to subject that came after before, the last error when the
+// request started. Each -ERR the server sends makes a new error value in
+// nats.go (a pointer, so comparable): a refusal from an earlier request
+// does not count, in case the server's permissions changed since.
+func newRefusal(before, last error, subject string) bool {
+	return deniedPublish(last, subject) && (!deniedPublish(before, subject) || last != before)
+}

@@ -103,7 +103,7 @@ func TTL(d time.Duration) AcquireOption {
 func Owner(s string) AcquireOption {
 	return func(o *acquireOptions) error {
 		if err := streams.ValidateOwner(s); err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidOption, err)
+			return wrapErr(ErrInvalidOption, err)
 		}
 		o.owner = s
 		return nil
@@ -124,7 +124,7 @@ func Owner(s string) AcquireOption {
 func RequestID(id string) AcquireOption {
 	return func(o *acquireOptions) error {
 		if err := streams.ValidateRequestID(id); err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidOption, err)
+			return wrapErr(ErrInvalidOption, err)
 		}
 		o.requestID = id
 		return nil
