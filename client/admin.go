@@ -86,8 +86,10 @@ type Revocation struct {
 // holder's next renewal is refused (its Lost closes), and the next grant
 // gets a larger token, so the resource's fence rejects the evicted
 // holder's late writes. reason is required; the service writes it to its
-// audit log. Revoke needs an operator's rights (the admin subject); a
-// caller without them gets ErrUnavailable when no service answers it.
+// audit log. Revoke needs an operator's rights (the admin subject): a
+// caller without them gets ErrPermission at once, once the NATS server has
+// refused the request. An invalid resource or an empty reason is
+// ErrInvalidRequest; no answer is ErrUnavailable.
 func (c *Client) Revoke(ctx context.Context, resource, reason string) (*Revocation, error) {
 	if err := streams.ValidateResource(resource); err != nil {
 		return nil, wrapErr(ErrInvalidRequest, err)
