@@ -84,7 +84,7 @@ func (c *checkCmd) Run(ctx context.Context, out *stdio) error {
 // connect opens the store connection: the flags', or with --dev the one
 // a running lockd --dev wrote down.
 func (c *checkCmd) connect() (*nats.Conn, error) {
-	url, cn := c.URL, c.Store
+	url, cn := c.Server, c.Store
 	if c.Dev {
 		path := filepath.Join(c.DevDir, devStoreFile)
 		b, err := os.ReadFile(path)

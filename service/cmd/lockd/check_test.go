@@ -105,15 +105,17 @@ func TestCheck(t *testing.T) {
 			}
 		}
 		closed := fmt.Sprintf("nats://127.0.0.1:%d", freePorts(t, 1)[0])
+		// --url: the name before --server still works, with a warning.
 		code, out, errOut := runBin(t, "check", "--bucket", "drifted", "--json", "--url", closed)
-		if code != exitUsage || out != "" || !strings.HasPrefix(errOut, "lockd: connect") {
-			t.Fatalf("check without a reachable server = %d, %q %q; want 2 and a connect error", code, out, errOut)
+		if code != exitUsage || out != "" || !strings.Contains(errOut, "lockd: warning: --url is deprecated: use --server\n") ||
+			!strings.Contains(errOut, "lockd: connect "+closed+": nats: no servers available for connection\n") {
+			t.Fatalf("check without a reachable server = %d, %q %q; want 2, the deprecation warning and a connect error", code, out, errOut)
 		}
 	})
 
 	t.Run("fix with read-only rights", func(t *testing.T) {
 		ou, op := env.Cluster.User(devcluster.Operator)
-		args := []string{"check", "--bucket", "drifted", "--json", "--fix", "--url", env.Cluster.URLs(),
+		args := []string{"check", "--bucket", "drifted", "--json", "--fix", "--server", env.Cluster.URLs(),
 			"--store-user", ou, "--store-password", op, "--store-inbox-prefix", "_INBOX"}
 		code, out, errOut := runBin(t, args...)
 		rep := decodeReport(t, out)

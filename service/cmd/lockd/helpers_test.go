@@ -126,13 +126,13 @@ func (l *lockd) shutdown(t *testing.T) int {
 func serviceArgs(env *testenv.Env) []string {
 	su, sp := env.Cluster.User(devcluster.Service)
 	tu, tp := env.Cluster.User(devcluster.Store)
-	return []string{"--url", env.Cluster.URLs(), "--user", su, "--password", sp, "--store-user", tu, "--store-password", tp}
+	return []string{"--server", env.Cluster.URLs(), "--user", su, "--password", sp, "--store-user", tu, "--store-password", tp}
 }
 
 // storeArgs are the connection flags of lockd check as the store user.
 func storeArgs(env *testenv.Env) []string {
 	tu, tp := env.Cluster.User(devcluster.Store)
-	return []string{"--url", env.Cluster.URLs(), "--store-user", tu, "--store-password", tp}
+	return []string{"--server", env.Cluster.URLs(), "--store-user", tu, "--store-password", tp}
 }
 
 // runBin runs the lockd binary with args and returns its exit code and
