@@ -1,10 +1,16 @@
 // Command lockd runs the jetlock lock service, and checks its bucket.
 //
 //	lockd --dev                  # embedded three-node dev cluster + service
-//	lockd --url nats://host:4222 --creds svc.creds --store-creds store.creds \
+//	lockd -s nats://host:4222 --creds svc.creds --store-creds store.creds \
 //	      --metrics 127.0.0.1:9090 --audit /var/log/jetlock/audit.json
-//	lockd check --url nats://host:4222 --store-creds store.creds [--json] [--fix]
+//	lockd check -s nats://host:4222 --store-creds store.creds [--json] [--fix]
 //	lockd check --dev            # the bucket of a running lockd --dev
+//
+// The connection flags are named as the nats CLI's: -s/--server,
+// --creds, --nkey (a seed file), --user, --password, --inbox-prefix,
+// --tlscert, --tlskey, --tlsca, and the store connection's with --store-.
+// The names of earlier releases (--url, --tls-cert, --tls-key, --tls-ca)
+// still work, with a warning.
 //
 // With --metrics ADDR, lockd serves /metrics (Prometheus), /healthz (200
 // while the process runs) and /readyz (200 and the instance's Health as
@@ -16,15 +22,23 @@
 // lockd check --dev reads it, so that check, and --fix, run with the
 // store user's rights. The dev operator (operator/operator) has read-only
 // rights: enough for check without --fix (--store-user operator
-// --store-password operator --store-inbox-prefix _INBOX).
+// --store-password operator --store-inbox-prefix _INBOX). The banner also
+// prints the dev application user (user app, a new password at every
+// start), which has JetStream in an account of its own, for trying
+// client/fence.NewKV.
 //
 // Exit codes: 0 success (check: no drift); 1 the service failed, or check
-// found drift that remains; 2 bad flags or values (nothing is started),
-// or check could not reach the bucket or could not apply --fix.
+// found drift that remains; 2 bad flags or values, or servers that cannot
+// hold the bucket as configured (JetStream not enabled, more replicas than
+// servers): nothing is served, and the message names the fix; or check
+// could not reach the bucket or could not apply --fix.
 //
 // Every flag can also be set through the environment variable named in
-// --help. lockd sets the garbage collector's target to GOGC=50 unless the
-// environment sets GOGC (see internal/gctune and docs/operations.md).
+// `lockd serve --help` and `lockd check --help`, all of them JETLOCK_*:
+// lockd reads none of the nats CLI's NATS_* variables, so a shell set up
+// for `nats` does not change whom lockd connects as. lockd sets the
+// garbage collector's target to GOGC=50 unless the environment sets GOGC
+// (see internal/gctune and docs/operations.md).
 package main
 
 import (
@@ -91,7 +105,10 @@ type kongExit int
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (code int) {
 	var c cli
 	parser, err := kong.New(&c, kong.Name("lockd"),
-		kong.Description("jetlock: exclusive leases with fencing tokens over NATS."),
+		kong.Description("jetlock: exclusive leases with fencing tokens over NATS.\n\n"+
+			"Every flag of a command can also be set through an environment variable, shown beside it in "+
+			"\"lockd serve --help\" and \"lockd check --help\" (JETLOCK_SERVER, JETLOCK_CREDS, JETLOCK_NKEY, "+
+			"JETLOCK_STORE_CREDS, JETLOCK_STORE_NKEY, ...). lockd reads no NATS_* variable: those are the nats CLI's."),
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { panic(kongExit(code)) }),
 		kong.BindTo(ctx, (*context.Context)(nil)),
@@ -113,6 +130,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (code int
 	if err != nil {
 		fmt.Fprintf(stderr, "lockd: %s (see lockd --help)\n", oneLine(err))
 		return exitUsage
+	}
+	for _, w := range append(deprecatedFlags(args), ignoredEnv(os.LookupEnv)...) {
+		fmt.Fprintln(stderr, "lockd: warning:", w)
 	}
 	if err := kctx.Run(); err != nil {
 		var ee *exitError

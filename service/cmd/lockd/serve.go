@@ -84,6 +84,10 @@ type serveCmd struct {
 	PProf    bool   `name:"pprof" help:"Also serve the Go runtime's profiles under /debug/pprof/ on the --metrics address (like etcd's --enable-pprof); keep that address private." env:"JETLOCK_PPROF"`
 	Audit    string `help:"Audit log (JSON lines: grants, renew refusals, releases, expiries, hand-overs, cancels, revokes; never a lease id): a file path (appended, mode 0600), stderr or stdout; empty disables." env:"JETLOCK_AUDIT"`
 	LogLevel string `help:"Log level: debug, info, warn, error." default:"info" enum:"debug,info,warn,error" env:"JETLOCK_LOG_LEVEL"`
+
+	// app is the dev cluster's application user (--dev): a caller with
+	// JetStream in an account of its own, printed in the banner.
+	app struct{ user, password string }
 }
 
 // config returns the service configuration of the flags, validated: a bad
@@ -170,6 +174,9 @@ func (c *serveCmd) Run(ctx context.Context, out *stdio) error {
 		return err
 	}
 	defer cleanup()
+	if err := preflight(ctx, storeNC, &cfg.Bucket, log); err != nil {
+		return err
+	}
 	if !c.Dev && c.sameUser() {
 		log.Warn("the request and store connections use the same credentials: replies are then published with rights on the bucket; give the request connection a user without $JS/$KV rights (see deploy/)")
 	}
@@ -214,6 +221,7 @@ func (c *serveCmd) connect() (nc, storeNC *nats.Conn, url string, cleanup func()
 			return nil, nil, "", nil, err
 		}
 		user, password := cl.User(devcluster.Store)
+		c.app.user, c.app.password = cl.User(devcluster.App)
 		removeStore, err := writeDevStore(c.DevDir, devStore{URLs: cl.URLs(), User: user, Password: password})
 		if err != nil {
 			nc.Close()
@@ -231,14 +239,14 @@ func (c *serveCmd) connect() (nc, storeNC *nats.Conn, url string, cleanup func()
 	if err != nil {
 		return nil, nil, "", nil, usageError("%v", err)
 	}
-	if nc, err = nats.Connect(c.URL, reqOpts...); err != nil {
-		return nil, nil, "", nil, fmt.Errorf("connect %s: %w", c.URL, err)
+	if nc, err = nats.Connect(c.Server, reqOpts...); err != nil {
+		return nil, nil, "", nil, fmt.Errorf("connect %s: %w", c.Server, err)
 	}
-	if storeNC, err = nats.Connect(c.URL, storeOpts...); err != nil {
+	if storeNC, err = nats.Connect(c.Server, storeOpts...); err != nil {
 		nc.Close()
-		return nil, nil, "", nil, fmt.Errorf("connect %s (store): %w", c.URL, err)
+		return nil, nil, "", nil, fmt.Errorf("connect %s (store): %w", c.Server, err)
 	}
-	return nc, storeNC, c.URL, func() { nc.Close(); storeNC.Close() }, nil
+	return nc, storeNC, c.Server, func() { nc.Close(); storeNC.Close() }, nil
 }
 
 // writeDevStore writes the dev store file (see devStoreFile) and returns
@@ -282,4 +290,11 @@ Try it with the nats CLI (go install github.com/nats-io/natscli/nats@v0.5.0):
 Check the bucket's configuration: lockd check --dev --dev-dir %s
 Ctrl-C stops the service and the cluster (data stays in %s).
 `, "operator", devcluster.OperatorPassword, first, p, first, p, first, c.Bucket, first, c.DevDir, c.DevDir)
+	// Callers and the operator have no JetStream of their own; the
+	// application user has, in its own account, for protected resources
+	// that live in NATS (client/fence.NewKV) beside its lock requests.
+	fmt.Fprintf(w, `An application with JetStream in an account of its own (for client/fence.NewKV; it calls the service like a caller):
+  user %q, password %q (new at every start; loopback only)
+  nats -s %s --user %s --password %s kv add fences
+`, c.app.user, c.app.password, first, c.app.user, c.app.password)
 }
