@@ -43,6 +43,10 @@ type Lease struct {
 	released bool
 	lostOnce sync.Once
 
+	// renewed is closed, and replaced, each time deadline moves (see
+	// Renewed); guarded by mu.
+	renewed chan struct{}
+
 	// holdLimit is the client's own end of the hold cap (zero when none):
 	// the send time of the acquire plus the hold the service granted,
 	// minus the safety margin. No deadline lies beyond it.
@@ -164,7 +168,22 @@ func (l *Lease) setDeadline(sent time.Time, ttl time.Duration) {
 	if !l.holdLimit.IsZero() && l.deadline.After(l.holdLimit) {
 		l.deadline = l.holdLimit
 	}
+	if l.renewed != nil {
+		close(l.renewed)
+	}
+	l.renewed = make(chan struct{})
 	l.mu.Unlock()
+}
+
+// Renewed returns a channel that is closed when the client's deadline
+// (Expires) next moves, after a successful renewal. Each call returns the
+// channel of the next renewal: to follow the lease, call Renewed again and
+// read Expires whenever it closes. It does not close when the lease is
+// lost; select on Lost as well.
+func (l *Lease) Renewed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.renewed
 }
 
 // HoldLimit returns the client's end of the lease's hold cap (see
@@ -261,6 +280,14 @@ func (l *Lease) renewUntilDeadline() error {
 // ErrUnavailable if the service could not be reached (the lease then ends
 // after its TTL unless Release is called again and gets through), or
 // ctx.Err().
+//
+// Release retries within ctx, but never past the client's deadline
+// (Expires): from then on the lease is not this client's to release, and
+// the service expires it by itself within the safety margin plus its
+// expiry grace. A Release that the deadline cuts short returns an error
+// wrapping ErrUnavailable; one called after the deadline sends nothing and
+// returns nil (the lease is not held by this client either way, and Lost
+// has closed).
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.released {
@@ -274,11 +301,22 @@ func (l *Lease) Release(ctx context.Context) error {
 	// not leave the caller believing it still holds the lease.
 	l.markLost(ErrReleased)
 
+	// A release that cannot get through before the lease ends by itself
+	// only delays the caller (issue 32): retry until the deadline at most.
+	deadline := l.Expires()
+	if !time.Now().Before(deadline) {
+		return nil
+	}
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	var resp streams.ReleaseResponse
-	err := l.c.retry(ctx, func() error {
-		return l.c.call(ctx, streams.OpRelease, &streams.ReleaseRequest{Resource: l.resource, LeaseID: l.id}, &resp, 0)
+	err := l.c.retry(rctx, func() error {
+		return l.c.call(rctx, streams.OpRelease, &streams.ReleaseRequest{Resource: l.resource, LeaseID: l.id}, &resp, 0)
 	})
 	if err != nil {
+		if ctx.Err() == nil && rctx.Err() != nil {
+			return fmt.Errorf("%w: release not confirmed before the lease's deadline %s; the service expires it", ErrUnavailable, deadline.Format(time.RFC3339Nano))
+		}
 		return err
 	}
 	l.mu.Lock()

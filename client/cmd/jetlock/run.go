@@ -23,7 +23,7 @@ type runCmd struct {
 	MaxHold   time.Duration `help:"Longest the lease may be held, renewals included; the command is stopped then (default: the deployment's cap, 24h)." placeholder:"D"`
 	Owner     string        `help:"Owner text shown to others (default: HOST:PID)."`
 	RequestID string        `help:"Request id of the acquire (default: random); reuse it to make a retried run idempotent."`
-	Grace     time.Duration `default:"10s" help:"After a lost lease, how long the command has between SIGTERM and SIGKILL." placeholder:"D"`
+	Grace     *time.Duration `help:"After a lost lease, how long the command has between SIGTERM and SIGKILL (default: 10s, or the most the TTL allows: half the TTL less 1s, at most a quarter of it, e.g. 14s for a 30s TTL)." placeholder:"D"`
 
 	Resource string   `arg:"" help:"Resource to lock: letters, digits and - _ . / = : @ (1 to 200 bytes)."`
 	Command  []string `arg:"" optional:"" passthrough:"" help:"The command and its arguments, after --."`
@@ -38,10 +38,21 @@ command runs, releases it when the command (and its process group) has
 exited, and exits with the command's code (128+N if signal N killed it).
 SIGINT, SIGTERM and SIGHUP sent to jetlock are forwarded to the command.
 
-When the lease is lost (a renewal refused or not confirmed in time, a
-revoke, the hold limit) the command's group gets SIGTERM, then SIGKILL after
---grace, and jetlock exits 79. Exit 75: the resource is held (no --wait, or
+When the lease is lost (a renewal refused, a revoke, the hold limit) the
+command's group gets SIGTERM, then SIGKILL after --grace, and jetlock exits
+79. When renewals fail, the group gets SIGTERM at the client's deadline
+(the send time of the last renewal that succeeded, plus the TTL, less a 1s
+safety margin) minus --grace, and SIGKILL at that deadline, before the
+service can expire the lease (at the TTL plus its expiry grace, 2s by
+default). With --ttl 30s and the default --grace 10s: SIGTERM 19s and
+SIGKILL 29s after the last successful renewal was sent; the service expires
+the lease no earlier than 32s after it. --grace may be at most half the TTL
+less the margin (14s for 30s). Exit 75: the resource is held (no --wait, or
 it ran out); 69: the service is unavailable; 2: bad input (nothing started).
+
+The command runs under a small guard process (jetlock itself) that kills
+its group (SIGTERM, then SIGKILL by the deadline) if jetlock dies for any
+reason, SIGKILL included; on Linux also the orphans that left the group.
 
 The command runs in its own process group: it is not the terminal's
 foreground group, so it cannot read from a terminal.
@@ -65,17 +76,42 @@ func (r *runCmd) Validate() error {
 		checkDuration("wait", r.Wait, time.Millisecond, 24*time.Hour),
 		checkDuration("ttl", r.TTL, time.Second, streams.MaxRecordTTL),
 		checkDuration("max-hold", r.MaxHold, time.Second, streams.MaxHoldCeiling),
-		checkGrace(r.Grace),
+		checkGrace(r.Grace, r.TTL),
 		checkText("owner", r.Owner, streams.ValidateOwner),
 		checkText("request-id", r.RequestID, optional(streams.ValidateRequestID)),
 	)
 }
 
-func checkGrace(d time.Duration) error {
-	if d <= 0 || d > time.Hour {
-		return usagef("--grace %v outside (0, 1h]", d)
+// defaultGrace is --grace when not given, if the TTL allows it.
+const defaultGrace = 10 * time.Second
+
+// checkGrace refuses a --grace outside (0, 1h], or too long for --ttl
+// (when given; else for the TTL granted, see runCmd.grace).
+func checkGrace(d *time.Duration, ttl time.Duration) error {
+	switch {
+	case d == nil:
+		return nil
+	case *d <= 0 || *d > time.Hour:
+		return usagef("--grace %v outside (0, 1h]", *d)
+	case ttl > 0 && *d > graceBudget(ttl):
+		return graceTooLong(*d, ttl)
 	}
 	return nil
+}
+
+// graceBudget is the longest grace a lease of ttl allows: half the TTL
+// less the client's safety margin (client.WithSafetyMargin: 1s, at most a
+// quarter of the TTL). The command gets SIGTERM at the client's deadline
+// minus the grace and SIGKILL at the deadline, before the service may
+// expire the lease; and since renewals are sent a third of the TTL after
+// the last, half the TTL leaves at least a sixth of it (5s of 30s) to
+// retry a renewal before the command is stopped.
+func graceBudget(ttl time.Duration) time.Duration {
+	return ttl/2 - min(time.Second, ttl/4)
+}
+
+func graceTooLong(d, ttl time.Duration) error {
+	return usagef("--grace %v is too long for a TTL of %v: at most %v (half the TTL less the 1s safety margin), so that the command is killed before the lease could expire", d, ttl, graceBudget(ttl))
 }
 
 // Run acquires, runs the command and returns its exit.
@@ -102,8 +138,15 @@ func (r *runCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
-	code, err := r.supervise(lease, path, sigs)
-	rctx, cancel := context.WithTimeout(context.Background(), 2*g.Timeout)
+	grace, err := r.grace(lease)
+	code := 0
+	if err == nil {
+		code, err = r.supervise(lease, path, grace, sigs)
+	}
+	// Retries of the release end at the lease's deadline (see Release) or
+	// after one request timeout, whichever comes first: past that the lease
+	// ends by itself, and waiting longer only delays jetlock's exit.
+	rctx, cancel := context.WithTimeout(context.Background(), g.Timeout)
 	defer cancel()
 	if rerr := lease.Release(rctx); rerr != nil && err == nil {
 		fmt.Fprintf(os.Stderr, "jetlock: release: %s (the lease ends by itself after its TTL)\n", oneLine(clean(rerr)))
@@ -112,6 +155,20 @@ func (r *runCmd) Run(g *globals) error {
 		return err
 	}
 	return &exitError{code: code}
+}
+
+// grace returns the command's grace: --grace, or its default fitted to the
+// lease's TTL. A --grace the TTL does not allow is bad input (nothing has
+// started yet).
+func (r *runCmd) grace(lease *client.Lease) (time.Duration, error) {
+	ttl := time.Duration(lease.Reply().TTLms) * time.Millisecond
+	if r.Grace == nil {
+		return min(defaultGrace, graceBudget(ttl)), nil
+	}
+	if *r.Grace > graceBudget(ttl) {
+		return 0, graceTooLong(*r.Grace, ttl)
+	}
+	return *r.Grace, nil
 }
 
 // acquire takes the lease, giving up on the first signal.
@@ -172,54 +229,71 @@ func (r *runCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*client
 	return lease, nil
 }
 
-// supervise runs the command while the lease lasts and returns its exit
-// code, or an exitError when the lease was lost.
-func (r *runCmd) supervise(lease *client.Lease, path string, sigs <-chan os.Signal) (int, error) {
-	cmd := exec.Command(path, r.Command[1:]...)
-	cmd.Args[0] = r.Command[0]
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(),
+// supervise runs the command under its guard while the lease lasts, and
+// returns its exit code, or an exitError when the lease was lost.
+func (r *runCmd) supervise(lease *client.Lease, path string, grace time.Duration, sigs <-chan os.Signal) (int, error) {
+	env := append(os.Environ(),
 		"JETLOCK_RESOURCE="+lease.Resource(),
 		"JETLOCK_TOKEN="+strconv.FormatUint(lease.Token(), 10),
 		"JETLOCK_LEASE_ID="+lease.ID())
-	cmd.SysProcAttr = childAttr()
-	becomeSubreaper()
-	if err := cmd.Start(); err != nil {
-		return 0, exitf(exitCannotExec, "cannot run %s: %v", r.Command[0], err)
+	renewed := lease.Renewed()
+	g, err := startGuarded(path, r.Command, env, grace, lease.Expires())
+	if err != nil {
+		return 0, err
 	}
-	g := &group{p: cmd.Process}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
+	defer g.close()
+	g.setDeadline(lease.Expires())
 
 	lost := lease.Lost()
 	var lostErr error
-	var kill <-chan time.Time
 	for {
 		select {
-		case <-done:
-			if lostErr != nil {
-				g.finish(time.Until(g.killAt), time.Second)
-				return 0, &exitError{code: exitLost}
+		case ev, ok := <-g.events:
+			if !ok {
+				g.abandon()
+				return 0, exitf(exitFailure, "the guard of the command died; its process group was killed")
 			}
-			// The group outlives its leader only if it left processes
-			// behind: they are part of the work under the lock.
-			g.stop(r.Grace)
-			return exitCode(cmd.ProcessState), nil
+			switch ev.kind {
+			case evExpiring:
+				if lostErr == nil {
+					lostErr = r.expiring(lease, grace)
+				}
+			case evExited:
+				if lostErr != nil {
+					return 0, &exitError{code: exitLost}
+				}
+				return ev.n, nil
+			}
+		case <-renewed:
+			renewed = lease.Renewed()
+			g.setDeadline(lease.Expires())
 		case sig := <-sigs:
 			g.signal(sig)
 		case <-lost:
 			lost = nil
-			lostErr = context.Cause(lease.Context())
-			fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command (SIGTERM now, SIGKILL in %v)\n",
-				streams.CodeLeaseLost, strings.TrimPrefix(oneLine(clean(lostErr)), "lease lost: "), r.Grace)
-			g.terminate()
-			g.killAt = time.Now().Add(r.Grace)
-			kill = time.After(r.Grace)
-		case <-kill:
-			kill = nil
-			g.kill()
+			if lostErr == nil {
+				lostErr = context.Cause(lease.Context())
+				fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command (SIGTERM now, SIGKILL in %v)\n",
+					streams.CodeLeaseLost, strings.TrimPrefix(oneLine(clean(lostErr)), "lease lost: "), min(grace, max(0, time.Until(lease.Expires()))).Round(time.Millisecond))
+			}
+			g.stop()
 		}
 	}
+}
+
+// expiring reports that the guard stopped the command because the lease's
+// deadline came near without a renewal, and returns the loss.
+func (r *runCmd) expiring(lease *client.Lease, grace time.Duration) error {
+	deadline := lease.Expires()
+	var why string
+	if hold := lease.HoldLimit(); !hold.IsZero() && !deadline.Before(hold) {
+		why = "the hold cap ends the lease at " + deadline.Format(time.RFC3339Nano)
+	} else {
+		why = "no renewal confirmed; the client's deadline is " + deadline.Format(time.RFC3339Nano)
+	}
+	fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command before it (SIGTERM now, SIGKILL in %v)\n",
+		streams.CodeLeaseLost, why, min(grace, max(0, time.Until(deadline))).Round(time.Millisecond))
+	return fmt.Errorf("%w: %s", client.ErrLeaseLost, why)
 }
 
 func signalExit(sig os.Signal) int {

@@ -142,21 +142,21 @@ func TestRunRevokeStopsCommand(t *testing.T) {
 		minTook time.Duration
 	}{
 		{"sigterm", `echo $$ > %s; sleep 60`, 0},
-		{"ignores-sigterm", `trap '' TERM; echo $$ > %s; i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done`, 2 * time.Second},
+		{"ignores-sigterm", `trap '' TERM; echo $$ > %s; i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done`, 700 * time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			resource := "run:revoke:" + c.name
 			pidFile := filepath.Join(t.TempDir(), "pid")
-			const grace = 2 * time.Second
-			p := start(t, nil, "run", "--ttl", "2s", "--grace", grace.String(), resource, "--",
+			const grace = 700 * time.Millisecond // the most a 3s TTL allows is 750ms
+			p := start(t, nil, "run", "--ttl", "3s", "--grace", grace.String(), resource, "--",
 				"sh", "-c", strings.ReplaceAll(c.script, "%s", pidFile))
 			pid := pidOf(t, pidFile)
 
 			// Without operator rights: a clear refusal, the lease stays.
 			r := jl(t, "revoke", resource, "--reason", "test")
 			wantCode(t, r, 77)
-			if !strings.Contains(r.stderr, "permission denied") || r.took > 5*time.Second {
+			if !strings.Contains(r.stderr, "permission") || r.took > 5*time.Second {
 				t.Fatalf("revoke as a caller: %q after %v", r.stderr, r.took)
 			}
 			r = jl(t, operator("revoke", resource, "--reason", "test revoke")...)
@@ -168,7 +168,7 @@ func TestRunRevokeStopsCommand(t *testing.T) {
 			res := p.wait(t, 20*time.Second)
 			wantCode(t, res, 79)
 			took := time.Since(revoked)
-			// The loss is noticed at the next renewal (a third of the 2s TTL).
+			// The loss is noticed at the next renewal (a third of the 3s TTL).
 			if took > grace+time.Second+time.Second || took < c.minTook {
 				t.Fatalf("jetlock exited %v after the revoke, want within [%v, grace %v + 1s + a renewal interval]", took, c.minTook, grace)
 			}
@@ -203,12 +203,15 @@ func TestRunPausedCommandIsFenced(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t1 := status(t, c, resource).Token
-	child := childOf(t, a.cmd.Process.Pid) // the command has started
-	// Freeze jetlock and its command.
-	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	guard := childOf(t, a.cmd.Process.Pid)
+	child := childOf(t, guard) // the command has started
+	// Freeze jetlock, its guard and its command, as a frozen VM would.
+	for _, pid := range []int{a.cmd.Process.Pid, guard} {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Kill(pid, syscall.SIGCONT) //nolint:errcheck
 	}
-	defer syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT) //nolint:errcheck
 	if err := syscall.Kill(-child, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -244,8 +247,10 @@ func TestRunPausedCommandIsFenced(t *testing.T) {
 	if v := store.get(resource); v != "fresh" {
 		t.Fatalf("store holds %q, want the new holder's value", v)
 	}
-	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT); err != nil {
-		t.Fatal(err)
+	for _, pid := range []int{guard, a.cmd.Process.Pid} {
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
 	}
 	wantCode(t, a.wait(t, 20*time.Second), 79)
 	if !groupGone(child) {
@@ -286,7 +291,7 @@ func childOf(t *testing.T, parent int) int {
 // and jetlock exits 79 once --max-hold has passed.
 func TestRunHoldCapEndsLease(t *testing.T) {
 	t.Parallel()
-	p := start(t, nil, "run", "--ttl", "1s", "--max-hold", "3s", "--grace", "1s", "run:hold", "--", "sleep", "60")
+	p := start(t, nil, "run", "--ttl", "1s", "--max-hold", "3s", "--grace", "200ms", "run:hold", "--", "sleep", "60")
 	r := p.wait(t, 20*time.Second)
 	wantCode(t, r, 79)
 	if r.took < 2*time.Second || r.took > 6*time.Second {
