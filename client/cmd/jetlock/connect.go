@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/jetlock/jetlock/client"
+	"github.com/jetlock/jetlock/streams"
 )
 
 // globals are the connection flags every command shares, named like the
@@ -17,13 +18,13 @@ import (
 type globals struct {
 	Server   string        `short:"s" env:"NATS_URL" placeholder:"URL" help:"NATS server URL(s), comma separated (default nats://127.0.0.1:4222, or the context's)."`
 	Context  string        `name:"context" env:"NATS_CONTEXT" placeholder:"NAME" help:"nats CLI context to connect with (see 'nats context ls'); flags given override its settings."`
-	Creds    string        `env:"NATS_CREDS" type:"existingfile" help:"NATS user credentials file."`
-	User     string        `env:"NATS_USER" help:"NATS user name."`
-	Password string        `env:"NATS_PASSWORD" help:"NATS password."`
-	NKey     string        `name:"nkey" env:"NATS_NKEY" type:"existingfile" help:"NATS NKey seed file."`
-	TLSCert  string        `name:"tlscert" env:"NATS_CERT" type:"existingfile" help:"TLS client certificate."`
-	TLSKey   string        `name:"tlskey" env:"NATS_KEY" type:"existingfile" help:"TLS client key."`
-	TLSCA    string        `name:"tlsca" env:"NATS_CA" type:"existingfile" help:"TLS CA certificate."`
+	Creds    string        `env:"NATS_CREDS" type:"existingfile" placeholder:"FILE" help:"NATS user credentials file."`
+	User     string        `env:"NATS_USER" placeholder:"USER" help:"NATS user name."`
+	Password string        `env:"NATS_PASSWORD" placeholder:"PASSWORD" help:"NATS password."`
+	NKey     string        `name:"nkey" env:"NATS_NKEY" type:"existingfile" placeholder:"FILE" help:"NATS NKey seed file."`
+	TLSCert  string        `name:"tlscert" env:"NATS_CERT" type:"existingfile" placeholder:"FILE" help:"TLS client certificate."`
+	TLSKey   string        `name:"tlskey" env:"NATS_KEY" type:"existingfile" placeholder:"FILE" help:"TLS client key."`
+	TLSCA    string        `name:"tlsca" env:"NATS_CA" type:"existingfile" placeholder:"FILE" help:"TLS CA certificate."`
 	Prefix   string        `default:"jetlock" env:"JETLOCK_PREFIX" help:"Subject prefix of the jetlock service."`
 	Timeout  time.Duration `default:"5s" env:"JETLOCK_TIMEOUT" help:"How long one request waits for its reply."`
 }
@@ -31,7 +32,7 @@ type globals struct {
 // validate checks the shared flags.
 func (g *globals) validate() error {
 	if g.Timeout < 100*time.Millisecond || g.Timeout > 10*time.Minute {
-		return usagef("--timeout %v outside [100ms, 10m]", g.Timeout)
+		return usagef("--timeout %s outside [100ms, 10m]", durationText(g.Timeout))
 	}
 	if g.Prefix == "" {
 		return usagef("--prefix is empty")
@@ -100,9 +101,9 @@ func (g *globals) connect() (*session, error) {
 	if err != nil {
 		cancel(nil)
 		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) {
-			return nil, exitf(exitNoPerm, "permission denied: connect to %s: %v", nctx.ServerURL(), err)
+			return nil, kindf(exitNoPerm, codePermission, "connect to %s: %v", nctx.ServerURL(), err)
 		}
-		return nil, exitf(exitUnavailable, "unavailable: connect to %s: %v", nctx.ServerURL(), err)
+		return nil, kindf(exitUnavailable, streams.CodeUnavailable, "connect to %s: %v", nctx.ServerURL(), err)
 	}
 	c, err := client.New(nc, client.WithPrefix(g.Prefix), client.WithRequestTimeout(g.Timeout))
 	if err != nil {

@@ -40,7 +40,7 @@ func TestNATSContext(t *testing.T) {
 	// Flags override the context: another user, refused at connect.
 	r = run("--context", "ops", "--user", "caller", "--password", "wrong", "status", "ctx:1")
 	wantCode(t, r, 77)
-	if !strings.Contains(r.stderr, "permission denied: connect") {
+	if !strings.HasPrefix(r.stderr, "jetlock: permission_denied: connect to ") {
 		t.Fatalf("overridden user: %q", r.stderr)
 	}
 	r = run("--context", "no-such-context", "status", "ctx:1")

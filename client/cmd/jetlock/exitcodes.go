@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,17 +31,93 @@ const (
 	exitSignalBase  = 128
 )
 
-// exitError ends the command with code, after printing msg (unless empty)
-// as one line.
+// Error codes of jetlock's own, besides the wire contract's (streams.Code…):
+// the CODE of "jetlock: CODE: message" and of a --json error.
+const (
+	codeUsage       = "usage"             // bad input, caught before anything connects
+	codePermission  = "permission_denied" // the NATS server refused the credentials or a subject
+	codeInterrupted = "interrupted"       // a signal ended the command
+	codeFailure     = "failure"           // anything else
+)
+
+// exitError ends the command with code, after printing its message (if
+// any) as one line: "jetlock: KIND: msg", or "jetlock: msg" without a kind.
 type exitError struct {
 	code int
 	msg  string
+	// kind is the error's code, a wire contract code or one of jetlock's
+	// (codeUsage…); empty when msg says it all.
+	kind string
+	// holder is the holder of a locked resource, for --json.
+	holder *streams.Holder
 }
 
-func (e *exitError) Error() string { return e.msg }
+func (e *exitError) Error() string { return e.line() }
+
+// line is the error's one line, without "jetlock: ".
+func (e *exitError) line() string {
+	if e.kind == "" {
+		return oneLine(e.msg)
+	}
+	return e.kind + ": " + oneLine(e.msg)
+}
+
+// jsonCode is the error's code in --json: its kind, or the kind its exit
+// code means.
+func (e *exitError) jsonCode() string {
+	if e.kind != "" {
+		return e.kind
+	}
+	switch {
+	case e.code == exitUsage:
+		return codeUsage
+	case e.code == exitUnavailable:
+		return streams.CodeUnavailable
+	case e.code == exitLocked:
+		return streams.CodeLocked
+	case e.code == exitNoPerm:
+		return codePermission
+	case e.code == exitLost:
+		return streams.CodeLeaseLost
+	case e.code > exitSignalBase:
+		return codeInterrupted
+	}
+	return codeFailure
+}
+
+// errorJSON is a --json error: {"error":{"code","message","exit_code",
+// "holder"?}}, the wire contract's error body plus the exit code.
+type errorJSON struct {
+	Error struct {
+		Code     string          `json:"code"`
+		Message  string          `json:"message"`
+		ExitCode int             `json:"exit_code"`
+		Holder   *streams.Holder `json:"holder,omitempty"`
+	} `json:"error"`
+}
+
+// report prints e: as one line "jetlock: KIND: msg" on stderr, or, with
+// --json, as an errorJSON line on stdout (and nothing on stderr).
+func (e *exitError) report(stdout, stderr io.Writer, asJSON bool) {
+	if e.msg == "" && e.kind == "" {
+		return // the exit code says it all (run passes its command's on)
+	}
+	if !asJSON {
+		fmt.Fprintln(stderr, "jetlock: "+e.line())
+		return
+	}
+	var out errorJSON
+	out.Error.Code, out.Error.Message, out.Error.ExitCode, out.Error.Holder = e.jsonCode(), oneLine(e.msg), e.code, e.holder
+	_ = json.NewEncoder(stdout).Encode(out)
+}
 
 func exitf(code int, format string, args ...any) *exitError {
 	return &exitError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// kindf is an error of kind with exit code.
+func kindf(code int, kind, format string, args ...any) *exitError {
+	return &exitError{code: code, kind: kind, msg: fmt.Sprintf(format, args...)}
 }
 
 // errPermission is the cause of a session's context when the server
@@ -45,32 +126,63 @@ var errPermission = errors.New("permission denied")
 
 // usagef is a bad-input error: exit 2, nothing started.
 func usagef(format string, args ...any) *exitError {
-	return exitf(exitUsage, "usage: "+format, args...)
+	return kindf(exitUsage, codeUsage, format, args...)
 }
 
+// permissionHint ends every permission error.
+const permissionHint = "(this needs other credentials: --creds, --user/--password, --nkey or --context; revoke and watch need an operator's)"
+
 // classify maps an error of the client or of NATS to its exit code and its
-// one-line message, which starts with the wire contract's code.
+// one-line message, whose kind is the wire contract's code. The message
+// does not repeat the kind: "lease_lost: lease is no longer current".
 func classify(err error) *exitError {
 	var held *client.HeldError
 	switch {
-	case errors.Is(err, errPermission), errors.Is(err, nats.ErrPermissionViolation), errors.Is(err, nats.ErrAuthorization):
-		return exitf(exitNoPerm, "permission denied: %s (this needs other credentials: --creds, --user/--password, --nkey or --context; revoke and watch need an operator's)",
-			strings.TrimPrefix(strings.TrimPrefix(clean(err), errPermission.Error()+": "), "nats: permissions violation: "))
+	case errors.Is(err, errPermission), errors.Is(err, client.ErrPermission),
+		errors.Is(err, nats.ErrPermissionViolation), errors.Is(err, nats.ErrAuthorization):
+		return kindf(exitNoPerm, codePermission, "%s %s", permissionDetail(err), permissionHint)
 	case errors.As(err, &held):
-		return exitf(exitLocked, "%s: resource is held by another lease (%s)", streams.CodeLocked, holderText(held.Owner, held.Token))
+		e := kindf(exitLocked, streams.CodeLocked, "resource is held by another lease (%s)", holderText(held.Owner, held.Token))
+		e.holder = &streams.Holder{Owner: held.Owner, Token: held.Token}
+		if !held.ExpiresAt.IsZero() {
+			e.holder.ExpiresAt = streams.FormatTime(held.ExpiresAt)
+		}
+		return e
 	case errors.Is(err, client.ErrLeaseLost):
-		return exitf(exitLost, "%s: %s", streams.CodeLeaseLost, clean(err))
+		return kindf(exitLost, streams.CodeLeaseLost, "%s", detail(err, client.ErrLeaseLost))
 	case errors.Is(err, client.ErrInvalidRequest), errors.Is(err, client.ErrInvalidOption), errors.Is(err, streams.ErrInvalid):
-		return exitf(exitUsage, "%s: %s", streams.CodeInvalidRequest, clean(err))
+		return kindf(exitUsage, streams.CodeInvalidRequest, "%s", flagUnits(detail(err, client.ErrInvalidRequest, client.ErrInvalidOption)))
 	case errors.Is(err, client.ErrTooManyWaiters):
-		return exitf(exitFailure, "%s: %s", streams.CodeTooManyWaiters, clean(err))
+		return kindf(exitFailure, streams.CodeTooManyWaiters, "%s", detail(err, client.ErrTooManyWaiters))
 	case errors.Is(err, client.ErrInternal):
-		return exitf(exitFailure, "%s: %s", streams.CodeInternal, clean(err))
-	case errors.Is(err, client.ErrUnavailable), errors.Is(err, context.DeadlineExceeded),
-		errors.Is(err, nats.ErrNoServers), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders):
-		return exitf(exitUnavailable, "%s: %s", streams.CodeUnavailable, clean(err))
+		return kindf(exitFailure, streams.CodeInternal, "%s", detail(err, client.ErrInternal))
+	case errors.Is(err, context.DeadlineExceeded):
+		return kindf(exitUnavailable, streams.CodeUnavailable, "no answer in time (--timeout sets how long a request waits)")
+	case errors.Is(err, client.ErrUnavailable), errors.Is(err, nats.ErrNoServers), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders):
+		return kindf(exitUnavailable, streams.CodeUnavailable, "%s", detail(err, client.ErrUnavailable))
 	}
 	return exitf(exitFailure, "%s", clean(err))
+}
+
+// detail is err's message without what its kind already says: the
+// client's "jetlock: " and the words of the sentinels it wraps.
+func detail(err error, sentinels ...error) string {
+	s := clean(err)
+	for _, sen := range sentinels {
+		s = strings.TrimPrefix(s, strings.TrimPrefix(sen.Error(), "jetlock: ")+": ")
+	}
+	return s
+}
+
+// permissionDetail says what the server refused, e.g. `publish to
+// "jetlock.v1.admin.revoke" refused by the NATS server`.
+func permissionDetail(err error) string {
+	s := detail(err, client.ErrPermission, errPermission)
+	s = strings.TrimPrefix(s, "nats: permissions violation: ")
+	if rest, ok := strings.CutPrefix(s, "Permissions Violation for "); ok {
+		s = strings.ToLower(rest[:1]) + rest[1:] + " refused by the NATS server"
+	}
+	return s
 }
 
 func holderText(owner string, token uint64) string {
@@ -80,15 +192,64 @@ func holderText(owner string, token uint64) string {
 	return fmt.Sprintf("owner %s, token %d", owner, token)
 }
 
-// clean drops the client's repeated "jetlock: " prefixes from a message.
+// clean drops the client's "jetlock: " prefixes and the validators'
+// "invalid request: " from a message, and a part that says again what an
+// earlier part said: "lease lost: renewal refused: jetlock: lease lost:
+// lease is no longer current" reads "lease lost: renewal refused: lease
+// is no longer current".
 func clean(err error) string {
 	s := strings.ReplaceAll(err.Error(), "jetlock: ", "")
-	return strings.ReplaceAll(s, streams.ErrInvalid.Error()+": ", "")
+	s = strings.ReplaceAll(s, streams.ErrInvalid.Error()+": ", "")
+	parts := strings.Split(s, ": ")
+	out := parts[:0]
+	for i, p := range parts {
+		if i == len(parts)-1 || !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return strings.Join(out, ": ")
 }
 
 // oneLine folds a message onto one line.
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// wireBound is the service's wording of a field out of its bounds, in the
+// wire contract's milliseconds: "ttl_ms 3600000 outside [1000, 600000]".
+var wireBound = regexp.MustCompile(`\b(ttl_ms|wait_ms|max_hold_ms) (-?\d+) outside \[(-?\d+), (-?\d+)\]`)
+
+// wireFlags names the flag that sets each millisecond field.
+var wireFlags = map[string]string{"ttl_ms": "ttl", "wait_ms": "wait", "max_hold_ms": "max-hold"}
+
+// flagUnits rewords the service's bounds in the flags' units, as the
+// command's own checks word them: "--ttl 1h outside [1s, 10m] (the
+// service's bounds)".
+func flagUnits(s string) string {
+	return wireBound.ReplaceAllStringFunc(s, func(m string) string {
+		f := wireBound.FindStringSubmatch(m)
+		ms := func(v string) string {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return v
+			}
+			return durationText(time.Duration(n) * time.Millisecond)
+		}
+		return fmt.Sprintf("--%s %s outside [%s, %s] (the service's bounds)", wireFlags[f[1]], ms(f[2]), ms(f[3]), ms(f[4]))
+	})
+}
+
+// durationText writes d as the flags take it, without zero units:
+// 24h, 10m, 1h30m, 1.5s, 500ms (time.Duration's String says 24h0m0s).
+func durationText(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
 }
 
 // checkDuration refuses a duration flag outside [lo, hi] (zero is "not
@@ -98,10 +259,10 @@ func checkDuration(flag string, d, lo, hi time.Duration) error {
 		return nil
 	}
 	if d < lo || d > hi {
-		return usagef("--%s %v outside [%v, %v]", flag, d, lo, hi)
+		return usagef("--%s %s outside [%s, %s]", flag, durationText(d), durationText(lo), durationText(hi))
 	}
 	if d%time.Millisecond != 0 {
-		return usagef("--%s %v is not a whole number of milliseconds", flag, d)
+		return usagef("--%s %s is not a whole number of milliseconds", flag, durationText(d))
 	}
 	return nil
 }

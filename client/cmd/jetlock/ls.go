@@ -12,7 +12,7 @@ import (
 )
 
 type lsCmd struct {
-	JSON   bool   `name:"json" help:"Print the leases as JSON: {\"leases\":[...]} like the service's list reply, all pages in one."`
+	JSON   bool   `name:"json" help:"Print the leases as JSON: {\"leases\":[...]} like the service's list reply, all pages in one; errors as JSON too."`
 	Prefix string `arg:"" optional:"" help:"Only resources that start with this (default: all)."`
 }
 

@@ -28,13 +28,21 @@
 //	128+N `run`: the command was killed by signal N (like a shell)
 //
 // Every error is one line on stderr: "jetlock: CODE: message", with the
-// wire contract's code where the service gave one.
+// wire contract's code where the service gave one, else jetlock's own
+// (usage, permission_denied, interrupted). With --json (acquire, renew,
+// release, status, ls, revoke, watch) it is one JSON line on stdout
+// instead, and stderr stays empty:
+//
+//	{"error":{"code":"locked","message":"...","exit_code":75,"holder":{...}}}
+//
+// Durations, in messages as in flags, are written like 1s, 10m, 24h.
 package main
 
 import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/alecthomas/kong"
 )
@@ -77,14 +85,16 @@ func realMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "jetlock:", err)
 		return exitUsage
 	}
+	asJSON := jsonOutput(args)
 	kctx, err := parser.Parse(args)
 	if err != nil {
-		msg := "usage: " + err.Error()
-		if ee := (*exitError)(nil); errors.As(err, &ee) {
-			msg = ee.msg // a Validate method's, wrapped by kong in the command's name
+		ee := (*exitError)(nil)
+		if !errors.As(err, &ee) { // else a Validate method's, wrapped by kong in the command's name
+			ee = usagef("%s", err.Error())
 		}
-		fmt.Fprintf(os.Stderr, "jetlock: %s (see jetlock %s--help)\n", oneLine(msg), commandOf(args))
-		return exitUsage
+		ee.msg += fmt.Sprintf(" (see jetlock %s--help)", commandOf(args))
+		ee.report(os.Stdout, os.Stderr, asJSON)
+		return ee.code
 	}
 	err = kctx.Run(&c.globals)
 	if err == nil {
@@ -94,10 +104,28 @@ func realMain(args []string) int {
 	if !errors.As(err, &ee) {
 		ee = classify(err)
 	}
-	if ee.msg != "" {
-		fmt.Fprintln(os.Stderr, "jetlock: "+oneLine(ee.msg))
-	}
+	ee.report(os.Stdout, os.Stderr, asJSON)
 	return ee.code
+}
+
+// jsonCommands are the commands that have --json.
+var jsonCommands = map[string]bool{"acquire": true, "renew": true, "release": true, "status": true, "ls": true, "revoke": true, "watch": true}
+
+// jsonOutput reports whether args ask a command that has --json for it.
+// It reads args itself, so that an error kong finds in them is JSON too.
+func jsonOutput(args []string) bool {
+	if !jsonCommands[strings.TrimSpace(commandOf(args))] {
+		return false
+	}
+	for _, a := range args {
+		switch {
+		case a == "--":
+			return false
+		case a == "--json", a == "--json=true":
+			return true
+		}
+	}
+	return false
 }
 
 // commandOf returns "NAME " when args name a command, for the help hint.

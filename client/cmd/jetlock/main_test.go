@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -224,6 +226,41 @@ func wantCode(t *testing.T, r result, code int) {
 		if lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "jetlock: ") {
 			t.Fatalf("stderr is not one jetlock line: %q", r.stderr)
 		}
+	}
+}
+
+// wantError is wantCode for a failure whose line is also in one voice
+// (see wantOneVoice).
+func wantError(t *testing.T, r result, code int) {
+	t.Helper()
+	wantCode(t, r, code)
+	wantOneVoice(t, r.stderr)
+}
+
+// errorCodes are the CODEs of "jetlock: CODE: message".
+var errorCodes = []string{"usage", "invalid_request", "locked", "lease_lost", "too_many_waiters", "unavailable",
+	"internal", "permission_denied", "interrupted"}
+
+// wireUnits finds the wire contract's millisecond fields, and durations
+// written with zero units (Go's 24h0m0s, 10m0s), in a message.
+var wireUnits = regexp.MustCompile(`\b[a-z_]+_ms\b|\d[hm]0[ms]`)
+
+// wantOneVoice fails unless line, an error jetlock printed, is
+// "jetlock: CODE: message" with a known CODE, a message that does not say
+// CODE again ("unavailable: service unavailable: ..."), and durations
+// written as the flags take them (1s, 10m, 24h), never in milliseconds.
+func wantOneVoice(t *testing.T, line string) {
+	t.Helper()
+	line = strings.TrimSpace(line)
+	code, msg, ok := strings.Cut(strings.TrimPrefix(line, "jetlock: "), ": ")
+	if !ok || !strings.HasPrefix(line, "jetlock: ") || !slices.Contains(errorCodes, code) {
+		t.Fatalf("%q is not \"jetlock: CODE: message\" with a known CODE", line)
+	}
+	if words := strings.ReplaceAll(code, "_", " "); strings.Contains(msg, words) || strings.Contains(msg, code) {
+		t.Fatalf("%q says %q twice", line, code)
+	}
+	if m := wireUnits.FindString(msg); m != "" {
+		t.Fatalf("%q has %q: durations are written like 1s, 10m, 24h", line, m)
 	}
 }
 

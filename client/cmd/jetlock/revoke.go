@@ -10,7 +10,7 @@ import (
 
 type revokeCmd struct {
 	Reason   string `required:"" help:"Why (required; goes to the service's audit log)."`
-	JSON     bool   `name:"json" help:"Print the service's reply as JSON."`
+	JSON     bool   `name:"json" help:"Print the service's reply as JSON; errors as JSON too."`
 	Resource string `arg:"" help:"Resource whose lease to end."`
 }
 

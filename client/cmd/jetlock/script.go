@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jetlock/jetlock/client"
@@ -19,10 +22,10 @@ type acquireCmd struct {
 	Wait      time.Duration `help:"Wait up to this long for the lock (default: try once; exit 75 if held)." placeholder:"D"`
 	TTL       time.Duration `name:"ttl" help:"Lease TTL (default: the service's, 30s). Nothing renews it: run 'jetlock renew' within it." placeholder:"D"`
 	MaxHold   time.Duration `help:"Longest the lease may be held, renewals included (default: the deployment's cap)." placeholder:"D"`
-	Owner     string        `help:"Owner text shown to others."`
+	Owner     string        `help:"Owner text shown to others (default: HOST:PID)."`
 	RequestID string        `help:"Request id (default: random); reuse it to make a retried acquire idempotent."`
-	JSON      bool          `name:"json" help:"Print the service's reply as JSON (lease_id included)."`
-	Env       bool          `name:"env" help:"Print 'export JETLOCK_RESOURCE=... JETLOCK_TOKEN=... JETLOCK_LEASE_ID=...' for eval."`
+	JSON      bool          `name:"json" help:"Print the service's reply as JSON (lease_id included); errors as JSON too."`
+	Env       bool          `name:"env" help:"Print 'export JETLOCK_RESOURCE=... JETLOCK_TOKEN=... JETLOCK_LEASE_ID=... JETLOCK_TTL=...' for eval."`
 	Resource  string        `arg:"" help:"Resource to lock."`
 }
 
@@ -33,9 +36,15 @@ shows it: keep it secret, it alone renews and releases the lease) and its
 fencing token. The lease lasts its TTL unless renewed with 'jetlock renew';
 prefer 'jetlock run', which renews for you.
 
+--env prints the lease for eval: JETLOCK_RESOURCE, JETLOCK_TOKEN,
+JETLOCK_LEASE_ID, and JETLOCK_TTL (--ttl, or the TTL granted), which
+'jetlock renew' and 'jetlock release' read. SIGINT or SIGTERM while
+acquiring (waiting with --wait) cancels the request at the service, so the
+lock never goes to the vanished caller, and exits 128+N.
+
 Example:
   eval "$(jetlock acquire --env --ttl 1m lock:backup:user123)"
-  ./backup.sh --token "$JETLOCK_TOKEN"; jetlock renew lock:backup:user123
+  ./backup.sh --token "$JETLOCK_TOKEN"; jetlock renew lock:backup:user123  # --ttl from $JETLOCK_TTL
   jetlock release lock:backup:user123   # lease id from $JETLOCK_LEASE_ID`
 }
 
@@ -56,12 +65,55 @@ func (a *acquireCmd) Validate() error {
 
 // Run acquires and prints.
 func (a *acquireCmd) Run(g *globals) error {
+	// Caught from here on: a signal cancels the acquire (see acquire).
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, interruptSignals...)
+	defer signal.Stop(sigs)
 	s, err := g.connect()
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	opts := []client.AcquireOption{client.Owner(a.Owner)}
+	lease, err := a.acquire(g, s, sigs)
+	if err != nil {
+		return err
+	}
+	// The process exits now, and with it the client's renewer: the lease
+	// lasts its TTL unless the script renews it.
+	r := lease.Reply()
+	switch {
+	case a.JSON:
+		return printJSON(r)
+	case a.Env:
+		ttl := a.TTL
+		if ttl == 0 {
+			ttl = time.Duration(r.TTLms) * time.Millisecond
+		}
+		fmt.Printf("export JETLOCK_RESOURCE=%s JETLOCK_TOKEN=%d JETLOCK_LEASE_ID=%s JETLOCK_TTL=%s\n",
+			shellQuote(r.Resource), r.Token, shellQuote(r.LeaseID), durationText(ttl))
+	default:
+		fmt.Printf("acquired %s: token %d, ttl %s, expires %s%s\nlease_id %s\n", r.Resource, r.Token,
+			durationText(time.Duration(r.TTLms)*time.Millisecond), r.ExpiresAt, holdText(r.HoldUntil), r.LeaseID)
+	}
+	return nil
+}
+
+// interruptSignals end a waiting acquire.
+var interruptSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
+// acquire takes the lease. The first signal from sigs cancels ctx: the
+// client then sends cancel for the request (bounded by --timeout) before
+// Acquire returns, so the service neither keeps the caller queued nor
+// hands it the lock after it has gone; a lease granted meanwhile is
+// released. Without that, the vanished waiter would be granted the lock on
+// the next release, and everyone else refused until its wait record
+// lapsed.
+func (a *acquireCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*client.Lease, error) {
+	owner := a.Owner
+	if owner == "" {
+		owner = defaultOwner()
+	}
+	opts := []client.AcquireOption{client.Owner(owner)}
 	if a.TTL > 0 {
 		opts = append(opts, client.TTL(a.TTL))
 	}
@@ -73,35 +125,70 @@ func (a *acquireCmd) Run(g *globals) error {
 	}
 	ctx, cancel := s.opCtx(g, a.Wait)
 	defer cancel()
+	caught := make(chan os.Signal, 1)
+	stop, watcher := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watcher)
+		select {
+		case sig := <-sigs:
+			caught <- sig
+			cancel()
+		case <-stop:
+		}
+	}()
 	var lease *client.Lease
+	var err error
 	if a.Wait > 0 {
 		lease, err = s.c.Acquire(ctx, a.Resource, append(opts, client.Wait(a.Wait))...)
 	} else {
 		lease, err = s.c.TryAcquire(ctx, a.Resource, opts...)
 	}
-	if err != nil {
-		return s.fail(err)
-	}
-	// The process exits now, and with it the client's renewer: the lease
-	// lasts its TTL unless the script renews it.
-	r := lease.Reply()
-	switch {
-	case a.JSON:
-		return printJSON(r)
-	case a.Env:
-		fmt.Printf("export JETLOCK_RESOURCE=%s JETLOCK_TOKEN=%d JETLOCK_LEASE_ID=%s\n",
-			shellQuote(r.Resource), r.Token, shellQuote(r.LeaseID))
+	close(stop)
+	<-watcher
+	select {
+	case sig := <-caught:
+		if lease != nil {
+			rctx, rcancel := context.WithTimeout(context.Background(), g.Timeout)
+			defer rcancel()
+			_ = lease.Release(rctx)
+		}
+		return nil, kindf(signalExit(sig), codeInterrupted, "%s while acquiring %s; the request was cancelled", signalName(sig), a.Resource)
 	default:
-		fmt.Printf("acquired %s: token %d, ttl %v, expires %s%s\nlease_id %s\n", r.Resource, r.Token,
-			time.Duration(r.TTLms)*time.Millisecond, r.ExpiresAt, holdText(r.HoldUntil), r.LeaseID)
 	}
-	return nil
+	if err != nil {
+		return nil, s.fail(err)
+	}
+	return lease, nil
+}
+
+// defaultOwner is the owner of an acquire without --owner: HOST:PID, as
+// 'jetlock run' shows it (empty if that is no valid owner).
+func defaultOwner() string {
+	host, _ := os.Hostname()
+	owner := host + ":" + strconv.Itoa(os.Getpid())
+	if streams.ValidateOwner(owner) != nil {
+		return ""
+	}
+	return owner
+}
+
+// signalName names sig as kill(1) does.
+func signalName(sig os.Signal) string {
+	switch sig {
+	case os.Interrupt:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	}
+	return sig.String()
 }
 
 type renewCmd struct {
-	LeaseID  string        `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire' (default: $JETLOCK_LEASE_ID)."`
-	TTL      time.Duration `name:"ttl" help:"New TTL (default: the service's default)." placeholder:"D"`
-	JSON     bool          `name:"json" help:"Print the service's reply as JSON (without the lease id)."`
+	LeaseID  string        `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire'."`
+	TTL      time.Duration `name:"ttl" env:"JETLOCK_TTL" help:"New TTL (default: the TTL 'jetlock acquire --env' exported, else the service's default, 30s)." placeholder:"D"`
+	JSON     bool          `name:"json" help:"Print the service's reply as JSON (without the lease id); errors as JSON too."`
 	Resource string        `arg:"" help:"Resource of the lease."`
 }
 
@@ -109,6 +196,8 @@ type renewCmd struct {
 func (r *renewCmd) Help() string {
 	return `Renews a lease acquired with 'jetlock acquire'. Exit 79 (lease_lost) when it is
 no longer current: expired, released, revoked, or past its hold limit.
+The TTL asked for is --ttl, else $JETLOCK_TTL (set by 'jetlock acquire
+--env'), else the service's default (30s), whatever TTL the lease had.
 
 Example:
   JETLOCK_LEASE_ID=... jetlock renew --ttl 1m lock:backup:user123`
@@ -120,11 +209,19 @@ func (r *renewCmd) Validate() error {
 		checkDuration("ttl", r.TTL, time.Second, streams.MaxRecordTTL))
 }
 
+// checkLeaseID refuses a lease id that no grant can have: lease ids are
+// hex digits (128 random bits, as 'jetlock acquire' prints them).
 func checkLeaseID(id string) error {
 	if id == "" {
 		return usagef("--lease-id (or JETLOCK_LEASE_ID) is required")
 	}
-	return checkText("lease-id", id, streams.ValidateLeaseID)
+	if err := checkText("lease-id", id, streams.ValidateLeaseID); err != nil {
+		return err
+	}
+	if strings.Trim(id, "0123456789abcdef") != "" {
+		return usagef("--lease-id %q is not a lease id: lease ids are lowercase hex digits, as 'jetlock acquire' prints them", id)
+	}
+	return nil
 }
 
 // Run renews and prints.
@@ -141,8 +238,8 @@ func (r *renewCmd) Run(g *globals) error {
 		return printJSON(grantView{Resource: resp.Resource, Token: resp.Token, TTLms: resp.TTLms,
 			ExpiresAt: resp.ExpiresAt, HoldUntil: resp.HoldUntil})
 	}
-	fmt.Printf("renewed %s: token %d, ttl %v, expires %s%s\n", resp.Resource, resp.Token,
-		time.Duration(resp.TTLms)*time.Millisecond, resp.ExpiresAt, holdText(resp.HoldUntil))
+	fmt.Printf("renewed %s: token %d, ttl %s, expires %s%s\n", resp.Resource, resp.Token,
+		durationText(time.Duration(resp.TTLms)*time.Millisecond), resp.ExpiresAt, holdText(resp.HoldUntil))
 	return nil
 }
 
@@ -156,8 +253,8 @@ type grantView struct {
 }
 
 type releaseCmd struct {
-	LeaseID  string `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire' (default: $JETLOCK_LEASE_ID)."`
-	JSON     bool   `name:"json" help:"Print the service's reply as JSON."`
+	LeaseID  string `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire'."`
+	JSON     bool   `name:"json" help:"Print the service's reply as JSON; errors as JSON too."`
 	Resource string `arg:"" help:"Resource of the lease."`
 }
 
@@ -197,7 +294,7 @@ func (r *releaseCmd) Run(g *globals) error {
 }
 
 type statusCmd struct {
-	JSON     bool   `name:"json" help:"Print the service's reply as JSON."`
+	JSON     bool   `name:"json" help:"Print the service's reply as JSON; errors as JSON too."`
 	Resource string `arg:"" help:"Resource to look at."`
 }
 

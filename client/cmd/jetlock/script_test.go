@@ -43,14 +43,16 @@ func TestBadInputExitsTwoAndStartsNothing(t *testing.T) {
 		{"acquire", "--bogus", "bad:1"},
 		{"acquire", "bad/"},
 		{"acquire", "--ttl", "0.2s", "bad:1"},
-		{"acquire", "--json", "--env", "bad:1"},
 		{"renew", "bad:1"},
-		{"renew", "--lease-id", "x", "bad res"},
-		{"renew", "--lease-id", "x", "--ttl", "10ms", "bad:1"},
-		{"renew", "--lease-id", "x", "--bogus", "bad:1"},
+		{"renew", "--lease-id", "0a", "bad res"},
+		{"renew", "--lease-id", "0a", "--ttl", "10ms", "bad:1"},
+		{"renew", "--lease-id", "0a", "--bogus", "bad:1"},
+		{"renew", "--lease-id", "not hex!", "bad:1"},
+		{"renew", "--lease-id", "0A", "bad:1"},
 		{"release", "bad:1"},
-		{"release", "--lease-id", strings.Repeat("x", 65), "bad:1"},
-		{"release", "--lease-id", "x", "--bogus", "bad:1"},
+		{"release", "--lease-id", strings.Repeat("a", 65), "bad:1"},
+		{"release", "--lease-id", "0a", "--bogus", "bad:1"},
+		{"release", "--lease-id", "not hex!", "bad:1"},
 		{"status"},
 		{"status", "bad res"},
 		{"status", "--bogus", "bad:1"},
@@ -77,6 +79,10 @@ func TestBadInputExitsTwoAndStartsNothing(t *testing.T) {
 		if r.stdout != "" {
 			t.Errorf("jetlock %q printed %q", args, r.stdout)
 		}
+		if !strings.HasPrefix(r.stderr, "jetlock: usage: ") {
+			t.Errorf("jetlock %q: %q, want a usage error", args, r.stderr)
+		}
+		wantOneVoice(t, r.stderr)
 	}
 	if exists(marker) {
 		t.Fatal("a refused run started its command")
@@ -97,8 +103,8 @@ func TestUnavailable(t *testing.T) {
 		{"--server", "nats://127.0.0.1:1", "run", "un:1", "--", "touch", marker},
 	} {
 		r := jl(t, args...)
-		wantCode(t, r, 69)
-		if !strings.Contains(r.stderr, "unavailable") || r.took > 15*time.Second {
+		wantError(t, r, 69)
+		if !strings.HasPrefix(r.stderr, "jetlock: unavailable: ") || r.took > 15*time.Second {
 			t.Errorf("jetlock %q: %q after %v", args, r.stderr, r.took)
 		}
 	}
@@ -224,7 +230,7 @@ func TestWatch(t *testing.T) {
 	t.Parallel()
 	r := jl(t, "watch", "--for", "5s", "watch:")
 	wantCode(t, r, 77)
-	if !strings.Contains(r.stderr, "permission denied") || r.took > 5*time.Second {
+	if !strings.HasPrefix(r.stderr, "jetlock: permission_denied: ") || r.took > 5*time.Second {
 		t.Fatalf("watch as a caller: %q after %v", r.stderr, r.took)
 	}
 

@@ -19,7 +19,7 @@ type watchCmd struct {
 	Bucket   string        `default:"jetlock" env:"JETLOCK_BUCKET" help:"KV bucket of the lock state."`
 	For      time.Duration `name:"for" help:"Stop after this long (default: until Ctrl-C)." placeholder:"D"`
 	Renewals bool          `help:"Also print renewals."`
-	JSON     bool          `name:"json" help:"One JSON object per event."`
+	JSON     bool          `name:"json" help:"One JSON object per event; an error ends the stream as a JSON error line."`
 	Prefix   string        `arg:"" optional:"" help:"Only resources that start with this (default: all)."`
 }
 
@@ -99,7 +99,7 @@ func (c *watchCmd) Run(g *globals) error {
 			return nil
 		case e, ok := <-w.Updates():
 			if !ok {
-				return exitf(exitUnavailable, "unavailable: the watch ended")
+				return kindf(exitUnavailable, streams.CodeUnavailable, "the watch ended")
 			}
 			if e == nil {
 				initial = false
