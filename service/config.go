@@ -3,6 +3,7 @@ package service
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,23 +70,52 @@ type Config struct {
 	// so a waiter that does not claim is skipped in ticket order. The
 	// default is 2s.
 	Reservation time.Duration
-	// MaxWaitersPerResource and MaxWaitersPerOwner cap the queue; beyond
-	// them acquire answers too_many_waiters. The defaults are 1000 and 100.
-	MaxWaitersPerResource, MaxWaitersPerOwner int
+	// MaxWaitersPerResource caps the queue of one resource, and
+	// MaxWaitersPerTenant the waiting acquires of one tenant (a NATS user
+	// as the server vouches for it; every request that crossed no import
+	// counts as one tenant) on every resource; beyond them acquire answers
+	// too_many_waiters. The defaults are 1000 and 1000.
+	MaxWaitersPerResource, MaxWaitersPerTenant int
+	// MaxLeasesPerTenant caps the leases one tenant holds at once, as this
+	// instance knows them; beyond it acquire answers too_many_waiters.
+	// Zero means no cap. The default is 0.
+	MaxLeasesPerTenant int
 	// MaxWaiting caps the waiting acquires one instance serves at once
-	// (waits do not count toward MaxInFlight). The default is 10000.
+	// (waits do not count toward MaxInFlight); keep MaxWaitersPerTenant
+	// well below it, so that no one tenant can take every place. The
+	// default is 10000.
 	MaxWaiting int
 	// MaxPerKey bounds the requests of one instance that wait for the
 	// requests on the same key ahead of them; beyond, a request is
 	// answered unavailable at once, so one hot key cannot hold every
 	// in-flight place. The default is 64.
 	MaxPerKey int
-	// OwnerRate and UserRate are fair-use limits: acquires (waiting or
-	// not) a second per owner and per NATS user (as the server vouches for
-	// it on an account import), each with a burst of twice the rate. A
-	// caller over its rate is answered unavailable with retry_after_ms.
+	// OwnerRate is a fair-use limit on acquires (waiting or not) a second
+	// per owner, with a burst of twice the rate. Owners are chosen by
+	// callers: UserRate is the limit a caller cannot dodge.
+	//
+	// UserRate is the fair-use limit of a tenant (a NATS user as the
+	// server vouches for it on an account import): operations a second,
+	// each weighted by what it costs (see opCost: an acquire 1, a waiting
+	// one 2, a cancel 2, a list page 1 per 100 leases asked for), with a
+	// burst of twice the rate. The renewal or release of a lease the
+	// instance knows as current costs nothing, so a tenant over its rate
+	// never loses a lease it keeps renewing. A caller over its rate is
+	// answered unavailable with retry_after_ms. Requests that crossed no
+	// import are not limited by it.
+	//
 	// Zero disables a limit. The defaults are 0 (owner) and 0 (user).
 	OwnerRate, UserRate float64
+	// Operators lists who may call admin requests (revoke): "ACCOUNT" for
+	// every user of an account, or "ACCOUNT/user". The identity must be
+	// stamped by the NATS server on an import (deploy/ gives operators an
+	// account of their own that imports the service): a request that
+	// crossed no import is never an operator's. The default is
+	// ["OPERATORS"].
+	Operators []string
+	// MaxBodyBytes bounds a request's body; a larger one is answered
+	// invalid_request before it is decoded. The default is 4096.
+	MaxBodyBytes int
 	// OpTimeout bounds the store work of one request: it must end within
 	// QueueWait+OpTimeout of the request's receipt (rounded up to the next
 	// 10ms), so a request that did not wait in the queue has the unused
@@ -159,9 +189,11 @@ func DefaultConfig() Config {
 		Recheck:               time.Second,
 		Reservation:           2 * time.Second,
 		MaxWaitersPerResource: 1000,
-		MaxWaitersPerOwner:    100,
+		MaxWaitersPerTenant:   1000,
 		MaxWaiting:            10000,
 		MaxPerKey:             64,
+		Operators:             []string{"OPERATORS"},
+		MaxBodyBytes:          4096,
 		Clock:                 systemClock{},
 		Version:               "0.1.0",
 	}
@@ -199,8 +231,20 @@ func (c Config) Validate() error {
 	if c.HandoverTTL < c.MinTTL || c.WaiterLiveness < time.Second || c.Recheck <= 0 || c.Reservation <= 0 {
 		return bad("handover TTL (>= min TTL), waiter liveness (>= 1s), recheck and reservation must be positive")
 	}
-	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerOwner < 1 || c.MaxWaiting < 1 || c.MaxPerKey < 1 {
+	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerTenant < 1 || c.MaxWaiting < 1 || c.MaxPerKey < 1 {
 		return bad("waiter caps and max per key must be at least 1")
+	}
+	if c.MaxLeasesPerTenant < 0 {
+		return bad("max leases per tenant %d is negative", c.MaxLeasesPerTenant)
+	}
+	if c.MaxBodyBytes < 512 {
+		return bad("max body bytes %d: need at least 512 for a request with every field at its longest", c.MaxBodyBytes)
+	}
+	for _, op := range c.Operators {
+		acc, user, _ := strings.Cut(op, "/")
+		if acc == "" || strings.ContainsAny(op, " \t\r\n") || strings.Contains(user, "/") {
+			return bad("operator %q: want ACCOUNT or ACCOUNT/user", op)
+		}
 	}
 	if c.MaxInFlight < 1 {
 		return bad("max in flight %d < 1", c.MaxInFlight)

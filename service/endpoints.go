@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -40,10 +41,12 @@ func (s *Service) addEndpoints(svc micro.Service) error {
 // and system APIs) or lies under its own prefix (its request, wake and
 // heartbeat subjects), nor on one that is not a valid subject: a request
 // names its reply subject, and a reply published there would act with the
-// service's rights. An empty subject (a plain publish) gets no reply.
+// service's rights. A request without a reply subject (a plain publish) is
+// not executed either: nobody could learn its outcome, a lease it granted
+// would be nobody's, and it would cost a write for nothing.
 func (s *Service) replyAllowed(subject string) bool {
 	if subject == "" {
-		return true
+		return false
 	}
 	if subject[0] == '$' || subject == s.cfg.Prefix || strings.HasPrefix(subject, s.cfg.Prefix+".") {
 		return false
@@ -54,27 +57,39 @@ func (s *Service) replyAllowed(subject string) bool {
 
 // dispatch answers a request in a worker goroutine, so that one slow store
 // round trip never holds up the subscription. A request whose reply
-// subject the service must not publish on is dropped before any work. The
-// gate bounds the requests processed at once (MaxInFlight) and queues the
-// next MaxQueued; beyond those, or after QueueWait in the queue, the
-// service sheds load: it answers unavailable rather than letting requests
-// queue until their callers have given up.
+// subject the service must not publish on is dropped before any work, and
+// a body over MaxBodyBytes is refused before it is decoded. The gate
+// bounds the requests processed at once (MaxInFlight) and queues the next
+// MaxQueued; beyond those, or after QueueWait in the queue, the service
+// sheds load: it answers unavailable rather than letting requests queue
+// until their callers have given up. Renewals and releases go first, the
+// lease closest to expiry first (see urgency), and while any wait, other
+// requests are shed at once.
 func (s *Service) dispatch(op string, r micro.Request) {
 	if !s.replyAllowed(r.Reply()) {
 		s.report.refusedReply(op, r.Reply())
 		return
 	}
+	received := time.Now()
+	if n := len(r.Data()); n > s.cfg.MaxBodyBytes {
+		s.replyError(r, newOpError(streams.CodeInvalidRequest, "body of %d bytes: at most %d", n, s.cfg.MaxBodyBytes))
+		s.report.request(op, streams.CodeInvalidRequest, time.Since(received))
+		return
+	}
 	s.dispatched.Add(1)
 	s.inflight.Add(1)
-	received := time.Now()
+	req := request{op: op, r: r, who: s.requestOrigin(r.Headers())}
+	urgent, due := s.urgency(&req)
 	s.gate.enter(pending{
-		at: received,
+		at:     received,
+		urgent: urgent,
+		due:    due,
 		run: func(sl *slot) {
 			defer func() {
 				sl.release()
 				s.inflight.Done()
 			}()
-			resp, err := s.handle(op, r, received, sl)
+			resp, err := s.handle(&req, received, sl)
 			code := ""
 			if err != nil {
 				oe := toOpError(err)
@@ -91,32 +106,91 @@ func (s *Service) dispatch(op string, r micro.Request) {
 		shed: func(reason string, waited time.Duration) {
 			defer s.inflight.Done()
 			var oe *opError
-			if reason == shedWaited {
+			switch reason {
+			case shedWaited:
 				oe = newOpError(streams.CodeUnavailable, "service overloaded: the request waited %v for one of %d places; retry with backoff", waited.Round(time.Millisecond), s.cfg.MaxInFlight)
-			} else {
+			case shedUrgent:
+				oe = newOpError(streams.CodeUnavailable, "service overloaded: renewals go first; retry with backoff")
+			default:
 				oe = newOpError(streams.CodeUnavailable, "service overloaded: %d requests in progress and %d queued; retry with backoff", s.cfg.MaxInFlight, s.cfg.MaxQueued)
 			}
+			oe.retryAfter = s.shedRetryAfter()
 			s.replyError(r, oe)
 			s.report.shed(op, reason, waited)
 		},
 	})
 }
 
-// handle decodes, validates and serves one request received at received;
-// its store work must end within QueueWait+OpTimeout of that.
-func (s *Service) handle(op string, r micro.Request, received time.Time, sl *slot) (any, error) {
-	ctx := s.deadlines.get(received)
-	var who origin
-	if s.wantOrigin {
-		who = requestOrigin(r.Headers())
+// request is one request on its way through dispatch: the operation, the
+// message, who sent it, and for a renewal or release the body decoded
+// early (to rank it by its lease's expiry) and whether the lease it names
+// is current as this instance knows it.
+type request struct {
+	op      string
+	r       micro.Request
+	who     origin
+	renew   *streams.RenewRequest
+	release *streams.ReleaseRequest
+	known   bool
+}
+
+// urgency ranks a request for the gate: a renewal or release is urgent,
+// due when the lease it names would expire as this instance knows it (so
+// the lease closest to expiry goes first), or last among the urgent ones
+// when the instance does not know it as current. The body is decoded here
+// for that, and kept for handle.
+func (s *Service) urgency(req *request) (bool, time.Time) {
+	var resource, leaseID string
+	switch req.op {
+	case streams.OpRenew:
+		req.renew = new(streams.RenewRequest)
+		if decode(req.r.Data(), req.renew) != nil {
+			req.renew = nil // handle decodes it again and answers the error
+			return false, time.Time{}
+		}
+		resource, leaseID = req.renew.Resource, req.renew.LeaseID
+	case streams.OpRelease:
+		req.release = new(streams.ReleaseRequest)
+		if decode(req.r.Data(), req.release) != nil {
+			req.release = nil
+			return false, time.Time{}
+		}
+		resource, leaseID = req.release.Resource, req.release.LeaseID
+	default:
+		return false, time.Time{}
 	}
-	switch op {
+	o, ok := s.tracker.get(streams.LeaseKey(resource))
+	if !ok || !o.held() || !sameLease(o.rec.LeaseID, leaseID) {
+		return true, time.Now().Add(s.cfg.MaxTTL)
+	}
+	req.known = true
+	return true, s.tracker.deadline(&o)
+}
+
+// shedRetryAfter is the retry_after_ms of a shed request: a quarter of the
+// queue wait, jittered, so that shed callers do not come back together.
+func (s *Service) shedRetryAfter() time.Duration {
+	base := max(s.cfg.QueueWait/4, 50*time.Millisecond)
+	return base/2 + rand.N(base)
+}
+
+// handle decodes, validates and serves one request received at received;
+// its store work must end within QueueWait+OpTimeout of that. Every
+// request but the renewal or release of a lease this instance knows as
+// current pays its tenant's fair-use rate first.
+func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error) {
+	ctx := s.deadlines.get(received)
+	who, data := req.who, req.r.Data()
+	switch req.op {
 	case streams.OpAcquire:
-		g, wait, err := s.acquireRequest(r.Data(), who)
+		g, wait, err := s.acquireRequest(data, who)
 		if err != nil {
 			return nil, err
 		}
-		if err := s.limits.allow(g.owner, who); err != nil {
+		if err := s.limits.allow(g.owner, who, opCost(req.op, wait > 0, 0)); err != nil {
+			return nil, err
+		}
+		if err := s.leaseCap(g); err != nil {
 			return nil, err
 		}
 		s.report.touched(g.resource)
@@ -125,47 +199,106 @@ func (s *Service) handle(op string, r micro.Request, received time.Time, sl *slo
 		}
 		return s.locks.acquire(ctx, g)
 	case streams.OpRenew:
-		var req streams.RenewRequest
-		if err := decode(r.Data(), &req); err != nil {
-			return nil, err
+		body := req.renew
+		if body == nil {
+			body = new(streams.RenewRequest)
+			if err := decode(data, body); err != nil {
+				return nil, err
+			}
 		}
-		ttl, err := s.ttl(req.TTLms)
+		ttl, err := s.ttl(body.TTLms)
 		if err != nil {
 			return nil, err
 		}
-		return s.locks.renew(ctx, req.Resource, req.LeaseID, ttl, who)
+		if !req.known {
+			if err := s.limits.allow("", who, opCost(req.op, false, 0)); err != nil {
+				return nil, err
+			}
+		}
+		return s.locks.renew(ctx, body.Resource, body.LeaseID, ttl, who)
 	case streams.OpRelease:
-		var req streams.ReleaseRequest
-		if err := decode(r.Data(), &req); err != nil {
-			return nil, err
+		body := req.release
+		if body == nil {
+			body = new(streams.ReleaseRequest)
+			if err := decode(data, body); err != nil {
+				return nil, err
+			}
 		}
-		return s.locks.release(ctx, req.Resource, req.LeaseID, who)
+		if !req.known {
+			if err := s.limits.allow("", who, opCost(req.op, false, 0)); err != nil {
+				return nil, err
+			}
+		}
+		return s.locks.release(ctx, body.Resource, body.LeaseID, who)
 	case streams.OpCancel:
-		var req streams.CancelRequest
-		if err := decode(r.Data(), &req); err != nil {
+		var body streams.CancelRequest
+		if err := decode(data, &body); err != nil {
 			return nil, err
 		}
-		return s.locks.cancel(ctx, req.Resource, req.RequestID, who)
+		if err := s.limits.allow("", who, opCost(req.op, false, 0)); err != nil {
+			return nil, err
+		}
+		return s.locks.cancel(ctx, body.Resource, body.RequestID, who)
 	case streams.OpStatus:
-		var req streams.StatusRequest
-		if err := decode(r.Data(), &req); err != nil {
+		var body streams.StatusRequest
+		if err := decode(data, &body); err != nil {
 			return nil, err
 		}
-		return s.locks.status(ctx, req.Resource)
+		if err := s.limits.allow("", who, opCost(req.op, false, 0)); err != nil {
+			return nil, err
+		}
+		return s.locks.status(ctx, body.Resource, who)
 	case streams.OpList:
-		var req streams.ListRequest
-		if err := decode(r.Data(), &req); err != nil {
+		var body streams.ListRequest
+		if err := decode(data, &body); err != nil {
 			return nil, err
 		}
-		return s.locks.list(&req), nil
+		if err := s.limits.allow("", who, opCost(req.op, false, body.Limit)); err != nil {
+			return nil, err
+		}
+		return s.locks.list(&body, who), nil
 	case streams.OpRevoke:
-		var req streams.RevokeRequest
-		if err := decode(r.Data(), &req); err != nil {
+		var body streams.RevokeRequest
+		if err := decode(data, &body); err != nil {
 			return nil, err
 		}
-		return s.locks.revoke(ctx, req.Resource, req.Reason, who)
+		return s.locks.revoke(ctx, body.Resource, body.Reason, who)
 	}
-	return nil, fmt.Errorf("unknown operation %q", op)
+	return nil, fmt.Errorf("unknown operation %q", req.op)
+}
+
+// opCost is what a request costs its tenant's fair-use bucket, roughly in
+// replicated writes or leader reads: an acquire one (two when it waits: a
+// waiter record, and its refreshes), a cancel two (a tombstone and the
+// reads of the lease and waiter keys), a list page one per hundred leases
+// asked for (its reply's size), everything else one.
+func opCost(op string, waits bool, listLimit int) float64 {
+	switch op {
+	case streams.OpAcquire:
+		if waits {
+			return 2
+		}
+	case streams.OpCancel:
+		return 2
+	case streams.OpList:
+		if listLimit == 0 {
+			listLimit = streams.DefaultListLimit
+		}
+		return float64(max(1, (listLimit+99)/100))
+	}
+	return 1
+}
+
+// leaseCap refuses an acquire of a tenant that holds MaxLeasesPerTenant
+// leases already (as this instance knows them).
+func (s *Service) leaseCap(g *grantReq) error {
+	if s.cfg.MaxLeasesPerTenant == 0 {
+		return nil
+	}
+	if n := s.tracker.tenantLeaseCount(g.tenant); n >= s.cfg.MaxLeasesPerTenant {
+		return newOpError(streams.CodeTooManyWaiters, "this NATS user holds %d leases, the cap", n)
+	}
+	return nil
 }
 
 // decode decodes a request body strictly and validates it.
@@ -194,9 +327,10 @@ func (s *Service) acquireRequest(data []byte, who origin) (*grantReq, time.Durat
 	if err != nil {
 		return nil, 0, err
 	}
+	tenant := who.tenant()
 	g := &grantReq{resource: req.Resource, requestID: req.RequestID, owner: req.Owner,
-		key: streams.LeaseKey(req.Resource), hash: requestHash(req.Resource, req.RequestID),
-		ttl: ttl, maxHold: hold, who: who}
+		key: streams.LeaseKey(req.Resource), hash: requestHash(req.Resource, req.RequestID, tenant),
+		ttl: ttl, maxHold: hold, who: who, tenant: tenant}
 	return g, time.Duration(req.WaitMs) * time.Millisecond, nil
 }
 
@@ -227,12 +361,19 @@ func (s *Service) maxHold(ms int64) (time.Duration, error) {
 	return time.Duration(ms) * time.Millisecond, nil
 }
 
+// requestInfoHeader is the header in which the NATS server stamps who sent
+// a request that crosses an account import (nats-server's ClientInfoHdr).
+const requestInfoHeader = "Nats-Request-Info"
+
 // requestOrigin returns who sent a request, from the Nats-Request-Info
 // header the NATS server sets on requests that cross an account import
-// (deploy/ makes callers reach the service that way, so the header is the
-// server's word, not the caller's).
-func requestOrigin(h micro.Headers) origin {
-	info := nats.Header(h).Get("Nats-Request-Info")
+// (deploy/ makes callers and operators reach the service that way, and the
+// server replaces whatever header of that name the sender set, so the
+// header is the server's word, not the caller's). Within the service's own
+// account nothing is stamped: there only the service's users may publish
+// requests (see deploy/).
+func (s *Service) requestOrigin(h micro.Headers) origin {
+	info := nats.Header(h).Get(requestInfoHeader)
 	if info == "" {
 		return origin{}
 	}
@@ -243,7 +384,23 @@ func requestOrigin(h micro.Headers) origin {
 	if jsonv2.Unmarshal([]byte(info), &ci, jsonv2.RejectUnknownMembers(false)) != nil {
 		return origin{}
 	}
-	return origin{account: ci.Account, user: ci.User}
+	o := origin{account: ci.Account, user: ci.User}
+	o.operator = s.isOperator(o)
+	return o
+}
+
+// isOperator reports whether o is on the operator list.
+func (s *Service) isOperator(o origin) bool {
+	if o.account == "" {
+		return false
+	}
+	for _, op := range s.cfg.Operators {
+		acc, user, one := strings.Cut(op, "/")
+		if acc == o.account && (!one || user == o.user) {
+			return true
+		}
+	}
+	return false
 }
 
 // replyJSON and replyError answer on the request's reply subject directly.

@@ -61,7 +61,9 @@ func startInstance(t *testing.T, cl *devcluster.Cluster, cfg Config, linger time
 func call(t *testing.T, s *Service, op string, body any) (any, error) {
 	t.Helper()
 	data, _ := json.Marshal(body)
-	return s.handle(op, testRequest{data: data}, time.Now(), hold(s.gate))
+	req := &request{op: op, r: testRequest{data: data}}
+	s.urgency(req)
+	return s.handle(req, time.Now(), hold(s.gate))
 }
 
 // testRequest is a request handed to handle directly, as micro would; the

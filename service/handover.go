@@ -22,10 +22,10 @@ import (
 type endReason string
 
 const (
-	endRelease endReason = "release"
-	endRevoke  endReason = "revoke"
-	endExpiry  endReason = "expiry"
-	endCancel  endReason = "cancel"
+	endRelease endReason = streams.EndRelease
+	endRevoke  endReason = streams.EndRevoke
+	endExpiry  endReason = streams.EndExpiry
+	endCancel  endReason = streams.EndCancel
 )
 
 // ended describes a lease that was ended.
@@ -36,8 +36,14 @@ type ended struct {
 
 // endIf ends the lease at key if match accepts its record, and returns
 // what it ended, or nil when nothing matched (a negative answer always
-// confirmed by a conditional write). The caller holds the key's stripe.
-func (l *locks) endIf(ctx context.Context, resource, key string, match func(*streams.Record) bool, why endReason, who origin, attrs ...slog.Attr) (*ended, error) {
+// confirmed by a conditional write). reason, for a revoke, is the
+// operator's: the audit and the end mark carry it. The caller holds the
+// key's lock.
+func (l *locks) endIf(ctx context.Context, resource, key string, match func(*streams.Record) bool, why endReason, who origin, reason string) (*ended, error) {
+	var attrs []slog.Attr
+	if reason != "" {
+		attrs = append(attrs, slog.String("reason", reason))
+	}
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := l.current(ctx, key, fresh)
@@ -58,7 +64,7 @@ func (l *locks) endIf(ctx context.Context, resource, key string, match func(*str
 			l.report.ended(why, resource, 0, "", "not_held", who, attrs...)
 			return nil, nil
 		}
-		err = l.end(ctx, resource, key, o, why)
+		err = l.end(ctx, resource, key, o, why, reason)
 		if errors.Is(err, errConflict) {
 			l.report.conflict()
 			fresh = true
@@ -76,14 +82,16 @@ func (l *locks) endIf(ctx context.Context, resource, key string, match func(*str
 // end ends the lease observed in o at key: it hands the resource over to
 // the head waiter, or deletes the record when none is queued (or none can
 // take it). errConflict means the lease moved on: decide again.
-func (l *locks) end(ctx context.Context, resource, key string, o observation, why endReason) error {
+func (l *locks) end(ctx context.Context, resource, key string, o observation, why endReason, reason string) error {
 	start := time.Now()
 	enc := resourceOf(key)
-	var gone []string // waiters that turned out cancelled or granted
+	// The holder's own waiter record, if one is left, and the waiters
+	// that turned out cancelled or granted are not handed the resource.
+	gone := []string{requestHash(resource, o.rec.RequestID, o.rec.Tenant)}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		w, ok := l.tracker.head(enc, o.rec.RequestID, gone...)
+		w, ok := l.tracker.head(enc, gone...)
 		if !ok || l.guard.grants() != nil {
-			return l.remove(ctx, key, o)
+			return l.remove(ctx, key, o, why, reason)
 		}
 		err := l.handOver(ctx, resource, key, o, w)
 		switch {
@@ -109,14 +117,15 @@ func (l *locks) end(ctx context.Context, resource, key string, o observation, wh
 			return err
 		}
 	}
-	return l.remove(ctx, key, o)
+	return l.remove(ctx, key, o, why, reason)
 }
 
 // remove deletes the lease observed in o by compare-and-set; the marker
-// names the request whose lease it ended. If a waiter is queued (one that
-// could not be handed the resource), it is woken to claim.
-func (l *locks) remove(ctx context.Context, key string, o observation) error {
-	end := &streams.EndMark{RequestID: o.rec.RequestID, EndedAt: streams.FormatTime(l.cfg.Clock.Now())}
+// names the request whose lease it ended, and why. If a waiter is queued
+// (one that could not be handed the resource), it is woken to claim.
+func (l *locks) remove(ctx context.Context, key string, o observation, why endReason, reason string) error {
+	end := &streams.EndMark{RequestID: o.rec.RequestID, Tenant: o.rec.Tenant, EndedAt: streams.FormatTime(l.cfg.Clock.Now()),
+		Why: string(why), Reason: reason}
 	seq, err := l.store.del(ctx, key, o.rev, end)
 	if err != nil {
 		if !errors.Is(err, errConflict) {
@@ -140,7 +149,7 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 	}
 	// The waiter's caller may have gone meanwhile: a short TTL frees the
 	// resource soon then, and the holder's first renewal extends it.
-	rec := newLease(now, w.requestID, w.owner, min(ttl, l.cfg.HandoverTTL), l.holdLimit(now, w.maxHold))
+	rec := newLease(now, w.requestID, w.owner, w.tenant, min(ttl, l.cfg.HandoverTTL), l.holdLimit(now, w.maxHold))
 	wkey := streams.WaitKey(resource, w.hash)
 	token, err := l.store.handOver(ctx, key, rec, o.rev, grantMsgID(w.hash), wkey, w.rev)
 	if err != nil {
@@ -168,7 +177,7 @@ func (l *locks) dropWaiter(ctx context.Context, wkey string, rev uint64) {
 // wakeHead sends a plain wake message to the head waiter of the encoded
 // resource, if there is one, so that it claims the free resource.
 func (l *locks) wakeHead(enc string) {
-	w, ok := l.tracker.head(enc, "")
+	w, ok := l.tracker.head(enc)
 	if !ok || w.wake == "" {
 		return
 	}
@@ -196,7 +205,7 @@ func (l *locks) expire(ctx context.Context, it dueItem) {
 	res := decodedResource(enc)
 	switch {
 	case o.held() && it.key == streams.LeaseKeyPrefix+enc:
-		err = l.end(ctx, res, it.key, o, endExpiry)
+		err = l.end(ctx, res, it.key, o, endExpiry, "")
 		if err == nil {
 			l.report.ended(endExpiry, res, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", origin{})
 		}

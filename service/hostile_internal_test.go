@@ -77,7 +77,7 @@ func TestWaitEndingWithAnErrorRemovesItsRecord(t *testing.T) {
 		m, err := s.nc.Request(streams.Subject("jetlock", streams.OpAcquire), data, 25*time.Second)
 		got <- answer{m, err}
 	}()
-	wkey := streams.WaitKey("we", requestHash("we", "w"))
+	wkey := streams.WaitKey("we", requestHash("we", "w", ""))
 	waitFor(t, 10*time.Second, func() bool { o, ok := s.tracker.get(wkey); return ok && o.held() }, "the waiter queued")
 	// As if the stream had gone back below the high-water mark: grants
 	// are refused. The floor is raised too, or the guard's next round
@@ -124,10 +124,11 @@ func TestTrackerKeepsOnlyWhatTheBucketHolds(t *testing.T) {
 }
 
 // A hot key holds a bounded number of places: beyond maxWaiting requests
-// waiting for its stripe, the next is refused at once, and a waiting
-// request gives up at its deadline.
-func TestStripesBoundWaitingAndRespectDeadlines(t *testing.T) {
-	p := newStripes(2)
+// waiting for it, the next is refused at once, and a waiting request gives
+// up at its deadline. Another key is not held up by it, whatever shard it
+// shares with the hot one.
+func TestKeyLocksBoundWaitingAndRespectDeadlines(t *testing.T) {
+	p := newKeyLocks(2)
 	ctx := context.Background()
 	held, err := p.lock(ctx, "hot")
 	if err != nil {
@@ -144,14 +145,21 @@ func TestStripesBoundWaitingAndRespectDeadlines(t *testing.T) {
 		}()
 	}
 	waitFor(t, 5*time.Second, func() bool {
-		return p.of("hot").waiting.Load() == 2
+		return p.waiting("hot") == 2
 	}, "two requests wait")
 	if _, err := p.lock(ctx, "hot"); !errors.Is(err, errBusy) || !errors.Is(err, errUnavailable) {
 		t.Fatalf("a third waiter: %v, want busy", err)
 	}
+	for i := range 2 * keyLockShards {
+		other, err := p.lock(ctx, fmt.Sprintf("other%d", i))
+		if err != nil {
+			t.Fatalf("another key beside the flooded one: %v", err)
+		}
+		other.unlock()
+	}
 	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	p2 := newStripes(10)
+	p2 := newKeyLocks(10)
 	h2, _ := p2.lock(ctx, "k")
 	if _, err := p2.lock(short, "k"); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errUnavailable) {
 		t.Fatalf("a waiter past its deadline: %v", err)

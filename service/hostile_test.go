@@ -26,7 +26,7 @@ import (
 // leader (not a direct get, which a lagging replica may answer).
 func leaseRecord(t *testing.T, env *testenv.Env, resource string) (*streams.Record, uint64) {
 	t.Helper()
-	js, err := jetstream.New(env.ConnectAs(devcluster.Operator))
+	js, err := jetstream.New(env.ConnectAs(devcluster.Inspector))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestReplySubjectCannotWriteTheBucket(t *testing.T) {
 	held := victim.mustAcquire("victim", "a", 30000)
 	before, rev := leaseRecord(t, env, "victim")
 
-	attacker := caller{t: t, nc: env.ConnectAs(devcluster.Operator)}
+	attacker := caller{t: t, nc: env.ConnectAs(devcluster.Admin)}
 	x := attacker.mustAcquire("x", "attacker", 30000)
 	onVictim := streams.SubjectPrefix(streams.DefaultBucket) + streams.LeaseKey("victim")
 	attacks := []struct {

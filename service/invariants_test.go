@@ -161,7 +161,7 @@ func TestSkewedClocksNeverExpireEarly(t *testing.T) {
 func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	env, c := setup(t)
 	held := c.mustAcquire("valid/res", "holder", 5000)
-	js, err := jetstream.New(env.ConnectAs(devcluster.Operator))
+	js, err := jetstream.New(env.ConnectAs(devcluster.Inspector))
 	if err != nil {
 		t.Fatal(err)
 	}

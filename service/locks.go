@@ -29,7 +29,7 @@ type locks struct {
 	log     *slog.Logger
 	store   *store
 	tracker *tracker
-	keys    *stripes
+	keys    *keyLocks
 	report  *reporter
 	wakes   *wakes
 	guard   *streamGuard
@@ -42,8 +42,35 @@ type locks struct {
 
 // origin is who sent a request, as the NATS server vouched for it on an
 // account import (the Nats-Request-Info header); empty when unknown.
+// operator is set when that identity is on the service's operator list.
 type origin struct {
 	account, user string
+	operator      bool
+}
+
+// tenant names the caller whose leases and waits a request may touch by
+// request id: "ACCOUNT/user", or empty for a request that crossed no
+// import (every such caller is one tenant).
+func (o origin) tenant() string {
+	if o.account == "" && o.user == "" {
+		return ""
+	}
+	return o.account + "/" + o.user
+}
+
+// sees reports whether o may see the owner of rec: its own tenant's
+// records, and every record for an operator.
+func (o origin) sees(rec *streams.Record) bool {
+	return o.operator || rec.Tenant == o.tenant()
+}
+
+// ownerFor returns rec's owner as who may see it: empty for another
+// tenant's lease.
+func ownerFor(rec *streams.Record, who origin) string {
+	if who.sees(rec) {
+		return rec.Owner
+	}
+	return ""
 }
 
 // grantReq is one validated acquire.
@@ -53,10 +80,18 @@ type grantReq struct {
 	ttl                        time.Duration
 	maxHold                    time.Duration // zero: the deployment's cap
 	who                        origin
+	tenant                     string // who.tenant()
 }
 
-// lock locks key's stripe within ctx.
-func (l *locks) lock(ctx context.Context, key string) (*stripe, error) {
+// mine reports whether rec, a lease or waiter record, is this request's:
+// the same request id from the same tenant. Knowing another tenant's
+// request id gives no power over its leases.
+func (g *grantReq) mine(rec *streams.Record) bool {
+	return rec.RequestID == g.requestID && rec.Tenant == g.tenant
+}
+
+// lock locks key within ctx.
+func (l *locks) lock(ctx context.Context, key string) (*keyLock, error) {
 	return l.keys.lock(ctx, key)
 }
 
@@ -87,12 +122,14 @@ func (l *locks) current(ctx context.Context, key string, fresh bool) (observatio
 	return l.tracker.observe(key, e), nil
 }
 
-func lockedError(o observation) *opError {
+// lockedError is the "locked" answer to who about the lease observed in o;
+// the holder's owner is shown only to its own tenant and to operators.
+func lockedError(o observation, who origin) *opError {
 	if o.foreign {
 		return newOpError(streams.CodeLocked, "resource holds a value jetlock did not write (revision %d); it is taken over once it has stood for the longest TTL", o.rev)
 	}
 	return &opError{code: streams.CodeLocked, msg: "resource is held by another lease", holder: &streams.Holder{
-		Owner: o.rec.Owner, Token: o.rec.TokenAt(o.rev), ExpiresAt: o.rec.ExpiresAt,
+		Owner: ownerFor(o.rec, who), Token: o.rec.TokenAt(o.rev), ExpiresAt: o.rec.ExpiresAt,
 	}}
 }
 
@@ -166,9 +203,9 @@ func (l *locks) acquire(ctx context.Context, g *grantReq) (*streams.LeaseRespons
 // tryGrant makes one decision on an acquire: grant, return the request's
 // existing lease, or refuse. With fresh, it decides on a read from the
 // stream leader rather than on what the watcher last saw. The caller holds
-// the key's stripe.
+// the key's lock.
 func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
-	if l.tracker.hasEnded(g.key, g.requestID) {
+	if l.tracker.hasEnded(g.key, g.requestID, g.tenant) {
 		return nil, leaseEnded(g.requestID)
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
@@ -176,7 +213,7 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 		if err != nil {
 			return nil, err
 		}
-		if o.held() && o.rec.RequestID == g.requestID {
+		if o.held() && g.mine(o.rec) {
 			resp, err := l.sameRequest(ctx, g, o)
 			if errors.Is(err, errConflict) {
 				fresh = true
@@ -221,8 +258,8 @@ func (l *locks) mustRefuse(g *grantReq, o observation, fresh bool) (bool, error)
 			// but those behind its back.
 			return false, errReadFirst
 		}
-		return true, lockedError(o)
-	case !o.held() && !o.foreign && o.end.Ended(g.requestID, l.cfg.Clock.Now(), l.tracker.window):
+		return true, lockedError(o, g.who)
+	case !o.held() && !o.foreign && o.end.Ended(g.requestID, g.tenant, l.cfg.Clock.Now(), l.tracker.window):
 		return true, leaseEnded(g.requestID)
 	}
 	// Free, or expired by observation: take it over by compare-and-set on
@@ -240,7 +277,7 @@ func (l *locks) mustRefuse(g *grantReq, o observation, fresh bool) (bool, error)
 // reusing the request id).
 func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
 	if o.rec.Owner != g.owner {
-		return nil, lockedError(o)
+		return nil, lockedError(o, g.who)
 	}
 	resp, err := l.extend(ctx, g.resource, g.key, o, g.ttl)
 	if errors.Is(err, errHoldOver) {
@@ -252,7 +289,7 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*s
 // grant writes a new lease for g over the revision observed in o.
 func (l *locks) grant(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
 	now := l.cfg.Clock.Now()
-	rec := newLease(now, g.requestID, g.owner, g.ttl, l.holdLimit(now, g.maxHold))
+	rec := newLease(now, g.requestID, g.owner, g.tenant, g.ttl, l.holdLimit(now, g.maxHold))
 	seq, dup, err := l.store.put(ctx, g.key, rec, o.rev, grantMsgID(g.hash))
 	if err != nil {
 		if !errors.Is(err, errConflict) {
@@ -278,7 +315,7 @@ func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64) (*str
 		if err != nil {
 			return nil, err
 		}
-		if !o.held() || o.rec.RequestID != g.requestID || o.rec.TokenAt(o.rev) != seq {
+		if !o.held() || !g.mine(o.rec) || o.rec.TokenAt(o.rev) != seq {
 			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before (revision %d) or cancelled, and that lease is no longer current", g.requestID, seq)
 		}
 		resp, err := l.sameRequest(ctx, g, o)
@@ -342,22 +379,31 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 		return nil, err
 	}
 	defer st.unlock()
-	ended, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool { return sameLease(rec.LeaseID, leaseID) }, endRelease, who)
+	ended, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool { return sameLease(rec.LeaseID, leaseID) }, endRelease, who, "")
 	if err != nil {
 		return nil, err
 	}
 	return &streams.ReleaseResponse{Resource: resource, Released: ended != nil}, nil
 }
 
-// revoke ends the current lease of resource, whoever holds it.
+// revoke ends the current lease of resource, whoever holds it. Only an
+// operator may: a sender the NATS server vouched for (on an import) as one
+// on the service's operator list.
 func (l *locks) revoke(ctx context.Context, resource, reason string, who origin) (*streams.RevokeResponse, error) {
+	if !who.operator {
+		l.report.ended(endRevoke, resource, 0, "", "forbidden", who, slog.String("reason", reason))
+		if who.tenant() == "" {
+			return nil, newOpError(streams.CodeForbidden, "revoke needs an operator: the request carries no identity stamped by the NATS server (send it through the operators' account import)")
+		}
+		return nil, newOpError(streams.CodeForbidden, "revoke needs an operator: %s is not on the service's operator list", who.tenant())
+	}
 	key := streams.LeaseKey(resource)
 	st, err := l.lock(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	defer st.unlock()
-	ended, err := l.endIf(ctx, resource, key, func(*streams.Record) bool { return true }, endRevoke, who, slog.String("reason", reason))
+	ended, err := l.endIf(ctx, resource, key, func(*streams.Record) bool { return true }, endRevoke, who, reason)
 	if err != nil {
 		return nil, err
 	}
@@ -368,8 +414,9 @@ func (l *locks) revoke(ctx context.Context, resource, reason string, who origin)
 	return resp, nil
 }
 
-// status reports the state of resource, read from the stream leader.
-func (l *locks) status(ctx context.Context, resource string) (*streams.StatusResponse, error) {
+// status reports the state of resource, read from the stream leader, as
+// who may see it.
+func (l *locks) status(ctx context.Context, resource string, who origin) (*streams.StatusResponse, error) {
 	o, err := l.current(ctx, streams.LeaseKey(resource), true)
 	if err != nil {
 		return nil, err
@@ -378,7 +425,7 @@ func (l *locks) status(ctx context.Context, resource string) (*streams.StatusRes
 	resp.Waiters, _ = l.tracker.waiterCounts(streams.EncodeResource(resource), "")
 	if o.held() {
 		resp.Held = true
-		resp.Owner = o.rec.Owner
+		resp.Owner = ownerFor(o.rec, who)
 		resp.Token = o.rec.TokenAt(o.rev)
 		resp.ExpiresAt = o.rec.ExpiresAt
 		resp.HoldUntil = o.rec.HoldUntil
@@ -386,8 +433,9 @@ func (l *locks) status(ctx context.Context, resource string) (*streams.StatusRes
 	return resp, nil
 }
 
-// list answers a page of the held leases this instance knows of.
-func (l *locks) list(req *streams.ListRequest) *streams.ListResponse {
+// list answers a page of the held leases this instance knows of, as who
+// may see them.
+func (l *locks) list(req *streams.ListRequest, who origin) *streams.ListResponse {
 	limit := req.Limit
 	if limit == 0 {
 		limit = streams.DefaultListLimit
@@ -399,7 +447,7 @@ func (l *locks) list(req *streams.ListRequest) *streams.ListResponse {
 		if l.tracker.expired(it.o, now) {
 			continue // about to be swept
 		}
-		resp.Leases = append(resp.Leases, streams.LeaseInfo{Resource: it.resource, Owner: it.o.rec.Owner,
+		resp.Leases = append(resp.Leases, streams.LeaseInfo{Resource: it.resource, Owner: ownerFor(it.o.rec, who),
 			Token: it.o.rec.TokenAt(it.o.rev), ExpiresAt: it.o.rec.ExpiresAt, Waiters: it.waiters, HoldUntil: it.o.rec.HoldUntil})
 	}
 	if more && len(page) > 0 {

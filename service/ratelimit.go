@@ -11,10 +11,11 @@ import (
 	"github.com/jetlock/jetlock/streams"
 )
 
-// limits is fair use: acquires (waiting or not) are limited per owner and
-// per NATS user, each with a token bucket of rate r per second and burst
-// 2r, so that one noisy caller cannot take every place from the others. A
-// caller over its rate is answered unavailable with retry_after_ms.
+// limits is fair use: acquires (waiting or not) are limited per owner, and
+// every operation per NATS user (tenant) by its cost (opCost), each with a
+// token bucket of rate r per second and burst 2r, so that one noisy caller
+// cannot take every place from the others. A caller over its rate is
+// answered unavailable with retry_after_ms.
 //
 // Owners are chosen by callers, so the buckets live in an LRU set of at
 // most maxLimited keys: a caller that sends a new owner with every request
@@ -41,27 +42,28 @@ func newLimits(perOwner, perUser float64, refused func(scope string)) *limits {
 	return &limits{perOwner: perOwner, perUser: perUser, refused: refused, byKey: map[string]*list.Element{}, lru: list.New()}
 }
 
-// allow takes one token from the owner's and the user's buckets, or
-// returns the unavailable answer with the wait until a token is free.
-func (l *limits) allow(owner string, who origin) error {
+// allow takes one token from the owner's bucket (for an acquire, which
+// names an owner) and cost tokens from the tenant's, or returns the
+// unavailable answer with the wait until they are free.
+func (l *limits) allow(owner string, who origin, cost float64) error {
 	if l.perOwner > 0 && owner != "" {
-		if err := l.take("owner", "o\x00"+owner, l.perOwner); err != nil {
+		if err := l.take("owner", "o\x00"+owner, l.perOwner, 1); err != nil {
 			return err
 		}
 	}
-	if l.perUser > 0 && who.user != "" {
-		if err := l.take("user", "u\x00"+who.account+"\x00"+who.user, l.perUser); err != nil {
+	if l.perUser > 0 && who.tenant() != "" {
+		if err := l.take("user", "u\x00"+who.account+"\x00"+who.user, l.perUser, int(max(1, cost))); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (l *limits) take(scope, key string, r float64) error {
+func (l *limits) take(scope, key string, r float64, n int) error {
 	now := time.Now()
 	l.mu.Lock()
 	lim := l.limiter(key, r)
-	res := lim.ReserveN(now, 1)
+	res := lim.ReserveN(now, min(n, lim.Burst())) // a cost over the burst could never be paid
 	delay := res.DelayFrom(now)
 	if delay > 0 {
 		res.CancelAt(now) // a refused request costs no token
@@ -71,8 +73,12 @@ func (l *limits) take(scope, key string, r float64) error {
 		return nil
 	}
 	l.refused(scope)
+	what := "operations (weighted by cost)"
+	if scope == "owner" {
+		what = "acquires"
+	}
 	return &opError{code: streams.CodeUnavailable, retryAfter: max(delay, time.Millisecond),
-		msg: fmt.Sprintf("fair use: this %s sends acquires faster than %g a second; retry after %v", scope, r, delay.Round(time.Millisecond))}
+		msg: fmt.Sprintf("fair use: this %s sends %s faster than %g a second; retry after %v", scope, what, r, delay.Round(time.Millisecond))}
 }
 
 // limiter returns key's bucket, making it the most recent; l.mu is held.

@@ -13,8 +13,9 @@ import (
 	"github.com/jetlock/jetlock/streams"
 )
 
-// Fair use: an owner, and a NATS user (as the server vouches for it on the
-// account import), that send acquires faster than their rate are answered
+// Fair use: an owner that sends acquires, and a NATS user (as the server
+// vouches for it on the account import) that sends operations, faster than
+// their rate are answered
 // unavailable with retry_after_ms, and the refused acquire changes
 // nothing; other owners and other users are not held back by them.
 func TestFairUseLimitsOwnersAndUsers(t *testing.T) {
@@ -24,7 +25,8 @@ func TestFairUseLimitsOwnersAndUsers(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	env.Serve(cfg)
-	c := caller{t: t, nc: env.Connect()}
+	// A tenant of its own, that no readiness probe of the test's has used.
+	c := caller{t: t, nc: env.ConnectAs(devcluster.Operator)}
 	app := caller{t: t, nc: env.ConnectAs(devcluster.App)}
 
 	start := time.Now()

@@ -68,8 +68,14 @@ func newLeaseID() string {
 
 // requestHash names one logical acquire: the message id of its granting
 // write, the key of its cancel tombstone and its waiter key derive from it.
-func requestHash(resource, requestID string) string {
-	h := sha256.Sum256([]byte(resource + "\x00" + requestID))
+// The tenant is part of it, so two tenants' requests of the same id are two
+// requests; a request of no tenant hashes as it did before tenants.
+func requestHash(resource, requestID, tenant string) string {
+	s := resource + "\x00" + requestID
+	if tenant != "" {
+		s += "\x00" + tenant
+	}
+	h := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(h[:20])
 }
 
@@ -101,11 +107,12 @@ func decodedResource(enc string) string {
 }
 
 // newLease builds the record of a lease granted now to requestID of owner
-// for ttl, held at most until holdUntil (zero: no cap).
-func newLease(now time.Time, requestID, owner string, ttl time.Duration, holdUntil time.Time) *streams.Record {
+// and tenant for ttl, held at most until holdUntil (zero: no cap).
+func newLease(now time.Time, requestID, owner, tenant string, ttl time.Duration, holdUntil time.Time) *streams.Record {
 	rec := &streams.Record{
 		LeaseID:   newLeaseID(),
 		Owner:     owner,
+		Tenant:    tenant,
 		RequestID: requestID,
 		GrantedAt: streams.FormatTime(now),
 	}

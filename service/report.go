@@ -90,8 +90,13 @@ func (r *reporter) cancelled(resource string, released, dequeued bool, who origi
 func (r *reporter) conflict() { r.m.conflicts.Inc() }
 
 // refusedReply: a request named a reply subject the service must not
-// publish on, and was dropped.
+// publish on, or none (its outcome could reach nobody), and was dropped
+// unexecuted.
 func (r *reporter) refusedReply(op, subject string) {
+	if subject == "" {
+		r.m.refused.WithLabelValues(op, "no_reply").Inc()
+		return
+	}
 	r.m.refused.WithLabelValues(op, "reply_subject").Inc()
 	if r.warnings.Allow() {
 		r.log.Warn("request dropped: its reply subject is one the service never publishes on", "op", op, "reply", subject)
@@ -124,5 +129,5 @@ func (r *reporter) commit(op string, d time.Duration) {
 	r.m.commitTime.WithLabelValues(op).Observe(d.Seconds())
 }
 
-// limited: an acquire was refused for fair use.
+// limited: a request was refused for fair use.
 func (r *reporter) limited(scope string) { r.m.rateLimited.WithLabelValues(scope).Inc() }

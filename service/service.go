@@ -4,7 +4,7 @@
 // contract; docs/protocol.md describes it for users.
 //
 // The package has two halves. The lock logic (locks.go, handover.go,
-// waiter.go, store.go, tracker.go, stripes.go, records.go) decides every
+// waiter.go, store.go, tracker.go, keylocks.go, records.go) decides every
 // request by compare-and-set on the bucket. The transport (endpoints.go,
 // gate.go, workers.go, deadline.go, waiting.go, wake.go, follow.go)
 // receives requests, admits them, runs them and replies. service.go wires
@@ -61,10 +61,6 @@ type Service struct {
 	dispatched atomic.Int64
 	nWaiting   atomic.Int64
 	peerLinger time.Duration
-	// wantOrigin: who sent each request is needed, for the per-user
-	// rate limit or the audit log (decoding the header costs every
-	// request otherwise).
-	wantOrigin bool
 
 	ready    chan struct{}
 	serving  atomic.Bool
@@ -105,7 +101,6 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 		tracker:    newTracker(cfg.ExpiryGrace, cfg.MaxTTL, cmp.Or(cfg.Bucket.RetryWindow, streams.DefaultRetryWindow)),
 		deadlines:  newDeadlines(cfg.QueueWait + cfg.OpTimeout),
 		peerLinger: peerLinger,
-		wantOrigin: cfg.UserRate > 0 || cfg.Audit != nil,
 		ready:      make(chan struct{}),
 		stopping:   make(chan struct{}),
 		done:       make(chan struct{}),
@@ -219,7 +214,7 @@ func (s *Service) wire(b *streams.Bucket) error {
 	s.follow = &follower{nc: s.nc, kv: b.KV, tracker: s.tracker, decode: decode, log: s.log,
 		gauge: func(on bool) { s.metrics.following.Set(boolGauge(on)) },
 		id:    s.id, epoch: time.Now(), peerSeen: make(chan struct{}, 1), linger: s.peerLinger}
-	s.locks = &locks{cfg: s.cfg, log: s.log, store: s.store, tracker: s.tracker, keys: newStripes(s.cfg.MaxPerKey),
+	s.locks = &locks{cfg: s.cfg, log: s.log, store: s.store, tracker: s.tracker, keys: newKeyLocks(s.cfg.MaxPerKey),
 		report: s.report, wakes: s.wakes, guard: s.guard, following: s.Following, synced: &s.follow.synced}
 	return nil
 }

@@ -63,11 +63,12 @@ type tracker struct {
 	nHeld       int // leases held, up to date
 
 	// waiters indexes the waiter records by encoded resource and request
-	// hash; owners counts them by owner, for the caps; nWaiters all of
-	// them.
-	waiters  map[string]map[string]waiterInfo
-	owners   map[string]int
-	nWaiters int
+	// hash; tenantWaits counts them by tenant, for the caps; nWaiters all
+	// of them. tenantLeases counts the leases held by each tenant.
+	waiters      map[string]map[string]waiterInfo
+	tenantWaits  map[string]int
+	tenantLeases map[string]int
+	nWaiters     int
 	// left is when a waiter last left each queue (monotonic reading).
 	left map[string]time.Time
 
@@ -137,6 +138,7 @@ type waiterInfo struct {
 	ticket    uint64
 	rev       uint64 // of its record's last write
 	owner     string
+	tenant    string
 	requestID string
 	wake      string
 	leaseTTL  time.Duration // what its acquire asked for
@@ -174,7 +176,7 @@ func (t *tracker) resetLocked() {
 	t.ended.reset()
 	t.held, t.heldChanges, t.heldStale, t.nHeld = btree.NewOrderedG[string](32), make(map[string]bool), false, 0
 	t.waiters = make(map[string]map[string]waiterInfo)
-	t.owners = make(map[string]int)
+	t.tenantWaits, t.tenantLeases = make(map[string]int), make(map[string]int)
 	t.left = make(map[string]time.Time)
 	t.nWaiters = 0
 }
@@ -204,15 +206,19 @@ func (t *tracker) observe(key string, e entry) observation {
 	if e.rev == 0 {
 		return observation{entry: e, seen: now}
 	}
-	if o.held() && o.rec.LeaseID != "" && (!e.held() || e.rec.RequestID != o.rec.RequestID) {
-		t.noteEnded(key, o.rec.RequestID, now)
-		if e.end != nil && e.end.RequestID == o.rec.RequestID {
+	if o.held() && o.rec.LeaseID != "" && (!e.held() || e.rec.RequestID != o.rec.RequestID || e.rec.Tenant != o.rec.Tenant) {
+		t.noteEnded(key, o.rec.RequestID, o.rec.Tenant, now)
+		if e.end != nil && e.end.RequestID == o.rec.RequestID && e.end.Tenant == o.rec.Tenant {
 			// The ended ids answer a retry of that request for the
 			// window (hasEnded); the mark need not be kept as well.
 			e.end = nil
 		}
 	}
 	wasHeld, due := o.held(), o.due
+	var wasTenant string
+	if wasHeld {
+		wasTenant = o.rec.Tenant
+	}
 	if o.key != "" {
 		key = o.key
 	}
@@ -235,13 +241,32 @@ func (t *tracker) observe(key string, e entry) observation {
 	}
 	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
 		t.indexWaiter(key, e)
-	} else if wasHeld != e.held() {
-		// The list index changes only when a lease begins or ends, not
-		// with each renewal.
-		t.indexLease(key, e.held())
+	} else {
+		if wasHeld != e.held() {
+			// The list index changes only when a lease begins or ends,
+			// not with each renewal.
+			t.indexLease(key, e.held())
+		}
+		t.countTenantLease(wasHeld, wasTenant, e)
 	}
 	t.forgetGone(now, 16)
 	return o
+}
+
+// countTenantLease moves a lease key's count from the tenant that held it
+// (if wasHeld) to the tenant of e (if held). The caller holds t.mu.
+func (t *tracker) countTenantLease(wasHeld bool, wasTenant string, e entry) {
+	if wasHeld && e.held() && e.rec.Tenant == wasTenant {
+		return // a renewal
+	}
+	if wasHeld {
+		if t.tenantLeases[wasTenant]--; t.tenantLeases[wasTenant] <= 0 {
+			delete(t.tenantLeases, wasTenant)
+		}
+	}
+	if e.held() {
+		t.tenantLeases[e.rec.Tenant]++
+	}
 }
 
 // schedule gives o, held or foreign, its due item: the key's item due at
@@ -290,8 +315,8 @@ func (t *tracker) keyID(key string) uint64 {
 // noteEnded records that the lease of requestID at key ended, and forgets
 // what is older than the retry window or beyond maxEnded. The caller holds
 // t.mu.
-func (t *tracker) noteEnded(key, requestID string, now time.Time) {
-	t.ended.note(t.endedID(key, requestID), now.Sub(t.epoch))
+func (t *tracker) noteEnded(key, requestID, tenant string, now time.Time) {
+	t.ended.note(t.endedID(key, requestID, tenant), now.Sub(t.epoch))
 	for t.ended.entries() > maxEnded {
 		t.ended.dropOldest()
 	}
@@ -306,23 +331,25 @@ func (t *tracker) forgetEnded(now time.Time, n int) {
 	t.ended.expire(now.Sub(t.epoch), t.window, n)
 }
 
-// endedID is the id under which the end of requestID's lease at key is
-// remembered.
-func (t *tracker) endedID(key, requestID string) uint64 {
+// endedID is the id under which the end of the lease of requestID of
+// tenant at key is remembered.
+func (t *tracker) endedID(key, requestID, tenant string) uint64 {
 	var h maphash.Hash
 	h.SetSeed(t.seed)
 	h.WriteString(key)
 	h.WriteByte(0)
 	h.WriteString(requestID)
+	h.WriteByte(0)
+	h.WriteString(tenant)
 	return h.Sum64()
 }
 
-// hasEnded reports whether the lease of requestID at key ended within the
-// retry window.
-func (t *tracker) hasEnded(key, requestID string) bool {
+// hasEnded reports whether the lease of requestID of tenant at key ended
+// within the retry window.
+func (t *tracker) hasEnded(key, requestID, tenant string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	at, ok := t.ended.seen(t.endedID(key, requestID))
+	at, ok := t.ended.seen(t.endedID(key, requestID, tenant))
 	return ok && time.Since(t.epoch)-at <= t.window
 }
 
@@ -400,10 +427,8 @@ func (t *tracker) indexWaiter(key string, e entry) {
 	if had {
 		delete(q, hash)
 		t.nWaiters--
-		if old.owner != "" {
-			if t.owners[old.owner]--; t.owners[old.owner] <= 0 {
-				delete(t.owners, old.owner)
-			}
+		if t.tenantWaits[old.tenant]--; t.tenantWaits[old.tenant] <= 0 {
+			delete(t.tenantWaits, old.tenant)
 		}
 	}
 	if !e.held() {
@@ -419,28 +444,22 @@ func (t *tracker) indexWaiter(key string, e entry) {
 		q = make(map[string]waiterInfo)
 		t.waiters[enc] = q
 	}
-	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), rev: e.rev, owner: e.rec.Owner, requestID: e.rec.RequestID,
+	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), rev: e.rev, owner: e.rec.Owner, tenant: e.rec.Tenant, requestID: e.rec.RequestID,
 		wake: e.rec.Wake, leaseTTL: time.Duration(e.rec.LeaseTTLms) * time.Millisecond, maxHold: time.Duration(e.rec.MaxHoldMs) * time.Millisecond}
 	t.nWaiters++
-	if e.rec.Owner != "" {
-		t.owners[e.rec.Owner]++
-	}
+	t.tenantWaits[e.rec.Tenant]++
 }
 
 // head returns the waiter with the smallest ticket on the encoded
-// resource, skipping the request named skip (the current holder's) and
-// those in also.
-func (t *tracker) head(enc, skip string, also ...string) (waiterInfo, bool) {
+// resource, skipping the requests whose hashes are in skip.
+func (t *tracker) head(enc string, skip ...string) (waiterInfo, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var best waiterInfo
 	found := false
 next:
 	for _, w := range t.waiters[enc] {
-		if w.requestID == skip && skip != "" {
-			continue
-		}
-		for _, h := range also {
+		for _, h := range skip {
 			if w.hash == h {
 				continue next
 			}
@@ -472,15 +491,18 @@ func (t *tracker) ahead(enc, hash string) (n int, left time.Time) {
 }
 
 // waiterCounts returns the number of waiters on the encoded resource and
-// of waiters with owner.
-func (t *tracker) waiterCounts(enc, owner string) (onResource, ofOwner int) {
+// of waiters of tenant.
+func (t *tracker) waiterCounts(enc, tenant string) (onResource, ofTenant int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	onResource = len(t.waiters[enc])
-	if owner != "" {
-		ofOwner = t.owners[owner]
-	}
-	return onResource, ofOwner
+	return len(t.waiters[enc]), t.tenantWaits[tenant]
+}
+
+// tenantLeaseCount returns the number of leases held by tenant.
+func (t *tracker) tenantLeaseCount(tenant string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.tenantLeases[tenant]
 }
 
 // counts returns the number of held leases and of waiters known.
@@ -582,6 +604,7 @@ func (t *tracker) forget(key string) {
 			t.indexWaiter(key, entry{})
 		} else if o.held() {
 			t.indexLease(key, false)
+			t.countTenantLease(true, o.rec.Tenant, entry{})
 		}
 		delete(t.keys, key)
 	}

@@ -51,7 +51,7 @@ func TestLostWakeIsRecoveredByRecheck(t *testing.T) {
 // it unhooked.
 func dropWakes(t *testing.T, s *Service, res, requestID string) chan *streams.LeaseResponse {
 	t.Helper()
-	hash := requestHash(res, requestID)
+	hash := requestHash(res, requestID, "")
 	var wake chan *streams.LeaseResponse
 	waitFor(t, 10*time.Second, func() bool {
 		if n, _ := s.tracker.waiterCounts(streams.EncodeResource(res), ""); n != 1 {
@@ -136,7 +136,7 @@ func TestWokenWaiterReadsPastALaggingWatcher(t *testing.T) {
 	go func() {
 		got <- req(streams.OpAcquire, streams.AcquireRequest{Resource: "lag", RequestID: "w", WaitMs: 30000})
 	}()
-	hash := requestHash("lag", "w")
+	hash := requestHash("lag", "w", "")
 	wake := dropWakes(t, s, "lag", "w") // the release's own wake is dropped
 	if m := req(streams.OpRelease, streams.ReleaseRequest{Resource: "lag", LeaseID: holder.LeaseID}); !strings.Contains(string(m.Data), `"released":true`) {
 		t.Fatalf("release: %s", m.Data)

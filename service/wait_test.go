@@ -57,7 +57,7 @@ func countWakeMessages(t *testing.T, nc *nats.Conn) *atomic.Int64 {
 // replica a moment behind the leader, so the last deletes may show late.
 func noWaiterRecordsLeft(t *testing.T, env *testenv.Env) {
 	t.Helper()
-	js, _ := jetstream.New(env.ConnectAs(devcluster.Operator))
+	js, _ := jetstream.New(env.ConnectAs(devcluster.Inspector))
 	kv, err := js.KeyValue(context.Background(), streams.DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
@@ -264,32 +264,46 @@ func TestHandoverGrantStartsShort(t *testing.T) {
 	}
 }
 
+// The caps of the queue: per resource, and per tenant (a NATS user as the
+// server vouches for it, whatever owner its requests name), so that one
+// tenant's waits never take another's place.
 func TestWaiterCaps(t *testing.T) {
 	env := testenv.Start(t)
 	cfg := waitConfig()
 	cfg.MaxWaitersPerResource = 2
-	cfg.MaxWaitersPerOwner = 1
+	cfg.MaxWaitersPerTenant = 1
 	env.Serve(cfg)
 	c := caller{t: t, nc: env.Connect()}
+	app := caller{t: t, nc: env.ConnectAs(devcluster.App)}
+	third := caller{t: t, nc: env.ConnectAs(devcluster.Operator)}
 	h1 := c.mustAcquire("cap/1", "h", 30000)
 	c.mustAcquire("cap/2", "h", 30000)
 	ra := c.acquireAsync(streams.AcquireRequest{Resource: "cap/1", RequestID: "a", WaitMs: 20000})
-	rb := c.acquireAsync(streams.AcquireRequest{Resource: "cap/1", RequestID: "b", Owner: "bob", WaitMs: 20000})
+	rb := app.acquireAsync(streams.AcquireRequest{Resource: "cap/1", RequestID: "b", Owner: "bob", WaitMs: 20000})
 	waitForWaiters(t, c, "cap/1", 2)
-	if _, rep := c.acquire(streams.AcquireRequest{Resource: "cap/1", RequestID: "c", WaitMs: 20000}); rep.errCode != streams.CodeTooManyWaiters || rep.status != 429 {
+	if _, rep := third.acquire(streams.AcquireRequest{Resource: "cap/1", RequestID: "c", WaitMs: 20000}); rep.errCode != streams.CodeTooManyWaiters || rep.status != 429 {
 		t.Fatalf("third waiter: %q, want too_many_waiters", rep.errCode)
 	}
-	if _, rep := c.acquire(streams.AcquireRequest{Resource: "cap/2", RequestID: "d", Owner: "bob", WaitMs: 20000}); rep.errCode != streams.CodeTooManyWaiters {
-		t.Fatalf("bob's second waiter: %q, want too_many_waiters", rep.errCode)
+	// The caller's second wait, under another owner: its tenant's cap.
+	if _, rep := c.acquire(streams.AcquireRequest{Resource: "cap/2", RequestID: "d", Owner: "someone-else", WaitMs: 20000}); rep.errCode != streams.CodeTooManyWaiters {
+		t.Fatalf("the caller's second waiter: %q, want too_many_waiters", rep.errCode)
 	}
+	// Another tenant's wait on cap/2 is not refused for it.
+	rd := third.acquireAsync(streams.AcquireRequest{Resource: "cap/2", RequestID: "d", WaitMs: 20000})
+	waitForWaiters(t, c, "cap/2", 1)
 	if st := c.status("cap/1"); st.Waiters != 2 || st.Token != h1.Token {
 		t.Fatalf("refused waiters changed the queue: %+v", st)
 	}
-	for _, r := range []<-chan reply{ra, rb} {
-		if !c.cancel("cap/1", map[<-chan reply]string{ra: "a", rb: "b"}[r]) {
+	for _, w := range []struct {
+		c  caller
+		r  <-chan reply
+		id string
+		on string
+	}{{c, ra, "a", "cap/1"}, {app, rb, "b", "cap/1"}, {third, rd, "d", "cap/2"}} {
+		if !w.c.cancel(w.on, w.id) {
 			t.Fatal("cancel of a queued waiter failed")
 		}
-		if rep := <-r; rep.errCode != streams.CodeLeaseLost {
+		if rep := <-w.r; rep.errCode != streams.CodeLeaseLost {
 			t.Fatalf("cancelled waiter: %q", rep.errCode)
 		}
 	}

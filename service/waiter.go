@@ -67,9 +67,9 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	if wasQueued {
 		// Skip the store while the tracker says the lock is held, unless
 		// woken or due to refresh: then read it from the stream leader.
-		if o, ok := w.l.tracker.get(w.g.key); ok && o.held() && o.rec.RequestID != w.g.requestID && !w.l.tracker.expired(o, time.Now()) {
+		if o, ok := w.l.tracker.get(w.g.key); ok && o.held() && !w.g.mine(o.rec) && !w.l.tracker.expired(o, time.Now()) {
 			if !woken && time.Now().Before(w.refresh) {
-				return nil, false, lockedError(o)
+				return nil, false, lockedError(o, w.g.who)
 			}
 			fresh = true
 		}
@@ -136,7 +136,7 @@ func (w *waiter) cancelled(ctx context.Context) (bool, error) {
 
 // enqueue creates the waiter record, or rewrites it (same ticket) to
 // refresh its liveness and point it at this instance. The caller holds the
-// lease key's stripe; waiter keys are written only under it.
+// lease key's lock; waiter keys are written only under it.
 func (w *waiter) enqueue(ctx context.Context) error {
 	mine := w.queued.rev
 	fresh := false
@@ -195,7 +195,7 @@ func (w *waiter) record(o observation) (*streams.Record, error) {
 	cfg := w.l.cfg
 	now := cfg.Clock.Now()
 	rec := &streams.Record{
-		Owner: w.g.owner, RequestID: w.g.requestID, TTLms: cfg.WaiterLiveness.Milliseconds(),
+		Owner: w.g.owner, Tenant: w.g.tenant, RequestID: w.g.requestID, TTLms: cfg.WaiterLiveness.Milliseconds(),
 		GrantedAt: streams.FormatTime(now), Wake: w.wake,
 		LeaseTTLms: w.g.ttl.Milliseconds(), MaxHoldMs: w.g.maxHold.Milliseconds(),
 	}
@@ -203,12 +203,12 @@ func (w *waiter) record(o observation) (*streams.Record, error) {
 		rec.Token = o.rec.TokenAt(o.rev) // keep the ticket
 		rec.GrantedAt = o.rec.GrantedAt
 	} else {
-		n, owned := w.l.tracker.waiterCounts(streams.EncodeResource(w.g.resource), w.g.owner)
+		n, owned := w.l.tracker.waiterCounts(streams.EncodeResource(w.g.resource), w.g.tenant)
 		if n >= cfg.MaxWaitersPerResource {
 			return nil, newOpError(streams.CodeTooManyWaiters, "resource has %d waiters, the cap", n)
 		}
-		if w.g.owner != "" && owned >= cfg.MaxWaitersPerOwner {
-			return nil, newOpError(streams.CodeTooManyWaiters, "owner %q has %d waiters, the cap", w.g.owner, owned)
+		if owned >= cfg.MaxWaitersPerTenant {
+			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d waiting acquires, the cap", owned)
 		}
 	}
 	rec.RenewedAt = streams.FormatTime(now)
@@ -246,7 +246,7 @@ func (w *waiter) leave(ctx context.Context, last error) (*streams.LeaseResponse,
 			w.l.log.Warn("remove waiter", "resource", w.g.resource, "err", err)
 		}
 		if !removed && err == nil {
-			if o, err := w.l.current(ctx, w.g.key, true); err == nil && o.held() && o.rec.RequestID == w.g.requestID && o.rec.Owner == w.g.owner {
+			if o, err := w.l.current(ctx, w.g.key, true); err == nil && o.held() && w.g.mine(o.rec) && o.rec.Owner == w.g.owner {
 				return leaseResponse(w.g.resource, o.rec.TokenAt(o.rev), o.rec), nil
 			}
 		}
@@ -262,7 +262,7 @@ func (w *waiter) leave(ctx context.Context, last error) (*streams.LeaseResponse,
 
 // deleteRecord deletes whatever record is at key (a waiter record) by
 // compare-and-set, and reports whether there was one. The caller holds
-// the lease key's stripe.
+// the lease key's lock.
 func (l *locks) deleteRecord(ctx context.Context, key string) (bool, error) {
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
@@ -321,9 +321,14 @@ func (l *locks) mayClaim(enc, hash string, o observation) (bool, int) {
 // is still as read, which proves the read. So a cancel of a request the
 // service never saw costs two reads (lease and waiter keys) and that one
 // write, which leaves the bucket after the retry window.
+//
+// A cancel acts only on the request of its own tenant: another tenant's
+// request of the same id has another hash, so another tombstone and
+// waiter key, and its lease is not this request's.
 func (l *locks) cancel(ctx context.Context, resource, requestID string, who origin) (*streams.CancelResponse, error) {
 	key := streams.LeaseKey(resource)
-	hash := requestHash(resource, requestID)
+	tenant := who.tenant()
+	hash := requestHash(resource, requestID, tenant)
 	st, err := l.lock(ctx, key)
 	if err != nil {
 		return nil, err
@@ -334,8 +339,9 @@ func (l *locks) cancel(ctx context.Context, resource, requestID string, who orig
 		return nil, err
 	}
 	var released bool
-	if o.held() && o.rec.RequestID == requestID {
-		e, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool { return rec.RequestID == requestID }, endCancel, who)
+	mine := func(rec *streams.Record) bool { return rec.RequestID == requestID && rec.Tenant == tenant }
+	if o.held() && mine(o.rec) {
+		e, err := l.endIf(ctx, resource, key, mine, endCancel, who, "")
 		if err != nil {
 			return nil, err
 		}

@@ -75,6 +75,9 @@ func (m *EndMark) AppendJSON(b []byte) []byte {
 		return append(b, "null"...)
 	}
 	b = appendField(append(b, '{'), `"ended_request_id":`, m.RequestID)
+	if m.Tenant != "" {
+		b = appendField(b, `,"ended_tenant":`, m.Tenant)
+	}
 	b = appendField(b, `,"ended_at":`, m.EndedAt)
 	if m.Why != "" {
 		b = appendField(b, `,"why":`, m.Why)

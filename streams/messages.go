@@ -256,7 +256,9 @@ type Record struct {
 // written by older releases.
 type EndMark struct {
 	RequestID string `json:"ended_request_id"`
-	EndedAt   string `json:"ended_at"`
+	// Tenant is the tenant of the request whose lease ended (see Record).
+	Tenant  string `json:"ended_tenant,omitempty"`
+	EndedAt string `json:"ended_at"`
 	Why       string `json:"why,omitempty"`
 	Reason    string `json:"reason,omitempty"`
 }
@@ -283,10 +285,11 @@ func DecodeEndMark(b []byte) *EndMark {
 	return &m
 }
 
-// Ended reports whether m ended the lease of requestID no longer than
-// window before now. A mark whose time cannot be read counts as recent.
-func (m *EndMark) Ended(requestID string, now time.Time, window time.Duration) bool {
-	if m == nil || m.RequestID != requestID {
+// Ended reports whether m ended the lease of requestID of tenant no longer
+// than window before now. A mark whose time cannot be read counts as
+// recent.
+func (m *EndMark) Ended(requestID, tenant string, now time.Time, window time.Duration) bool {
+	if m == nil || m.RequestID != requestID || m.Tenant != tenant {
 		return false
 	}
 	at, err := ParseTime(m.EndedAt)

@@ -33,7 +33,7 @@ func TestEndMark(t *testing.T) {
 		{"r1", now.Add(-time.Hour), true}, // a clock behind the writer's: still recent
 		{"r2", now, false},
 	} {
-		if got := m.Ended(c.id, c.at, window); got != c.want {
+		if got := m.Ended(c.id, "", c.at, window); got != c.want {
 			t.Errorf("Ended(%q) at %v: %v, want %v", c.id, c.at.Sub(now), got, c.want)
 		}
 	}
@@ -42,11 +42,18 @@ func TestEndMark(t *testing.T) {
 			t.Errorf("%q decoded as a mark %+v", b, m)
 		}
 	}
+	// Another tenant's request of the same id did not end.
+	if m.Ended("r1", "CALLERS/b", now, window) {
+		t.Error("a mark of tenant-less r1 ended CALLERS/b's r1")
+	}
+	if mt := (&streams.EndMark{RequestID: "r1", Tenant: "CALLERS/a", EndedAt: streams.FormatTime(now)}); !mt.Ended("r1", "CALLERS/a", now, window) || mt.Ended("r1", "CALLERS/b", now, window) {
+		t.Error("a tenant's mark must end its own request id and no other tenant's")
+	}
 	var none *streams.EndMark
-	if none.Ended("r1", now, window) {
+	if none.Ended("r1", "", now, window) {
 		t.Error("no mark ended a request")
 	}
-	if !(&streams.EndMark{RequestID: "r1", EndedAt: "garbage"}).Ended("r1", now, window) {
+	if !(&streams.EndMark{RequestID: "r1", EndedAt: "garbage"}).Ended("r1", "", now, window) {
 		t.Error("a mark with an unreadable time must count as recent")
 	}
 }

@@ -14,16 +14,22 @@ import (
 
 // The dev cluster runs with the least-privilege model of deploy/: lock
 // state lives in account Account, where the service's two users and the
-// operators are; callers live in account CallersAccount and reach the
-// service only through imports of its request subjects, which the server
-// stamps with the caller's identity (Nats-Request-Info). A caller can
-// therefore not see the bucket, call the JetStream API or subscribe to the
-// service's subjects, whatever reply subject it sets.
+// read-only inspector are; callers live in account CallersAccount and
+// operators in OperatorsAccount, and both reach the service only through
+// imports of its request subjects, which the server stamps with the
+// sender's identity (Nats-Request-Info). A caller can therefore not see
+// the bucket, call the JetStream API or subscribe to the service's
+// subjects, whatever reply subject it sets, and the service knows an
+// operator's revoke from a forged one.
 const (
 	// Account holds the lock bucket, the service and the operators.
 	Account = "JETLOCK"
 	// CallersAccount holds the callers.
 	CallersAccount = "CALLERS"
+	// OperatorsAccount holds the operators: they reach every request
+	// subject, admin.revoke included, through imports, so that the server
+	// vouches for who they are.
+	OperatorsAccount = "OPERATORS"
 	// AppAccount is an application's own account: it imports the
 	// service like CallersAccount, and has JetStream and every right
 	// within itself, for tests whose protected resources live in NATS
@@ -41,10 +47,15 @@ const (
 	// Caller may send the contract's requests (not admin) and receive
 	// replies. A connection without credentials is a caller.
 	Caller Role = "caller"
-	// Operator may also call admin requests and inspect the bucket read
-	// only (nats kv get/ls/watch, nats stream info). Its user and
-	// password are both "operator" (loopback only).
+	// Operator may also call admin requests (revoke), from account
+	// OperatorsAccount. Its user and password are both "operator"
+	// (loopback only).
 	Operator Role = "operator"
+	// Inspector may inspect the bucket read only (nats kv get/ls/watch,
+	// nats stream info, jetlock watch) and the service's micro endpoints,
+	// and send no request. Its user and password are both "inspector"
+	// (loopback only).
+	Inspector Role = "inspector"
 	// Service is the service's request connection: it answers requests,
 	// publishes wake messages and heartbeats, and has no rights on $JS,
 	// $KV or $SYS.
@@ -62,19 +73,24 @@ const (
 )
 
 // Roles lists every role.
-var Roles = []Role{Caller, Operator, Service, Store, App, Admin}
+var Roles = []Role{Caller, Operator, Inspector, Service, Store, App, Admin}
 
-// OperatorPassword is the dev operator's password.
-const OperatorPassword = "operator"
+// OperatorPassword is the dev operator's password, InspectorPassword the
+// dev inspector's.
+const (
+	OperatorPassword  = "operator"
+	InspectorPassword = "inspector"
+)
 
 // userNames maps each role to its NATS user name.
 var userNames = map[Role]string{
-	Caller:   "caller",
-	Operator: "operator",
-	Service:  "jetlock-service",
-	Store:    "jetlock-store",
-	App:      "app",
-	Admin:    "admin",
+	Caller:    "caller",
+	Operator:  "operator",
+	Inspector: "inspector",
+	Service:   "jetlock-service",
+	Store:     "jetlock-store",
+	App:       "app",
+	Admin:     "admin",
 }
 
 // InboxPrefix returns the inbox prefix a connection of role must use: the
@@ -97,12 +113,13 @@ type credentials map[Role]string
 
 func newCredentials() credentials {
 	return credentials{
-		Caller:   "",
-		Operator: OperatorPassword,
-		Service:  randomPassword(),
-		Store:    randomPassword(),
-		App:      randomPassword(),
-		Admin:    randomPassword(),
+		Caller:    "",
+		Operator:  OperatorPassword,
+		Inspector: InspectorPassword,
+		Service:   randomPassword(),
+		Store:     randomPassword(),
+		App:       randomPassword(),
+		Admin:     randomPassword(),
 	}
 }
 
@@ -127,7 +144,7 @@ func authConfig(prefix string, creds credentials) string {
 		}
 		return "[" + strings.Join(out, ", ") + "]"
 	}
-	var exports, imports, callerPub []string
+	var exports, imports, callerPub, opImports, opPub []string
 	for _, op := range callerOps {
 		subj := prefix + ".v1." + op
 		// The server forgets an import's reply route after its response
@@ -141,6 +158,12 @@ func authConfig(prefix string, creds credentials) string {
 		imports = append(imports, fmt.Sprintf("{service: {account: %s, subject: %q}, share: true}", Account, subj))
 		callerPub = append(callerPub, subj)
 	}
+	// The operators import every operation, admin.revoke too, which is
+	// exported to them alone.
+	revoke := prefix + ".v1.admin.revoke"
+	exports = append(exports, fmt.Sprintf("{service: %q, accounts: [%s]}", revoke, OperatorsAccount))
+	opImports = append(append(opImports, imports...), fmt.Sprintf("{service: {account: %s, subject: %q}, share: true}", Account, revoke))
+	opPub = append(append(opPub, callerPub...), revoke)
 	readOnlyJS := []string{
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
 		"$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>",
@@ -161,13 +184,22 @@ accounts {
         publish: {allow: ["$JS.API.>", "$KV.>", "$JS.ACK.>", "$JS.FC.>"]}
         subscribe: {allow: [%[8]q]}
       }}
-      {user: %[9]q, password: %[10]q, permissions: {
+      {user: %[23]q, password: %[24]q, permissions: {
         publish: {allow: %[11]s}
         subscribe: {allow: ["_INBOX.>"]}
       }}
       {user: %[21]q, password: %[22]q}
     ]
     exports: [%[12]s]
+  }
+  %[25]s {
+    users: [
+      {user: %[9]q, password: %[10]q, permissions: {
+        publish: {allow: %[26]s}
+        subscribe: {allow: ["_INBOX.>"]}
+      }}
+    ]
+    imports: [%[27]s]
   }
   %[13]s {
     users: [
@@ -191,12 +223,14 @@ no_auth_user: %[14]q
 		Account,
 		userNames[Service], creds[Service], prefix+".>", InboxPrefix(Service)+".>",
 		userNames[Store], creds[Store], InboxPrefix(Store)+".>",
-		userNames[Operator], creds[Operator], q(append([]string{prefix + ".v1.>", "$SRV.>"}, readOnlyJS...)...),
+		userNames[Operator], creds[Operator], q(append([]string{"$SRV.>"}, readOnlyJS...)...),
 		strings.Join(exports, ", "),
 		CallersAccount, userNames[Caller], q(callerPub...), strings.Join(imports, ", "),
 		SystemAccount,
 		AppAccount, userNames[App], creds[App],
 		userNames[Admin], creds[Admin],
+		userNames[Inspector], creds[Inspector],
+		OperatorsAccount, q(opPub...), strings.Join(opImports, ", "),
 	)
 }
 

@@ -179,7 +179,7 @@ func (c *ProcCluster) startNode(ctx context.Context, i int) error {
 		return err
 	}
 	return c.nodes[i].WaitReady(ctx, c.opts.ReadyTimeout, func() bool {
-		nc, err := nats.Connect(c.ClientURL(i), append(c.ConnectOptions(Operator), nats.Timeout(time.Second))...)
+		nc, err := nats.Connect(c.ClientURL(i), append(c.ConnectOptions(Inspector), nats.Timeout(time.Second))...)
 		if err != nil {
 			return false
 		}
@@ -191,7 +191,7 @@ func (c *ProcCluster) startNode(ctx context.Context, i int) error {
 // waitJetStream waits until the JetStream meta group answers account info,
 // that is until it has a leader.
 func (c *ProcCluster) waitJetStream(ctx context.Context) error {
-	nc, err := nats.Connect(c.URLs(), c.ConnectOptions(Operator)...)
+	nc, err := nats.Connect(c.URLs(), c.ConnectOptions(Inspector)...)
 	if err != nil {
 		return err
 	}
