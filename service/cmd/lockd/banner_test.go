@@ -38,7 +38,7 @@ func TestDevBannerAppUserCanFence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "fences", Replicas: 3})
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "fences", Replicas: 3})
 	if err != nil {
 		t.Fatalf("the application user cannot make a KV bucket: %v", err)
 	}
