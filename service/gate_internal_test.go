@@ -162,3 +162,37 @@ func TestGateQueueCompacts(t *testing.T) {
 		}
 	}
 }
+
+// Renewals and releases go first, the lease closest to expiry first, and
+// while any wait a new request of another kind is shed at once; one queued
+// earlier still runs after them.
+func TestGateServesRenewalsFirstByExpiry(t *testing.T) {
+	l := newGateLog()
+	g := &gate{limit: 1, maxQueued: 10, maxWait: time.Minute, spawn: spawnNow}
+	now := time.Now()
+	urgent := func(name string, due time.Duration) pending {
+		p := l.pending(name, now)
+		p.urgent, p.due = true, now.Add(due)
+		return p
+	}
+	g.enter(l.pending("running", now))
+	g.enter(l.pending("acquire-before", now))
+	g.enter(urgent("renew-late", 20*time.Second))
+	g.enter(urgent("renew-soon", 2*time.Second))
+	g.enter(urgent("release", 10*time.Second))
+	g.enter(l.pending("acquire-after", now))
+	for _, name := range []string{"running", "renew-soon", "release", "renew-late"} {
+		l.finish(name)
+	}
+	started, shed := l.state()
+	want := []string{"running", "renew-soon", "release", "renew-late", "acquire-before"}
+	if !slices.Equal(started, want) {
+		t.Fatalf("started %v, want %v", started, want)
+	}
+	if !slices.Equal(shed, []string{"acquire-after:" + shedUrgent}) {
+		t.Fatalf("shed %v, want the acquire that came while renewals waited", shed)
+	}
+	if running, queued := g.load(); running != 1 || queued != 0 {
+		t.Fatalf("load %d running, %d queued", running, queued)
+	}
+}

@@ -58,7 +58,7 @@ func newMetrics() *metrics {
 			Name: "jetlock_requests_queued", Help: "Requests waiting for one of the MaxInFlight places.",
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "jetlock_requests_refused_total", Help: "Requests dropped unanswered, by operation and reason: reply_subject (it named a reply subject starting with $ or with the service's prefix).",
+			Name: "jetlock_requests_refused_total", Help: "Requests dropped unanswered, by operation and reason: reply_subject (it named a reply subject starting with $ or with the service's prefix), no_reply (it named none: nobody could learn its outcome).",
 		}, []string{"op", "reason"}),
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetlock_rate_limited_total", Help: "Acquires answered unavailable for fair use, by scope: owner or user.",
