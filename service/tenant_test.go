@@ -252,7 +252,9 @@ func TestFairUseCoversEveryOperation(t *testing.T) {
 			return noisy.send(streams.OpRenew, streams.RenewRequest{Resource: fmt.Sprintf("n/%d", i), LeaseID: "00000000000000000000000000000000"})
 		},
 		func(int) reply { return noisy.send(streams.OpList, streams.ListRequest{Limit: 1000}) },
-		func(i int) reply { return noisy.send(streams.OpStatus, streams.StatusRequest{Resource: fmt.Sprintf("n/%d", i)}) },
+		func(i int) reply {
+			return noisy.send(streams.OpStatus, streams.StatusRequest{Resource: fmt.Sprintf("n/%d", i)})
+		},
 	}
 	for k, op := range ops {
 		refused := false
