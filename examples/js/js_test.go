@@ -1,10 +1,15 @@
 // Package js_test runs the JavaScript example (jetlock.mjs) against the
 // dev cluster and a service: any NATS client in any language can use
 // jetlock with plain request-reply.
+//
+// The test needs node, npm and the npm registry (npm ci), so it runs only
+// when JETLOCK_TEST_JS=1 asks for it: the README's test command must pass
+// with Go and the module proxy alone. CI sets it.
 package js_test
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -15,10 +20,21 @@ import (
 	"github.com/jetlock/jetlock/internal/testenv"
 )
 
+// optIn is the environment variable that turns the test on.
+const optIn = "JETLOCK_TEST_JS"
+
 func TestJavaScriptExample(t *testing.T) {
+	switch v := os.Getenv(optIn); v {
+	case "":
+		t.Skipf("%s is not set: the JavaScript example runs only when asked (%s=1; it needs node, npm and the npm registry)", optIn, optIn)
+	case "1":
+	default:
+		t.Fatalf("%s=%q: want 1, or unset to skip", optIn, v)
+	}
+	// Asked for, the test fails rather than skips when a tool is missing.
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not on PATH: the JavaScript example needs node and npm", tool)
+			t.Fatalf("%s=1 but %s is not on PATH: the JavaScript example needs node and npm", optIn, tool)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
