@@ -101,10 +101,13 @@ func wrapErr(sentinel, cause error) error {
 	return &wrapped{sentinel: sentinel, cause: cause, text: sentinel.Error() + ": " + trimWords(cause.Error(), sentinel)}
 }
 
-// trimWords drops from the start of s what a reader has already been told
-// by sentinel: "jetlock: ", the sentinel's words, and the words of
-// streams.ErrInvalid (the contract validators' "invalid request: ").
+// trimWords drops from s what a reader has already been told by sentinel:
+// the sentinel's own text wherever s wraps it again ("renewal refused:
+// jetlock: lease lost: ..." under ErrLeaseLost), and at its start
+// "jetlock: ", the sentinel's words, and the words of streams.ErrInvalid
+// (the contract validators' "invalid request: ").
 func trimWords(s string, sentinel error) string {
+	s = strings.ReplaceAll(s, sentinel.Error()+": ", "")
 	for _, p := range []string{"jetlock: ", words(sentinel) + ": ", streams.ErrInvalid.Error() + ": "} {
 		s = strings.TrimPrefix(s, p)
 	}
