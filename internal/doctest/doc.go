@@ -13,7 +13,8 @@
 //	<!-- doctest: timeout 90s -->          longer than the default 30 s
 //
 // Several directives may share one comment, separated by ";". An unknown
-// directive is an error, so that a typo does not silently change a test.
+// directive is an error, so that a typo does not silently change a test;
+// so is an indented code block, which names no language.
 //
 // In an sh, bash or shell block, whole-line comments that start in the
 // first column and follow a command are that command's expected output,

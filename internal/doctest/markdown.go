@@ -52,16 +52,22 @@ var directiveRE = regexp.MustCompile(`^\s*<!--\s*doctest:(.*?)-->\s*$`)
 // Parse returns the shell blocks of a markdown document, with the
 // directives of the doctest comments above them (see the package comment).
 // It returns an error for an unknown or malformed directive, a directive
-// that no shell block follows, or an unclosed fence.
+// that no shell block follows, an unclosed fence, or an indented code
+// block (which has no language, so no one could tell whether it is a
+// shell example).
 func Parse(file string, src []byte) ([]Block, error) {
 	lines := strings.Split(strings.ReplaceAll(string(src), "\r\n", "\n"), "\n")
 	var (
 		blocks  []Block
 		pending *Block // directives waiting for their block
 		pendAt  int
+		para    paragraphs
 	)
 	for i := 0; i < len(lines); i++ {
 		line := lines[i]
+		if para.indentedCode(line) {
+			return nil, fmt.Errorf("%s:%d: indented code block: fence it with a language (```sh, or ```text for what is not a shell example), so that the documentation test sees it", file, i+1)
+		}
 		if m := directiveRE.FindStringSubmatch(line); m != nil {
 			if pending == nil {
 				pending, pendAt = &Block{}, i+1
@@ -87,6 +93,7 @@ func Parse(file string, src []byte) ([]Block, error) {
 			}
 			body = append(body, strings.TrimPrefix(lines[i], indent))
 		}
+		para.blank = false
 		start := i - len(body) // the opening fence, counted from 1
 		if !closed {
 			return nil, fmt.Errorf("%s:%d: code block not closed", file, start)
@@ -118,6 +125,39 @@ func Parse(file string, src []byte) ([]Block, error) {
 		return nil, fmt.Errorf("%s:%d: doctest directive not directly above a code block", file, pendAt)
 	}
 	return blocks, nil
+}
+
+// paragraphs follows the lines outside fenced blocks, to find indented
+// code blocks: a line indented by four spaces or more after a blank line,
+// outside a list (where such lines continue an item).
+type paragraphs struct {
+	blank  bool // the line before was blank
+	inList bool
+}
+
+// listItemRE matches the first line of a list item.
+var listItemRE = regexp.MustCompile(`^\s*([-*+]|\d+[.)])(\s|$)`)
+
+// indentedCode reports whether line starts an indented code block.
+func (p *paragraphs) indentedCode(line string) bool {
+	if strings.TrimSpace(line) == "" {
+		p.blank = true
+		return false
+	}
+	rest := strings.TrimLeft(line, " ")
+	indent := len(line) - len(rest)
+	if strings.HasPrefix(rest, "\t") {
+		indent += 4
+	}
+	code := indent >= 4 && p.blank && !p.inList
+	switch {
+	case listItemRE.MatchString(line):
+		p.inList = true
+	case indent == 0:
+		p.inList = false
+	}
+	p.blank = false
+	return code
 }
 
 // directives applies one comment's directives to b. A setup directive

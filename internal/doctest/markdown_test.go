@@ -85,6 +85,8 @@ func TestParseErrors(t *testing.T) {
 		{"above go", "<!-- doctest: skip x -->\n```go\nx\n```\n", `above a "go" block`},
 		{"unclosed", "text\n```sh\nls\n", "x.md:2: code block not closed"},
 		{"console output first", "```console\nout\n$ ls\n```\n", "console output before the first $ command"},
+		{"indented code", "Text:\n\n    kubectl apply -f x.yaml\n", "x.md:3: indented code block"},
+		{"indented code after a list", "1. item\n   more\n\nText.\n\n    ls\n", "x.md:6: indented code block"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := doctest.Parse("x.md", []byte(tc.src))
@@ -92,6 +94,14 @@ func TestParseErrors(t *testing.T) {
 				t.Errorf("Parse: %v, want an error with %q", err, tc.want)
 			}
 		})
+	}
+}
+
+func TestParseListContinuation(t *testing.T) {
+	src := "1. **Step.** Do this\n   and that:\n\n     more of step 1, indented\n\n2. Next.\n\n```sh\nls\n```\n"
+	got, err := doctest.Parse("x.md", []byte(src))
+	if err != nil || len(got) != 1 {
+		t.Fatalf("Parse: %v, %d blocks; want the list's lines taken as text and one block", err, len(got))
 	}
 }
 
