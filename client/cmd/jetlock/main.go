@@ -25,7 +25,9 @@
 //	     its hold limit passed; `renew` of a lease that is no longer current
 //	126  `run`: the command could not be started
 //	127  `run`: the command was not found
-//	128+N `run`: the command was killed by signal N (like a shell)
+//	128+N `run`: the command was killed by signal N (like a shell);
+//	     `run`, `acquire`: signal N arrived while acquiring (the request
+//	     is cancelled at the service first)
 //
 // Every error is one line on stderr: "jetlock: CODE: message", with the
 // wire contract's code where the service gave one, else jetlock's own
@@ -65,7 +67,7 @@ const description = `jetlock: exclusive leases with fencing tokens over NATS.
 Exit codes: 0 success (run: the command's own), 1 other failure, 2 bad input
 (nothing started), 69 service unavailable, 75 locked, 77 permission denied,
 79 lease lost (run stopped its command), 126/127 command not executable/not
-found, 128+N command killed by signal N.
+found, 128+N command killed by signal N (or signal N while acquiring).
 
 Examples:
   jetlock -s nats://127.0.0.1:4222 run --wait 1m lock:backup:user123 -- ./backup.sh user123
