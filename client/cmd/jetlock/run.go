@@ -18,11 +18,11 @@ import (
 // runCmd is `jetlock run`: acquire, run the command in its own process
 // group while the client renews, release when it exits.
 type runCmd struct {
-	Wait      time.Duration `help:"Wait up to this long for the lock (default: try once; exit 75 if held)." placeholder:"D"`
-	TTL       time.Duration `name:"ttl" help:"Lease TTL (default: the service's, 30s); renewed every third of it." placeholder:"D"`
-	MaxHold   time.Duration `help:"Longest the lease may be held, renewals included; the command is stopped then (default: the deployment's cap, 24h)." placeholder:"D"`
-	Owner     string        `help:"Owner text shown to others (default: HOST:PID)."`
-	RequestID string        `help:"Request id of the acquire (default: random); reuse it to make a retried run idempotent."`
+	Wait      time.Duration  `help:"Wait up to this long for the lock (default: try once; exit 75 if held)." placeholder:"D"`
+	TTL       time.Duration  `name:"ttl" help:"Lease TTL (default: the service's, 30s); renewed every third of it." placeholder:"D"`
+	MaxHold   time.Duration  `help:"Longest the lease may be held, renewals included; the command is stopped then (default: the deployment's cap, 24h)." placeholder:"D"`
+	Owner     string         `help:"Owner text shown to others (default: HOST:PID)."`
+	RequestID string         `help:"Request id of the acquire (default: random); reuse it to make a retried run idempotent."`
 	Grace     *time.Duration `help:"After a lost lease, how long the command has between SIGTERM and SIGKILL (default: 10s, or the most the TTL allows: half the TTL less 1s, at most a quarter of it, e.g. 14s for a 30s TTL)." placeholder:"D"`
 
 	Resource string   `arg:"" help:"Resource to lock: letters, digits and - _ . / = : @ (1 to 200 bytes)."`
@@ -149,7 +149,11 @@ func (r *runCmd) Run(g *globals) error {
 	rctx, cancel := context.WithTimeout(context.Background(), g.Timeout)
 	defer cancel()
 	if rerr := lease.Release(rctx); rerr != nil && err == nil {
-		fmt.Fprintf(os.Stderr, "jetlock: release: %s (the lease ends by itself after its TTL)\n", oneLine(clean(rerr)))
+		why := strings.TrimPrefix(oneLine(clean(rerr)), streams.CodeUnavailable+": ")
+		if errors.Is(rerr, context.DeadlineExceeded) {
+			why = "no answer in " + g.Timeout.String()
+		}
+		fmt.Fprintf(os.Stderr, "jetlock: %s: release not confirmed (%s); the lease ends by itself after its TTL\n", streams.CodeUnavailable, why)
 	}
 	if err != nil {
 		return err

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jetlock/jetlock/internal/tcpproxy"
 )
 
 // The command's exit code comes through, a signal's death is 128+N, the
@@ -299,5 +301,147 @@ func TestRunHoldCapEndsLease(t *testing.T) {
 	}
 	if !strings.Contains(r.stderr, "hold") {
 		t.Fatalf("stderr %q does not name the hold cap", r.stderr)
+	}
+}
+
+// behindProxy returns a proxy to node 0 of the cluster that a test can cut,
+// as when the network between jetlock and NATS fails.
+func behindProxy(t *testing.T) *tcpproxy.Proxy {
+	t.Helper()
+	addr := strings.TrimPrefix(cluster.ClientURL(0), "nats://")
+	p, err := tcpproxy.New(func() []string { return []string{addr} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// startVia starts jetlock like start, connected to url instead.
+func startVia(t *testing.T, url string, args ...string) *proc {
+	t.Helper()
+	return start(t, nil, append([]string{"--server", url}, args...)...)
+}
+
+// renewalSeen waits until the service has seen a renewal of resource's
+// lease: its expires_at moves. It returns the time of the last status that
+// still showed the earlier expiry, before which the renewal was not yet
+// sent (give or take one request's latency).
+func renewalSeen(t *testing.T, resource string) time.Time {
+	t.Helper()
+	c := newClient(t)
+	first := status(t, c, resource).ExpiresAt
+	deadline := time.Now().Add(20 * time.Second)
+	before := time.Now()
+	for range 10_000 {
+		asked := time.Now()
+		st := status(t, c, resource)
+		if !st.Held {
+			t.Fatalf("%s not held", resource)
+		}
+		if !st.ExpiresAt.Equal(first) {
+			return before
+		}
+		before = asked
+		if asked.After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no renewal of %s seen in 20s", resource)
+	return time.Time{}
+}
+
+// When jetlock can no longer reach NATS, its command is stopped so that
+// it is gone (SIGKILL after the grace for one that ignores SIGTERM) before
+// the lease's TTL since the last renewal that succeeded has passed — and
+// so before the service may expire the lease and grant it to a waiting
+// caller. jetlock then exits 79 at once: a release that cannot get through
+// is not retried past the lease's deadline (it used to take 10s more).
+func TestRunRenewalFailureStopsCommandBeforeTTL(t *testing.T) {
+	t.Parallel()
+	const (
+		ttl   = 6 * time.Second
+		grace = 2 * time.Second // the most a 6s TTL allows
+	)
+	resource := "run:unreachable"
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	proxy := behindProxy(t)
+	p := startVia(t, proxy.URL(), "run", "--ttl", ttl.String(), "--grace", grace.String(), resource, "--",
+		"sh", "-c", `trap '' TERM; echo $$ > `+pidFile+`; i=0; while [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done`)
+	pid := pidOf(t, pidFile)
+	renewedAfter := renewalSeen(t, resource)
+	proxy.Cut()
+	granted := waitForGrant(t, resource)
+
+	deadline := time.Now().Add(20 * time.Second)
+	for !groupGone(pid) {
+		if time.Now().After(deadline) {
+			t.Fatal("the command outlived the lease by 20s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	gone := time.Now()
+	t.Logf("command gone %v after the last renewal seen", gone.Sub(renewedAfter))
+	// The last renewal was sent after renewedAfter, less a request's
+	// latency (allow 500ms).
+	if limit := renewedAfter.Add(ttl - 500*time.Millisecond); gone.After(limit) {
+		t.Fatalf("the command went %v after the last renewal, want before the TTL (%v)", gone.Sub(renewedAfter), ttl)
+	}
+	if gone.Sub(renewedAfter) < ttl-time.Second-grace-time.Second {
+		t.Fatalf("the command went %v after the last renewal: sooner than the deadline less the grace", gone.Sub(renewedAfter))
+	}
+	r := p.wait(t, 20*time.Second)
+	wantCode(t, r, 79)
+	if exited := p.start.Add(r.took); exited.Sub(gone) > 1500*time.Millisecond {
+		t.Fatalf("jetlock exited %v after its command was gone, want at once", exited.Sub(gone))
+	}
+	if !strings.Contains(r.stderr, "no renewal confirmed") {
+		t.Fatalf("stderr %q", r.stderr)
+	}
+	select {
+	case at := <-granted:
+		if !at.After(gone) {
+			t.Fatalf("another caller was granted the lock %v before the command was gone", gone.Sub(at))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the lease never expired")
+	}
+}
+
+// A command that ends by itself while NATS is unreachable: jetlock passes
+// its code through after one request timeout of trying to release at most
+// (it used to retry for twice that), never past the lease's deadline.
+func TestRunExitsPromptlyWhenClusterGone(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pidFile, goFile := filepath.Join(dir, "pid"), filepath.Join(dir, "go")
+	proxy := behindProxy(t)
+	p := startVia(t, proxy.URL(), "run", "--ttl", "30s", "--timeout", "2s", "run:gone", "--", "sh", "-c",
+		`echo $$ > `+pidFile+`; i=0; while [ ! -e `+goFile+` ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; exit 3`)
+	pid := pidOf(t, pidFile)
+	proxy.Cut()
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !groupGone(pid) {
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not end")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	gone := time.Now()
+	r := p.wait(t, 30*time.Second)
+	exited := p.start.Add(r.took)
+	t.Logf("jetlock exited %v after its command; stderr %q", exited.Sub(gone), r.stderr)
+	if r.code != 3 {
+		t.Fatalf("exit code %d, want the command's 3; stderr %q", r.code, r.stderr)
+	}
+	if d := exited.Sub(gone); d > 3*time.Second {
+		t.Fatalf("jetlock exited %v after its command, want within the 2s request timeout (+1s)", d)
+	}
+	if !strings.Contains(r.stderr, "release") {
+		t.Fatalf("stderr %q does not say the release failed", r.stderr)
 	}
 }
