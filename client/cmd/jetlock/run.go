@@ -23,7 +23,7 @@ type runCmd struct {
 	MaxHold   time.Duration  `help:"Longest the lease may be held, renewals included; the command is stopped then (default: the deployment's cap, 24h)." placeholder:"D"`
 	Owner     string         `help:"Owner text shown to others (default: HOST:PID)."`
 	RequestID string         `help:"Request id of the acquire (default: random); reuse it to make a retried run idempotent."`
-	Grace     *time.Duration `help:"After a lost lease, how long the command has between SIGTERM and SIGKILL (default: 10s, or the most the TTL allows: half the TTL less 1s, at most a quarter of it, e.g. 14s for a 30s TTL)." placeholder:"D"`
+	Grace     *time.Duration `help:"After a lost lease, how long the command has between SIGTERM and SIGKILL (default: 10s, capped at the most the TTL allows: half the TTL less min(1s, TTL/4), e.g. 14s for a 30s TTL, 1.5s for 5s)." placeholder:"D"`
 
 	Resource string   `arg:"" help:"Resource to lock: letters, digits and - _ . / = : @ (1 to 200 bytes)."`
 	Command  []string `arg:"" optional:"" passthrough:"" help:"The command and its arguments, after --."`
@@ -38,17 +38,19 @@ command runs, releases it when the command (and its process group) has
 exited, and exits with the command's code (128+N if signal N killed it).
 SIGINT, SIGTERM and SIGHUP sent to jetlock are forwarded to the command.
 
-When the lease is lost (a renewal refused, a revoke, the hold limit) the
-command's group gets SIGTERM, then SIGKILL after --grace, and jetlock exits
-79. When renewals fail, the group gets SIGTERM at the client's deadline
-(the send time of the last renewal that succeeded, plus the TTL, less a 1s
-safety margin) minus --grace, and SIGKILL at that deadline, before the
-service can expire the lease (at the TTL plus its expiry grace, 2s by
-default). With --ttl 30s and the default --grace 10s: SIGTERM 19s and
-SIGKILL 29s after the last successful renewal was sent; the service expires
-the lease no earlier than 32s after it. --grace may be at most half the TTL
-less the margin (14s for 30s). Exit 75: the resource is held (no --wait, or
-it ran out); 69: the service is unavailable; 2: bad input (nothing started).
+When the lease is lost (a renewal refused, a revoke) the command's group gets
+SIGTERM, then SIGKILL after --grace, and jetlock exits 79. When renewals
+fail, or the hold limit (--max-hold) comes, the group gets SIGTERM at the
+client's deadline (the send time of the last renewal that succeeded, plus the
+TTL, less a 1s safety margin) minus --grace, and SIGKILL at that deadline:
+before the service can expire the lease (the TTL plus its expiry grace, 2s by
+default, after it saw the renewal). With --ttl 30s and the default --grace
+10s: SIGTERM 19s and SIGKILL 29s after the last successful renewal was sent,
+while the service expires the lease no earlier than 32s after it. --grace may
+be at most half the TTL less that margin (14s for a 30s TTL).
+
+Exit 75: the resource is held (no --wait, or it ran out); 69: the service is
+unavailable; 2: bad input (nothing started).
 
 The command runs under a small guard process (jetlock itself) that kills
 its group (SIGTERM, then SIGKILL by the deadline) if jetlock dies for any
@@ -92,7 +94,7 @@ func checkGrace(d *time.Duration, ttl time.Duration) error {
 	case d == nil:
 		return nil
 	case *d <= 0 || *d > time.Hour:
-		return usagef("--grace %v outside (0, 1h]", *d)
+		return usagef("--grace %s outside (0, 1h]", durationText(*d))
 	case ttl > 0 && *d > graceBudget(ttl):
 		return graceTooLong(*d, ttl)
 	}
@@ -111,7 +113,8 @@ func graceBudget(ttl time.Duration) time.Duration {
 }
 
 func graceTooLong(d, ttl time.Duration) error {
-	return usagef("--grace %v is too long for a TTL of %v: at most %v (half the TTL less the 1s safety margin), so that the command is killed before the lease could expire", d, ttl, graceBudget(ttl))
+	return usagef("--grace %s is too long for a TTL of %s: at most %s (half the TTL less the 1s safety margin), so that the command is killed before the lease could expire",
+		durationText(d), durationText(ttl), durationText(graceBudget(ttl)))
 }
 
 // Run acquires, runs the command and returns its exit.
@@ -224,7 +227,7 @@ func (r *runCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*client
 			defer rcancel()
 			_ = lease.Release(rctx)
 		}
-		return nil, exitf(signalExit(sig), "interrupted by %v while acquiring %s; nothing started", sig, r.Resource)
+		return nil, kindf(signalExit(sig), codeInterrupted, "%s while acquiring %s; nothing started", signalName(sig), r.Resource)
 	default:
 	}
 	if err != nil {
@@ -255,7 +258,7 @@ func (r *runCmd) supervise(lease *client.Lease, path string, grace time.Duration
 		case ev, ok := <-g.events:
 			if !ok {
 				g.abandon()
-				return 0, exitf(exitFailure, "the guard of the command died; its process group was killed")
+				return 0, kindf(exitFailure, codeFailure, "the command's guard process died; its process group was killed")
 			}
 			switch ev.kind {
 			case evExpiring:
@@ -278,11 +281,17 @@ func (r *runCmd) supervise(lease *client.Lease, path string, grace time.Duration
 			if lostErr == nil {
 				lostErr = context.Cause(lease.Context())
 				fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command (SIGTERM now, SIGKILL in %v)\n",
-					streams.CodeLeaseLost, strings.TrimPrefix(oneLine(clean(lostErr)), "lease lost: "), min(grace, max(0, time.Until(lease.Expires()))).Round(time.Millisecond))
+					streams.CodeLeaseLost, strings.TrimPrefix(oneLine(clean(lostErr)), "lease lost: "), durationText(killIn(lease, grace)))
 			}
 			g.stop()
 		}
 	}
+}
+
+// killIn is when the guard sends SIGKILL after it sent SIGTERM now: at the
+// end of the grace or at the client's deadline, whichever comes first.
+func killIn(lease *client.Lease, grace time.Duration) time.Duration {
+	return min(grace, max(0, time.Until(lease.Expires()))).Round(time.Millisecond)
 }
 
 // expiring reports that the guard stopped the command because the lease's
@@ -295,8 +304,8 @@ func (r *runCmd) expiring(lease *client.Lease, grace time.Duration) error {
 	} else {
 		why = "no renewal confirmed; the client's deadline is " + deadline.Format(time.RFC3339Nano)
 	}
-	fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command before it (SIGTERM now, SIGKILL in %v)\n",
-		streams.CodeLeaseLost, why, min(grace, max(0, time.Until(deadline))).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command before it (SIGTERM now, SIGKILL in %s)\n",
+		streams.CodeLeaseLost, why, durationText(killIn(lease, grace)))
 	return fmt.Errorf("%w: %s", client.ErrLeaseLost, why)
 }
 
