@@ -32,7 +32,7 @@ func TestErrorsInOneVoice(t *testing.T) {
 		{[]string{"acquire", "--ttl", "25h", "voice:1"}, 2, "jetlock: usage: --ttl 25h outside [1s, 24h] (see jetlock acquire --help)\n"},
 		{[]string{"--timeout", "20m", "status", "voice:1"}, 2, "jetlock: usage: --timeout 20m outside [100ms, 10m]\n"},
 		{[]string{"renew", "--lease-id", "0a", "voice:1"}, 79, "jetlock: lease_lost: lease is no longer current\n"},
-		{[]string{"revoke", "voice:1", "--reason", "x"}, 77, `jetlock: permission_denied: publish to "jetlock.v1.admin.revoke" refused by the NATS server (this needs other credentials: --creds, --user/--password, --nkey or --context; revoke and watch need an operator's)` + "\n"},
+		{[]string{"revoke", "voice:1", "--reason", "x"}, 77, `jetlock: permission_denied: publish to "jetlock.v1.admin.revoke" refused by the NATS server (this needs other credentials: --creds, --user/--password, --nkey or --context; revoke needs an operator's, watch an inspector's)` + "\n"},
 	} {
 		r := jl(t, tc.args...)
 		wantError(t, r, tc.code)

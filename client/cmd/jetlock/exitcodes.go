@@ -130,7 +130,7 @@ func usagef(format string, args ...any) *exitError {
 }
 
 // permissionHint ends every permission error.
-const permissionHint = "(this needs other credentials: --creds, --user/--password, --nkey or --context; revoke and watch need an operator's)"
+const permissionHint = "(this needs other credentials: --creds, --user/--password, --nkey or --context; revoke needs an operator's, watch an inspector's)"
 
 // classify maps an error of the client or of NATS to its exit code and its
 // one-line message, whose kind is the wire contract's code. The message

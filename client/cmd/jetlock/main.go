@@ -19,7 +19,8 @@
 //	     no command after --, or invalid_request from the service; nothing started
 //	69   unavailable: no service answered, or NATS could not be reached
 //	75   locked: the resource is held by another lease (no --wait, or it ran out)
-//	77   permission denied (revoke and watch need operator credentials)
+//	77   permission denied (revoke needs operator credentials, watch an
+//	     inspector's)
 //	79   lease lost: `run` stopped its command (SIGTERM, SIGKILL after --grace)
 //	     because renewal was refused or unprovable, the lease was revoked, or
 //	     its hold limit passed; `renew` of a lease that is no longer current
@@ -59,7 +60,7 @@ type cli struct {
 	Status  statusCmd  `cmd:"" help:"Show who holds a resource."`
 	Ls      lsCmd      `cmd:"" help:"List held locks (resource, owner, token, expires in, waiters)."`
 	Revoke  revokeCmd  `cmd:"" help:"End a lease, whoever holds it (operators only)."`
-	Watch   watchCmd   `cmd:"" help:"Print grants, releases and expiries as they happen (operators only)."`
+	Watch   watchCmd   `cmd:"" help:"Print grants, releases and expiries as they happen (inspectors only)."`
 }
 
 const description = `jetlock: exclusive leases with fencing tokens over NATS.

@@ -215,6 +215,13 @@ func operator(args ...string) []string {
 	return append([]string{"--user", user, "--password", pw}, args...)
 }
 
+// inspector prefixes args with the dev cluster's inspector credentials
+// (read-only access to the bucket, for watch).
+func inspector(args ...string) []string {
+	user, pw := cluster.User(devcluster.Inspector)
+	return append([]string{"--user", user, "--password", pw}, args...)
+}
+
 // wantCode fails unless r exited with code and, for a failure, printed
 // exactly one line on stderr starting with "jetlock: ".
 func wantCode(t *testing.T, r result, code int) {

@@ -239,7 +239,7 @@ func TestWatch(t *testing.T) {
 	early := decode[streams.LeaseResponse](t, held.stdout)
 	t.Cleanup(func() { jl(t, "release", "--lease-id", early.LeaseID, "watch:held") })
 
-	w := start(t, nil, operator("watch", "--json", "--for", "8s", "watch:")...)
+	w := start(t, nil, inspector("watch", "--json", "--for", "8s", "watch:")...)
 	time.Sleep(1500 * time.Millisecond) // the watcher is up
 	a := jl(t, "acquire", "--json", "--ttl", "1s", "--owner", "expirer", "watch:expire")
 	wantCode(t, a, 0)

@@ -26,13 +26,13 @@ type watchCmd struct {
 // Help is the long help of `jetlock watch`.
 func (c *watchCmd) Help() string {
 	return `Prints the leases held now ("held"), then grants, releases and expiries as they
-happen, read from the lock bucket through a KV watcher: needs operator
+happen, read from the lock bucket through a KV watcher: needs inspector
 credentials (read access to the bucket), without them exit 77. "released"
 covers releases, revokes and cancels; "expired" a lease that ended after its
 expiry. Never prints lease ids. Stops on Ctrl-C or after --for.
 
 Example:
-  jetlock --user operator --password operator watch --for 1h lock:backup:`
+  jetlock --user inspector --password inspector watch --for 1h lock:backup:`
 }
 
 // Validate checks the flags before anything connects.
