@@ -1,5 +1,9 @@
 # lockd's image, built from the repository root:
 #   docker build -f deploy/docker/lockd.Dockerfile -t jetlock/lockd .
+# The root's .dockerignore keeps .git, .jetlock/ and the deploy secrets out
+# of the context. The image runs as uid 65532: files it reads must be
+# readable by that uid (docker-compose.yml's lockd-secrets, Kubernetes'
+# fsGroup).
 FROM golang:1.26-alpine AS build
 WORKDIR /src
 COPY go.mod go.sum ./

@@ -28,8 +28,8 @@ var (
 
 // deploy/'s account setup, started for real: three servers from
 // deploy/nats's files (mutual TLS on clients and routes, a throw-away CA),
-// the service as its two deploy users. What each kind of user of DESIGN.md
-// §3 can and cannot do.
+// the service as its two deploy users. What each kind of user of
+// deploy/README.md's table "The users" can and cannot do.
 func TestAccountSetup(t *testing.T) {
 	c := startCluster(t)
 	svc := c.serve()

@@ -25,8 +25,8 @@ func (c *cluster) lockdCheck(t *testing.T, bin, role string, extra ...string) (i
 		t.Fatal(err)
 	}
 	cert := c.certs[certOf[role]]
-	args := append([]string{"check", "--json", "--timeout=5s", "--url=" + c.urls(), "--tls-ca=" + c.ca.CertFile,
-		"--tls-cert=" + cert.CertFile, "--tls-key=" + cert.KeyFile, "--store-nkey=" + nk}, extra...)
+	args := append([]string{"check", "--json", "--timeout=5s", "--server=" + c.urls(), "--tlsca=" + c.ca.CertFile,
+		"--tlscert=" + cert.CertFile, "--tlskey=" + cert.KeyFile, "--store-nkey=" + nk}, extra...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)

@@ -38,7 +38,14 @@ type cluster struct {
 // and waits for a JetStream meta leader that sees all three.
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	c := &cluster{t: t, keys: setIdentities(t), certs: map[string]testca.Pair{}}
+	return startClusterWith(t, setIdentities(t))
+}
+
+// startClusterWith is startCluster with the users' keys ks, whose public
+// keys the environment already holds.
+func startClusterWith(t *testing.T, ks keys) *cluster {
+	t.Helper()
+	c := &cluster{t: t, keys: ks, certs: map[string]testca.Pair{}}
 	dir := t.TempDir()
 	ca, err := testca.New(dir)
 	if err != nil {

@@ -17,9 +17,10 @@ import (
 
 // Every server configuration of deploy/nats parses with nats-server's own
 // parser, its includes and environment variables resolved as README.md
-// says, and says what DESIGN.md requires: its zone tag, unique_tag "az:",
-// fsync on every write, JetStream limits, routes to all three zones,
-// mutual TLS on clients and routes, and the accounts of the model.
+// says, and says what deploy/README.md requires ("Durability", "The
+// users"): its zone tag, unique_tag "az:", fsync on every write, JetStream
+// limits, routes to all three zones, mutual TLS on clients and routes, and
+// the accounts of the model.
 func TestServerConfigsParse(t *testing.T) {
 	ks := setIdentities(t)
 	dir := t.TempDir()
@@ -54,11 +55,11 @@ func TestServerConfigsParse(t *testing.T) {
 		})
 	}
 	// A server without an identity in its environment does not start.
-	os.Unsetenv("JETLOCK_STORE_NKEY")
+	os.Unsetenv("JETLOCK_STORE_NKEY_PUBLIC")
 	d := filepath.Join(dir, "unset")
 	render(t, d, [][2]string{{tlsDir, dir + "/"}, {storeDir, filepath.Join(d, "data")}})
-	if _, err := server.ProcessConfigFile(filepath.Join(d, "nats-a.conf")); err == nil || !strings.Contains(err.Error(), "JETLOCK_STORE_NKEY") {
-		t.Fatalf("nats-a.conf without JETLOCK_STORE_NKEY: %v, want an error naming it", err)
+	if _, err := server.ProcessConfigFile(filepath.Join(d, "nats-a.conf")); err == nil || !strings.Contains(err.Error(), "JETLOCK_STORE_NKEY_PUBLIC") {
+		t.Fatalf("nats-a.conf without JETLOCK_STORE_NKEY_PUBLIC: %v, want an error naming it", err)
 	}
 }
 
@@ -98,7 +99,7 @@ func checkServer(t *testing.T, o *server.Options, name, zone string) {
 }
 
 // checkAccounts checks the users of each role: in the right account, with
-// the permissions of DESIGN.md §3.
+// the permissions of deploy/README.md's table "The users".
 func checkAccounts(t *testing.T, o *server.Options, ks keys) {
 	t.Helper()
 	users := map[string]*server.NkeyUser{}

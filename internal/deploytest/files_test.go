@@ -49,7 +49,7 @@ func checkLockdArgs(t *testing.T, where string, args []string, hosts []string) m
 			t.Errorf("%s: lockd has no flag --%s", where, f)
 		}
 	}
-	for _, f := range []string{"url", "nkey", "store-nkey", "tls-ca", "tls-cert", "tls-key", "metrics"} {
+	for _, f := range []string{"server", "nkey", "store-nkey", "tlsca", "tlscert", "tlskey", "metrics"} {
 		if flags[f] == "" {
 			t.Errorf("%s: no --%s", where, f)
 		}
@@ -58,10 +58,10 @@ func checkLockdArgs(t *testing.T, where string, args []string, hosts []string) m
 		t.Errorf("%s: the request and store connections use the same nkey %q", where, flags["nkey"])
 	}
 	var got []string
-	for _, u := range strings.Split(flags["url"], ",") {
+	for _, u := range strings.Split(flags["server"], ",") {
 		pu, err := url.Parse(u)
 		if err != nil {
-			t.Fatalf("%s: --url %q: %v", where, u, err)
+			t.Fatalf("%s: --server %q: %v", where, u, err)
 		}
 		if pu.Scheme != "tls" || pu.Port() != strconv.Itoa(clientPort) {
 			t.Errorf("%s: server %q, want tls:// on port %d", where, u, clientPort)
@@ -151,7 +151,7 @@ func TestComposeFile(t *testing.T) {
 		}
 		return false
 	}
-	for _, f := range []string{"tls-ca", "tls-cert", "tls-key", "nkey", "store-nkey"} {
+	for _, f := range []string{"tlsca", "tlscert", "tlskey", "nkey", "store-nkey"} {
 		if !mounted(flags[f]) {
 			t.Errorf("compose lockd: --%s=%s is in no volume", f, flags[f])
 		}
@@ -330,21 +330,57 @@ func TestSystemdUnits(t *testing.T) {
 	if !slices.Contains(nats["ReadWritePaths"], "/var/lib/nats") || !strings.HasPrefix(storeDir, "/var/lib/nats/") {
 		t.Errorf("nats-server.service may not write the store dir %s", storeDir)
 	}
+	// lockd.service takes its connection from the same environment file
+	// as the servers: its command line is what it names plus the flags.
 	lockd := unit("lockd.service")
-	args := strings.Fields(lockd["ExecStart"][0])[1:]
-	checkLockdArgs(t, "lockd.service", args, serverNames())
-
-	// The example environment file names every identity, and nothing else.
-	var names []string
-	for _, line := range strings.Split(readDeploy(t, "systemd/jetlock.env.example"), "\n") {
-		if k, _, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(line, "#") {
-			names = append(names, k)
+	if !slices.Equal(lockd["EnvironmentFile"], []string{"/etc/lockd/jetlock.env"}) {
+		t.Errorf("lockd.service EnvironmentFile %v", lockd["EnvironmentFile"])
+	}
+	example := envFile(t, readDeploy(t, "systemd/jetlock.env.example"))
+	toFlag := lockdEnv(t)
+	var args []string
+	for k, v := range example {
+		if f, ok := toFlag[k]; ok {
+			args = append(args, "--"+f+"="+v)
 		}
 	}
-	slices.Sort(names)
-	if want := sortedIdentities(); !slices.Equal(names, want) {
-		t.Errorf("jetlock.env.example names %v, want %v", names, want)
+	slices.Sort(args)
+	args = append(args, strings.Fields(lockd["ExecStart"][0])[1:]...)
+	checkLockdArgs(t, "lockd.service with jetlock.env.example", args, serverNames())
+
+	// The example environment file names every identity and lockd's
+	// connection, nothing else, and no name serves both.
+	for k := range example {
+		if _, ok := identities[k]; !ok && toFlag[k] == "" {
+			t.Errorf("jetlock.env.example names %s, which neither accounts.conf nor lockd reads", k)
+		}
 	}
+	for k := range identities {
+		if _, ok := example[k]; !ok {
+			t.Errorf("jetlock.env.example does not name the identity %s", k)
+		}
+		if toFlag[k] != "" {
+			t.Errorf("%s is both a public key of accounts.conf and lockd's --%s", k, toFlag[k])
+		}
+	}
+}
+
+// envFile parses an environment file of KEY=VALUE lines (# comments).
+func envFile(t testing.TB, text string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("environment file line %q", line)
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // README.md names lockd's commands and flags as lockd has them, and every
@@ -363,7 +399,7 @@ func TestReadme(t *testing.T) {
 		}
 	}
 	for env := range identities {
-		if !strings.Contains(text, env) && !strings.Contains(text, strings.TrimSuffix(env, "_NKEY")) {
+		if !strings.Contains(text, env) && !strings.Contains(text, strings.TrimSuffix(env, "_NKEY_PUBLIC")) {
 			t.Errorf("README.md does not name the identity %s", env)
 		}
 	}
@@ -391,6 +427,15 @@ func TestMakeCA(t *testing.T) {
 	cmd.Env = append(os.Environ(), "CLIENTS=lockd orders", "DAYS=2")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make-ca.sh: %v\n%s", err, b)
+	}
+	// Every key is the runner's alone (0600); lockd's image reads its own
+	// through compose's lockd-secrets (TestComposeSecretsOwnership).
+	keys, err := filepath.Glob(filepath.Join(out, "*", "*-key.pem"))
+	if err != nil || len(keys) != len(servers)+2 {
+		t.Fatalf("keys %v %v, want one per server and client", keys, err)
+	}
+	for _, k := range append(keys, filepath.Join(out, "ca-key.pem")) {
+		checkOwner(t, k, 0o600)
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(mustRead(t, filepath.Join(out, "ca.pem")))

@@ -21,6 +21,62 @@ import (
 // which names the flags exactly as it does for lockd.
 func lockdFlags(t testing.TB) map[string]map[string]bool {
 	t.Helper()
+	k := lockdModel(t)
+	out := map[string]map[string]bool{}
+	var walk func(path string, n *kong.Node, inherited map[string]bool)
+	walk = func(path string, n *kong.Node, inherited map[string]bool) {
+		flags := map[string]bool{}
+		for f := range inherited {
+			flags[f] = true
+		}
+		for _, f := range n.Flags {
+			flags[f.Name] = true
+		}
+		out[path] = flags
+		for _, c := range n.Children {
+			p := c.Name
+			if c.DefaultCmd != nil || c.Tag != nil && c.Tag.Default == "withargs" {
+				p = ""
+			}
+			if p == "" {
+				// the default command's flags are also the root's
+				for f := range flags {
+					out[""][f] = true
+				}
+				walk("", c, flags)
+				continue
+			}
+			walk(p, c, flags)
+		}
+	}
+	walk("", k.Model.Node, nil)
+	return out
+}
+
+// lockdEnv returns the environment variables lockd serve reads, each with
+// the flag it sets.
+func lockdEnv(t testing.TB) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, c := range lockdModel(t).Model.Node.Children {
+		if c.Name != "serve" {
+			continue
+		}
+		for _, f := range c.Flags {
+			for _, e := range f.Envs {
+				out[e] = f.Name
+			}
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("lockd serve reads no environment variable")
+	}
+	return out
+}
+
+// lockdModel returns kong's model of lockd's rebuilt flags.
+func lockdModel(t testing.TB) *kong.Kong {
+	t.Helper()
 	dir := filepath.Join(deployDir(t), "..", "service", "cmd", "lockd")
 	fset := token.NewFileSet()
 	matches, err := filepath.Glob(filepath.Join(dir, "*.go"))
@@ -54,35 +110,7 @@ func lockdFlags(t testing.TB) map[string]map[string]bool {
 	if err != nil {
 		t.Fatalf("kong on lockd's rebuilt flags: %v", err)
 	}
-	out := map[string]map[string]bool{}
-	var walk func(path string, n *kong.Node, inherited map[string]bool)
-	walk = func(path string, n *kong.Node, inherited map[string]bool) {
-		flags := map[string]bool{}
-		for f := range inherited {
-			flags[f] = true
-		}
-		for _, f := range n.Flags {
-			flags[f.Name] = true
-		}
-		out[path] = flags
-		for _, c := range n.Children {
-			p := c.Name
-			if c.DefaultCmd != nil || c.Tag != nil && c.Tag.Default == "withargs" {
-				p = ""
-			}
-			if p == "" {
-				// the default command's flags are also the root's
-				for f := range flags {
-					out[""][f] = true
-				}
-				walk("", c, flags)
-				continue
-			}
-			walk(p, c, flags)
-		}
-	}
-	walk("", k.Model.Node, nil)
-	return out
+	return k
 }
 
 type structBuilder struct {
@@ -151,18 +179,37 @@ func (b *structBuilder) fieldType(e ast.Expr) reflect.Type {
 // store- twins, and an unknown one does not.
 func TestLockdFlagsRebuilt(t *testing.T) {
 	flags := lockdFlags(t)[""]
-	for _, f := range []string{"url", "nkey", "store-nkey", "creds", "store-creds", "user", "store-user", "tls-cert", "tls-key", "tls-ca", "metrics", "prefix", "bucket", "max-in-flight", "allow-single-replica", "help"} {
+	for _, f := range []string{"server", "nkey", "store-nkey", "creds", "store-creds", "user", "store-user", "tlscert", "tlskey", "tlsca", "metrics", "prefix", "bucket", "max-in-flight", "allow-single-replica", "help"} {
 		if !flags[f] {
 			t.Errorf("lockd has no flag --%s (flags: %v)", f, flags)
 		}
 	}
 	check := lockdFlags(t)["check"]
-	for _, f := range []string{"url", "tls-ca", "tls-cert", "tls-key", "store-nkey", "store-inbox-prefix", "json", "fix"} {
+	for _, f := range []string{"server", "tlsca", "tlscert", "tlskey", "store-nkey", "store-inbox-prefix", "json", "fix"} {
 		if !check[f] {
 			t.Errorf("lockd check has no flag --%s (flags: %v)", f, check)
 		}
 	}
 	if flags["no-such-flag"] {
 		t.Error("made-up flag found")
+	}
+	// lockd's environment is its own: JETLOCK_*, with the seed files in
+	// JETLOCK_NKEY and JETLOCK_STORE_NKEY; none of the nats CLI's.
+	env := lockdEnv(t)
+	for v, f := range map[string]string{"JETLOCK_SERVER": "server", "JETLOCK_NKEY": "nkey", "JETLOCK_STORE_NKEY": "store-nkey",
+		"JETLOCK_CREDS": "creds", "JETLOCK_USER": "user", "JETLOCK_PASSWORD": "password", "JETLOCK_INBOX_PREFIX": "inbox-prefix",
+		"JETLOCK_STORE_CREDS": "store-creds", "JETLOCK_STORE_USER": "store-user", "JETLOCK_STORE_PASSWORD": "store-password",
+		"JETLOCK_STORE_INBOX_PREFIX": "store-inbox-prefix", "JETLOCK_TLSCERT": "tlscert", "JETLOCK_TLSKEY": "tlskey", "JETLOCK_TLSCA": "tlsca"} {
+		if env[v] != f {
+			t.Errorf("$%s sets --%s, want --%s", v, env[v], f)
+		}
+	}
+	for v := range env {
+		if !strings.HasPrefix(v, "JETLOCK_") {
+			t.Errorf("lockd reads $%s", v)
+		}
+		if _, ok := identities[v]; ok {
+			t.Errorf("lockd reads $%s, a public key of accounts.conf", v)
+		}
 	}
 }

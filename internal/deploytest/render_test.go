@@ -17,14 +17,17 @@ import (
 var servers = []struct{ name, zone string }{{"nats-a", "az:a"}, {"nats-b", "az:b"}, {"nats-c", "az:c"}}
 
 // Identities are the environment variables accounts.conf takes its users'
-// nkey public keys from (README.md, "Identities"), by role.
+// nkey public keys from (README.md, "Identities"), by role: named
+// JETLOCK_<ROLE>_NKEY_PUBLIC, so that they do not clash with lockd's
+// JETLOCK_NKEY and JETLOCK_STORE_NKEY (the paths of its seed files) in
+// one environment file.
 var identities = map[string]string{
-	"JETLOCK_SERVICE_NKEY":        "service",
-	"JETLOCK_STORE_NKEY":          "store",
-	"JETLOCK_OPERATOR_NKEY":       "operator",
-	"JETLOCK_CALLER_ORDERS_NKEY":  "orders",
-	"JETLOCK_CALLER_BILLING_NKEY": "billing",
-	"NATS_SYS_NKEY":               "sys",
+	"JETLOCK_SERVICE_NKEY_PUBLIC":        "service",
+	"JETLOCK_STORE_NKEY_PUBLIC":          "store",
+	"JETLOCK_OPERATOR_NKEY_PUBLIC":       "operator",
+	"JETLOCK_CALLER_ORDERS_NKEY_PUBLIC":  "orders",
+	"JETLOCK_CALLER_BILLING_NKEY_PUBLIC": "billing",
+	"JETLOCK_SYS_NKEY_PUBLIC":            "sys",
 }
 
 // Ports of deploy/: clients, routes, monitoring, lockd's metrics.
