@@ -1,6 +1,6 @@
 // jetlock from JavaScript: acquire, renew, release and fenced writes with
 // the official `nats` package and plain request-reply, following the wire
-// contract (DESIGN.md §2) — no jetlock library needed.
+// contract (docs/protocol.md) — no jetlock library needed.
 //
 //   npm ci && node jetlock.mjs nats://127.0.0.1:4222
 //

@@ -18,16 +18,19 @@ import (
 )
 
 // The NATS configuration that deploy/k8s/nats-values.yaml makes the Helm
-// chart write parses with nats-server's parser and says what DESIGN.md
-// requires. There is no helm here, so the test composes the file the way
-// the chart's templates do (files/config/*.yaml of nats-io/k8s: each
-// section's generated keys, then its merge; "<< x >>" unquoted;
-// "…$include" keys as include directives), with the chart's paths under a
-// temporary root, and runs the zone init container's script with a
-// kubectl that answers a zone.
+// chart write parses with nats-server's parser and says what
+// deploy/README.md requires ("Durability"). There is no helm here, so the test composes the file the way
+// the chart's templates do (files/config/*.yaml of nats-io/k8s at tag
+// nats-<chartVersion>: each section's generated keys, then its merge;
+// "<< x >>" unquoted; "…$include" keys as include directives), with the
+// chart's paths under a temporary root, and runs the zone init container's
+// script with a curl that answers the API server's node object (jq is the
+// image's own).
 func TestHelmValuesMakeAValidServerConfig(t *testing.T) {
-	if _, err := exec.LookPath("sh"); err != nil {
-		t.Skip("no sh")
+	for _, cmd := range []string{"sh", "jq"} {
+		if _, err := exec.LookPath(cmd); err != nil {
+			t.Skipf("no %s", cmd)
+		}
 	}
 	setIdentities(t)
 	var v map[string]any
@@ -36,7 +39,7 @@ func TestHelmValuesMakeAValidServerConfig(t *testing.T) {
 	}
 	root := t.TempDir()
 	at := func(p string) string { return filepath.Join(root, p) }
-	for _, d := range []string{"/etc/nats-config/jetlock", "/etc/nats-zone", "/etc/nats-certs/nats", "/etc/nats-certs/cluster", "/etc/nats-ca-cert", "/data", "/bin"} {
+	for _, d := range []string{"/etc/nats-config/jetlock", "/etc/nats-zone", "/etc/nats-certs/nats", "/etc/nats-certs/cluster", "/etc/nats-ca-cert", "/data", "/bin", serviceAccountDir} {
 		if err := os.MkdirAll(at(d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -57,24 +60,37 @@ func TestHelmValuesMakeAValidServerConfig(t *testing.T) {
 	copyFile(t, ca.CertFile, at("/etc/nats-ca-cert/"+dig(v, "tlsCA", "key").(string)))
 	copyFile(t, filepath.Join(deployDir(t), "nats", "accounts.conf"), at("/etc/nats-config/jetlock/accounts.conf"))
 
-	// The zone init container, with kubectl answering zone eu-1a.
-	var script string
-	for _, p := range dig(v, "podTemplate", "patch").([]any) {
-		if dig(p, "path") == "/spec/initContainers" {
-			script = dig(p, "value", 0, "command", 2).(string)
+	// The zone init container, with curl answering node-1's object (zone
+	// eu-1a) as the API server does, after checking the request.
+	script := zoneScript(t, v)
+	for f, text := range map[string]string{"token": "sa-token", "ca.crt": "sa-ca"} {
+		if err := os.WriteFile(at(serviceAccountDir+"/"+f), []byte(text), 0o600); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if script == "" {
-		t.Fatal("no zone init container")
-	}
-	kubectl := "#!/bin/sh\necho eu-1a\n"
-	if err := os.WriteFile(at("/bin/kubectl"), []byte(kubectl), 0o755); err != nil {
+	curl := `#!/bin/sh
+case "$*" in
+*"--cacert ` + at(serviceAccountDir) + `/ca.crt"*"Authorization: Bearer sa-token"*"https://kubernetes.default.svc/api/v1/nodes/node-1"*) ;;
+*) echo "curl: unexpected request: $*" >&2; exit 22 ;;
+esac
+echo '{"kind":"Node","metadata":{"name":"node-1","labels":{"kubernetes.io/hostname":"node-1","topology.kubernetes.io/zone":"eu-1a"}}}'
+`
+	if err := os.WriteFile(at("/bin/curl"), []byte(curl), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("sh", "-ec", strings.ReplaceAll(script, "/etc/nats-zone", at("/etc/nats-zone")))
-	cmd.Env = append(os.Environ(), "PATH="+at("/bin")+":"+os.Getenv("PATH"), "NODE_NAME=node-1")
-	if out, err := cmd.CombinedOutput(); err != nil {
+	runZone := func(nodeEnv string) ([]byte, error) {
+		s := strings.ReplaceAll(script, "/etc/nats-zone", at("/etc/nats-zone"))
+		s = strings.ReplaceAll(s, serviceAccountDir, at(serviceAccountDir))
+		cmd := exec.Command("sh", "-ec", s)
+		cmd.Env = append(os.Environ(), "PATH="+at("/bin")+":"+os.Getenv("PATH"), nodeEnv)
+		return cmd.CombinedOutput()
+	}
+	if out, err := runZone("NODE_NAME=node-1"); err != nil {
 		t.Fatalf("zone init container: %v\n%s", err, out)
+	}
+	// A request the API server refuses stops the pod, without a tag.
+	if out, err := runZone("NODE_NAME=node-2"); err == nil {
+		t.Fatalf("zone init container succeeded on a refused request: %s", out)
 	}
 
 	cfg := dig(v, "config").(map[string]any)
@@ -148,6 +164,42 @@ func TestHelmValuesMakeAValidServerConfig(t *testing.T) {
 	if o.SystemAccount != "SYS" || len(o.Nkeys) != len(identities) {
 		t.Errorf("system account %q, %d nkey users: accounts.conf not included?", o.SystemAccount, len(o.Nkeys))
 	}
+}
+
+// chartVersion is the NATS chart nats-values.yaml is written for, and the
+// version deploy/README.md installs: the composition above follows its
+// templates (nats-io/k8s, tag nats-2.14.2: no_advertise from
+// config.cluster.noAdvertise, default true; the config in
+// /etc/nats-config/nats.conf; certificates in /etc/nats-certs/<section>;
+// the headless service nats-headless).
+const chartVersion = "2.14.2"
+
+// natsBoxImage is the zone init container's image: the nats-box of
+// chartVersion (its natsBox.container.image default), which has sh, curl
+// and jq.
+const natsBoxImage = "natsio/nats-box:0.19.7"
+
+// serviceAccountDir is where Kubernetes mounts a pod's service account
+// token and CA.
+const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// zoneScript returns the zone init container's script, and checks its
+// image: the chart's own nats-box, at a pinned tag.
+func zoneScript(t *testing.T, v map[string]any) string {
+	t.Helper()
+	for _, p := range dig(v, "podTemplate", "patch").([]any) {
+		if dig(p, "path") != "/spec/initContainers" {
+			continue
+		}
+		if img := dig(p, "value", 0, "image"); img != natsBoxImage {
+			t.Errorf("zone init container image %v, want %s (pinned: the chart's nats-box, with sh, curl and jq)", img, natsBoxImage)
+		}
+		if s, _ := dig(p, "value", 0, "command", 2).(string); s != "" {
+			return s
+		}
+	}
+	t.Fatal("no zone init container")
+	return ""
 }
 
 // raw marks a value the chart writes unquoted ("<< x >>").
