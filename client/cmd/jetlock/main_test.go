@@ -246,7 +246,7 @@ func wantError(t *testing.T, r result, code int) {
 
 // errorCodes are the CODEs of "jetlock: CODE: message".
 var errorCodes = []string{"usage", "invalid_request", "locked", "lease_lost", "too_many_waiters", "unavailable",
-	"internal", "permission_denied", "interrupted"}
+	"internal", "permission_denied", "interrupted", "failure"}
 
 // wireUnits finds the wire contract's millisecond fields, and durations
 // written with zero units (Go's 24h0m0s, 10m0s), in a message.
