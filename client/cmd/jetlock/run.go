@@ -304,8 +304,12 @@ func (r *runCmd) expiring(lease *client.Lease, grace time.Duration) error {
 	} else {
 		why = "no renewal confirmed; the client's deadline is " + deadline.Format(time.RFC3339Nano)
 	}
-	fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command before it (SIGTERM now, SIGKILL in %s)\n",
-		streams.CodeLeaseLost, why, durationText(killIn(lease, grace)))
+	when := "before it"
+	if !time.Now().Before(deadline) {
+		when = "past it (jetlock or its guard was stopped)"
+	}
+	fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command %s (SIGTERM now, SIGKILL in %s)\n",
+		streams.CodeLeaseLost, why, when, durationText(killIn(lease, grace)))
 	return fmt.Errorf("%w: %s", client.ErrLeaseLost, why)
 }
 
