@@ -29,6 +29,7 @@ var docGlobs = []string{"README.md", "docs/*.md", "deploy/README.md"}
 var aliases = []struct{ from, to string }{
 	{"go run ./service/cmd/lockd", "lockd"},
 	{"go run ./client/cmd/jetlock", "jetlock"},
+	{"go run ./bench", "bench"},
 }
 
 // blockTimeout bounds a block (setup included) that sets no timeout.
@@ -64,6 +65,7 @@ func TestDocs(t *testing.T) {
 	tl := buildTools(t)
 	t.Logf("tools ready in %v: %s", time.Since(start).Round(time.Millisecond), tl.bin)
 
+	t.Run("flags", func(t *testing.T) { checkFlags(t, tl, blocks) })
 	ran, skipped := 0, map[string][]string{}
 	for _, b := range blocks {
 		if b.Skip != "" {

@@ -25,13 +25,13 @@ const natsCLI = "github.com/nats-io/natscli/nats@v0.5.0"
 
 // tools are the commands the blocks run, built for the test.
 type tools struct {
-	bin    string // lockd, jetlock and, unless on PATH, nats
+	bin    string // lockd, jetlock, bench and, unless on PATH, nats
 	config string // XDG_CONFIG_HOME of the blocks: no nats contexts
 	goenv  string // the go command's settings file, kept
 }
 
-// buildTools builds lockd and jetlock from the repository, and the nats
-// CLI unless one is on PATH.
+// buildTools builds lockd, jetlock and bench from the repository, and the
+// nats CLI unless one is on PATH.
 func buildTools(t *testing.T) *tools {
 	t.Helper()
 	root := repoRoot(t)
@@ -41,6 +41,7 @@ func buildTools(t *testing.T) *tools {
 	for _, c := range []struct{ name, pkg string }{
 		{"lockd", "./service/cmd/lockd"},
 		{"jetlock", "./client/cmd/jetlock"},
+		{"bench", "./bench"}, // for its flags only
 	} {
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(tl.bin, c.name), c.pkg)
 		cmd.Dir = root
