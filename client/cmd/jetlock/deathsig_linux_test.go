@@ -1,15 +1,12 @@
 package main_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jetlock/jetlock/client"
 )
 
 // running reports whether pid is a live process (not gone, not a zombie).
@@ -87,25 +84,4 @@ func anyRunning(pids []int) bool {
 		}
 	}
 	return false
-}
-
-// waitForGrant has another caller wait for resource from now on, and
-// sends the time it was granted (then releases it).
-func waitForGrant(t *testing.T, resource string) <-chan time.Time {
-	t.Helper()
-	c := newClient(t)
-	at := make(chan time.Time, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
-	go func() {
-		defer close(done)
-		l, err := c.Acquire(ctx, resource, client.Wait(25*time.Second), client.TTL(2*time.Second))
-		if err != nil {
-			return
-		}
-		at <- time.Now()
-		_ = l.Release(ctx)
-	}()
-	return at
 }

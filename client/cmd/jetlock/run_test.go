@@ -3,6 +3,7 @@
 package main_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/internal/tcpproxy"
 )
 
@@ -444,4 +446,25 @@ func TestRunExitsPromptlyWhenClusterGone(t *testing.T) {
 	if !strings.Contains(r.stderr, "release") {
 		t.Fatalf("stderr %q does not say the release failed", r.stderr)
 	}
+}
+
+// waitForGrant has another caller wait for resource from now on, and
+// sends the time it was granted (then releases it).
+func waitForGrant(t *testing.T, resource string) <-chan time.Time {
+	t.Helper()
+	c := newClient(t)
+	at := make(chan time.Time, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		l, err := c.Acquire(ctx, resource, client.Wait(25*time.Second), client.TTL(2*time.Second))
+		if err != nil {
+			return
+		}
+		at <- time.Now()
+		_ = l.Release(ctx)
+	}()
+	return at
 }
