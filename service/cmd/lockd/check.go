@@ -27,7 +27,7 @@ type checkCmd struct {
 	devFlags `embed:""`
 
 	serverFlags `embed:""`
-	Store       conn `embed:"" prefix:"store-" envprefix:"JETLOCK_STORE_" group:"Store connection: the bucket and the JetStream API (read-only rights suffice without --fix; an operator user needs --store-inbox-prefix _INBOX)"`
+	Store       conn `embed:"" prefix:"store-" envprefix:"JETLOCK_STORE_" group:"Store connection: the bucket and the JetStream API (read-only rights suffice without --fix; a read-only inspector user needs --store-inbox-prefix _INBOX)"`
 
 	bucketFlags `embed:""`
 

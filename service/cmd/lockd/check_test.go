@@ -114,13 +114,13 @@ func TestCheck(t *testing.T) {
 	})
 
 	t.Run("fix with read-only rights", func(t *testing.T) {
-		ou, op := env.Cluster.User(devcluster.Operator)
+		ou, op := env.Cluster.User(devcluster.Inspector)
 		args := []string{"check", "--bucket", "drifted", "--json", "--fix", "--server", env.Cluster.URLs(),
 			"--store-user", ou, "--store-password", op, "--store-inbox-prefix", "_INBOX"}
 		code, out, errOut := runBin(t, args...)
 		rep := decodeReport(t, out)
 		if code != exitUsage || rep.FixError == "" || len(rep.Fixed) != 0 || len(rep.Drifts) != 3 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
-			t.Fatalf("check --fix as operator = %d, %+v, stderr %q; want 2, a fix error on one line, 3 drifts", code, rep, errOut)
+			t.Fatalf("check --fix as inspector = %d, %+v, stderr %q; want 2, a fix error on one line, 3 drifts", code, rep, errOut)
 		}
 	})
 

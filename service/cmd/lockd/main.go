@@ -20,9 +20,9 @@
 // service users get new random passwords at every start) to
 // <dev-dir>/lockd-dev-store.json, mode 0600, and removes it when it stops;
 // lockd check --dev reads it, so that check, and --fix, run with the
-// store user's rights. The dev operator (operator/operator) has read-only
-// rights: enough for check without --fix (--store-user operator
-// --store-password operator --store-inbox-prefix _INBOX). The banner also
+// store user's rights. The dev inspector (inspector/inspector) has
+// read-only rights: enough for check without --fix (--store-user inspector
+// --store-password inspector --store-inbox-prefix _INBOX). The banner also
 // prints the dev application user (user app, a new password at every
 // start), which has JetStream in an account of its own, for trying
 // client/fence.NewKV.

@@ -281,18 +281,24 @@ func (c *serveCmd) printBanner(w io.Writer, url, metricsURL string) {
 	if !c.Dev {
 		return
 	}
-	fmt.Fprintf(w, `Callers connect without credentials; the operator is user %q, password %q (loopback only).
+	fmt.Fprintf(w, `Callers connect without credentials; the operator (admin requests such as revoke) is user %q, password %q;
+read-only inspection of the bucket and the service is user %q, password %q (loopback only).
 Try it with the nats CLI (go install github.com/nats-io/natscli/nats@v0.5.0):
   nats -s %s req %s.v1.acquire '{"resource":"orders/1","request_id":"r1","owner":"me","ttl_ms":30000}'
   nats -s %s req %s.v1.status  '{"resource":"orders/1"}'
-  nats -s %s --user operator --password operator kv get %s lease.orders/1
-  nats -s %s --user operator --password operator micro stats jetlock
+  nats -s %s --user %s --password %s kv get %s lease.orders/1
+  nats -s %s --user %s --password %s micro stats jetlock
 Check the bucket's configuration: lockd check --dev --dev-dir %s
 Ctrl-C stops the service and the cluster (data stays in %s).
-`, "operator", devcluster.OperatorPassword, first, p, first, p, first, c.Bucket, first, c.DevDir, c.DevDir)
-	// Callers and the operator have no JetStream of their own; the
-	// application user has, in its own account, for protected resources
-	// that live in NATS (client/fence.NewKV) beside its lock requests.
+`, "operator", devcluster.OperatorPassword, "inspector", devcluster.InspectorPassword,
+		first, p, first, p,
+		first, "inspector", devcluster.InspectorPassword, c.Bucket,
+		first, "inspector", devcluster.InspectorPassword,
+		c.DevDir, c.DevDir)
+	// Callers, the operator and the inspector have no JetStream of their
+	// own; the application user has, in its own account, for protected
+	// resources that live in NATS (client/fence.NewKV) beside its lock
+	// requests.
 	fmt.Fprintf(w, `An application with JetStream in an account of its own (for client/fence.NewKV; it calls the service like a caller):
   user %q, password %q (new at every start; loopback only)
   nats -s %s --user %s --password %s kv add fences
