@@ -42,7 +42,7 @@ func TestJavaScriptExample(t *testing.T) {
 	npm := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
 	npm.Dir = "."
 	if out, err := npm.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci: %v\n%s", err, out)
+		t.Fatalf("npm ci (it needs the npm registry; without %s the test skips): %v\n%s", optIn, err, out)
 	}
 
 	env := testenv.Start(t)
