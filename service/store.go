@@ -173,8 +173,16 @@ func isDeleteOp(hdrs []byte) bool {
 // a key never written). A non-empty msgID makes the write idempotent within
 // the stream's duplicate window: a repeat answers dup=true and the sequence
 // of the original write, without writing.
+//
+// rec is a lease record, or a waiter held as a Record (it names a wake
+// subject), which is written in the waiter's own form (streams.Waiter).
 func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string) (seq uint64, dup bool, err error) {
-	buf := encode(rec)
+	var buf *encoded
+	if rec.Wake != "" {
+		buf = encode(streams.WaiterOf(rec))
+	} else {
+		buf = encode(rec)
+	}
 	defer buf.free()
 	m := newWrite(s.subjPfx + key)
 	defer freeWrite(m)

@@ -77,17 +77,30 @@ func ParseLease(b []byte, rev uint64) (*Record, error) {
 	return r, nil
 }
 
-// ParseWaiter parses the value stored at revision rev of a waiter key. A
-// waiter record has no lease id and names a wake subject under
-// wakeRoot (the service's "<prefix>.wake."); anything else is an error
-// wrapping ErrForeign.
+// ParseWaiter parses the value stored at revision rev of a waiter key (a
+// Waiter) into the Record the service holds it as. A waiter record has no
+// lease id and names a wake subject under wakeRoot (the service's
+// "<prefix>.wake."); anything else is an error wrapping ErrForeign. A
+// record in the lease record's form, as releases before Waiter wrote them,
+// is read too: one may still be queued while an instance of that release
+// serves during a rolling upgrade (it lives for a liveness window).
 func ParseWaiter(b []byte, rev uint64, wakeRoot string) (*Record, error) {
-	r, err := decodeRecord(b)
-	if err != nil {
-		return nil, err
+	var form struct {
+		Waiter
+		LeaseID string `json:"lease_id"`
+		TTLms   int64  `json:"ttl_ms"`
 	}
-	if r.LeaseID != "" {
+	if err := json.Unmarshal(b, &form); err != nil {
+		return nil, foreignf("%w", err)
+	}
+	if form.LeaseID != "" {
 		return nil, foreignf("a waiter record carries a lease id")
+	}
+	r := form.Waiter.Record()
+	if form.LivenessMs == 0 && form.TTLms != 0 {
+		if r, _ = decodeRecord(b); r == nil {
+			return nil, foreignf("unreadable waiter record")
+		}
 	}
 	if !strings.HasPrefix(r.Wake, wakeRoot) || len(r.Wake) == len(wakeRoot) {
 		return nil, foreignf("wake subject %q not under %q", r.Wake, wakeRoot)
