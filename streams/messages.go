@@ -259,8 +259,8 @@ type EndMark struct {
 	// Tenant is the tenant of the request whose lease ended (see Record).
 	Tenant  string `json:"ended_tenant,omitempty"`
 	EndedAt string `json:"ended_at"`
-	Why       string `json:"why,omitempty"`
-	Reason    string `json:"reason,omitempty"`
+	Why     string `json:"why,omitempty"`
+	Reason  string `json:"reason,omitempty"`
 }
 
 // What ended a lease, in EndMark.Why. A lease handed to the next waiter
