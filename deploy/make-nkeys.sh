@@ -5,7 +5,8 @@
 #   deploy/make-nkeys.sh OUT
 #
 # OUT/secrets/<role>.nk   one seed (SU..., secret) per role: service, store,
-#                         operator, orders, billing, sys; mode 0600, owned
+#                         operator, inspector, orders, billing, sys; mode
+#                         0600, owned
 #                         by whoever runs this (README.md, "Volumes and
 #                         ownership", for lockd's image)
 # OUT/jetlock.env         the public keys (U...) as nats-server reads them:
@@ -31,7 +32,7 @@ cat >"$env" <<'HEAD'
 # the seeds are in secrets/. lockd's variables may be added below
 # (systemd/jetlock.env.example): the names do not clash.
 HEAD
-for pair in service:SERVICE store:STORE operator:OPERATOR orders:CALLER_ORDERS billing:CALLER_BILLING sys:SYS; do
+for pair in service:SERVICE store:STORE operator:OPERATOR inspector:INSPECTOR orders:CALLER_ORDERS billing:CALLER_BILLING sys:SYS; do
 	role=${pair%%:*}
 	seed="$out/secrets/$role.nk"
 	if [ ! -s "$seed" ]; then

@@ -52,7 +52,7 @@ func newMetrics() *metrics {
 			Name: "jetlock_request_duration_seconds", Help: "Time from receipt to reply, by operation.", Buckets: latencyBuckets,
 		}, []string{"op"}),
 		shedCount: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "jetlock_requests_shed_total", Help: "Requests answered unavailable without being processed, by operation and reason: queue_full (MaxQueued were waiting) or waited (longer than QueueWait).",
+			Name: "jetlock_requests_shed_total", Help: "Requests answered unavailable without being processed, by operation and reason: queue_full (MaxQueued were waiting), waited (longer than QueueWait) or renewals (renewals and releases were waiting: they go first).",
 		}, []string{"op", "reason"}),
 		queued: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "jetlock_requests_queued", Help: "Requests waiting for one of the MaxInFlight places.",
@@ -61,7 +61,7 @@ func newMetrics() *metrics {
 			Name: "jetlock_requests_refused_total", Help: "Requests dropped unanswered, by operation and reason: reply_subject (it named a reply subject starting with $ or with the service's prefix), no_reply (it named none: nobody could learn its outcome).",
 		}, []string{"op", "reason"}),
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "jetlock_rate_limited_total", Help: "Acquires answered unavailable for fair use, by scope: owner or user.",
+			Name: "jetlock_rate_limited_total", Help: "Requests answered unavailable for fair use, by scope: owner (acquires per owner) or user (operations per tenant, by cost).",
 		}, []string{"scope"}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "jetlock_leases_expired_total", Help: "Leases ended by the expiry sweeper.",

@@ -18,7 +18,7 @@
 #                                 that they cannot pass for a route
 #
 # Environment:
-#   CLIENTS     client certificate names (default "lockd orders billing operator")
+#   CLIENTS     client certificate names (default "lockd orders billing operator inspector")
 #   EXTRA_SANS  more subject alternative names for every server certificate,
 #               e.g. "DNS:nats.example.com,IP:10.0.0.7"
 #   DAYS        validity of server and client certificates (default 365)
@@ -35,7 +35,7 @@ fi
 out=$1
 shift
 servers=${*:-nats-a nats-b nats-c}
-clients=${CLIENTS:-lockd orders billing operator}
+clients=${CLIENTS:-lockd orders billing operator inspector}
 days=${DAYS:-365}
 ca_days=${CA_DAYS:-3650}
 

@@ -39,6 +39,7 @@ func TestAccountSetup(t *testing.T) {
 	orders := c.connect("orders", "")
 	billing := c.connect("billing", "")
 	operator := c.connect("operator", "")
+	inspector := c.connect("inspector", "")
 	cl := newClient(t, orders)
 
 	t.Run("caller uses the contract", func(t *testing.T) {
@@ -160,18 +161,18 @@ func TestAccountSetup(t *testing.T) {
 		}
 	})
 
-	t.Run("operator revokes and inspects, read only", func(t *testing.T) {
+	t.Run("operator revokes, inspector inspects read only", func(t *testing.T) {
 		l, err := cl.TryAcquire(ctx, "deploy/revoke", client.TTL(3*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
-		js, err := jetstream.New(operator.Conn)
+		js, err := jetstream.New(inspector.Conn)
 		if err != nil {
 			t.Fatal(err)
 		}
 		kv, err := js.KeyValue(ctx, streams.DefaultBucket)
 		if err != nil {
-			t.Fatalf("operator binds the bucket: %v", err)
+			t.Fatalf("inspector binds the bucket: %v", err)
 		}
 		// kv.Get is a direct get, which any replica answers: one that
 		// has not applied the grant yet answers "not found" for a moment.
@@ -192,19 +193,27 @@ func TestAccountSetup(t *testing.T) {
 				return false
 			}
 			return true
-		}, "operator reads the lease record")
+		}, "inspector reads the lease record")
 		st, err := js.Stream(ctx, bucketStream)
 		if err != nil {
-			t.Fatalf("operator's stream info: %v", err)
+			t.Fatalf("inspector's stream info: %v", err)
 		}
 		if info := st.CachedInfo(); info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
 			t.Fatalf("stream info: replicas %d, cluster %+v", info.Config.Replicas, info.Cluster)
 		}
-		// nats micro stats jetlock works for operators.
-		m, err := operator.RequestWithContext(ctx, "$SRV.STATS."+streams.ServiceName, nil)
+		// nats micro stats jetlock works for inspectors.
+		m, err := inspector.RequestWithContext(ctx, "$SRV.STATS."+streams.ServiceName, nil)
 		if err != nil || !strings.Contains(string(m.Data), `"name":"jetlock"`) {
-			t.Fatalf("micro stats as operator: %v %s", err, msgData(m))
+			t.Fatalf("micro stats as inspector: %v %s", err, msgData(m))
 		}
+		// An inspector sends no request: inside the service's account
+		// nothing stamps who it is.
+		if _, err := newClient(t, inspector).Revoke(ctx, "deploy/revoke", "deploytest"); err == nil {
+			t.Fatal("the inspector revoked")
+		}
+		inspector.violation(t, "revoke", "Publish", streams.Subject(streams.DefaultPrefix, streams.OpRevoke))
+		// The operator, whose identity the server stamps on its import,
+		// revokes.
 		rev, err := newClient(t, operator).Revoke(ctx, "deploy/revoke", "deploytest")
 		if err != nil || !rev.Revoked || rev.Token != l.Token() {
 			t.Fatalf("revoke: %+v %v", rev, err)
@@ -222,21 +231,31 @@ func TestAccountSetup(t *testing.T) {
 		wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
 		defer wcancel()
 		if _, err := kv.Put(wctx, streams.LeaseKey("deploy/op"), []byte("x")); err == nil {
-			t.Fatal("operator wrote the bucket")
+			t.Fatal("inspector wrote the bucket")
 		}
-		operator.violation(t, "put", "Publish", kvPrefix+streams.LeaseKey("deploy/op"))
+		inspector.violation(t, "put", "Publish", kvPrefix+streams.LeaseKey("deploy/op"))
 		dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
 		defer dcancel()
 		if err := kv.Delete(dctx, streams.LeaseKey("deploy/revoke")); err == nil {
-			t.Fatal("operator deleted a key")
+			t.Fatal("inspector deleted a key")
 		}
-		operator.violation(t, "delete", "Publish", kvPrefix+streams.LeaseKey("deploy/revoke"))
+		inspector.violation(t, "delete", "Publish", kvPrefix+streams.LeaseKey("deploy/revoke"))
 		for _, subj := range []string{"$JS.API.STREAM.PURGE." + bucketStream, "$JS.API.STREAM.DELETE." + bucketStream, "$JS.API.STREAM.UPDATE." + bucketStream, "$JS.API.STREAM.MSG.DELETE." + bucketStream} {
-			if err := operator.PublishRequest(subj, operator.NewRespInbox(), []byte(`{}`)); err != nil {
+			if err := inspector.PublishRequest(subj, inspector.NewRespInbox(), []byte(`{}`)); err != nil {
 				t.Fatal(err)
 			}
-			operator.violation(t, "call "+subj, "Publish", subj)
+			inspector.violation(t, "call "+subj, "Publish", subj)
 		}
+		// The operator reaches no JetStream API: its permissions allow only
+		// the service's requests, and its account has no JetStream.
+		octx, ocancel := context.WithTimeout(ctx, 2*time.Second)
+		defer ocancel()
+		if ojs, err := jetstream.New(operator.Conn); err == nil {
+			if _, err := ojs.KeyValue(octx, streams.DefaultBucket); err == nil {
+				t.Fatal("the operator bound the bucket")
+			}
+		}
+		operator.violation(t, "bind the bucket", "Publish", "$JS.API.STREAM.INFO."+bucketStream)
 		after, err := st.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -253,7 +272,7 @@ func TestAccountSetup(t *testing.T) {
 		}
 		defer victim.Release(ctx)
 		onVictim := kvPrefix + streams.LeaseKey("victim")
-		recBefore, seqBefore := leaseRecord(t, ctx, operator, "victim")
+		recBefore, seqBefore := leaseRecord(t, ctx, inspector, "victim")
 
 		// A caller renews its own lease with the victim's lease key as
 		// reply subject: the renewal is served, and its reply lands in
@@ -267,23 +286,18 @@ func TestAccountSetup(t *testing.T) {
 		if err := orders.PublishRequest(streams.Subject(streams.DefaultPrefix, streams.OpRenew), onVictim, body); err != nil {
 			t.Fatal(err)
 		}
-		_, xSeq := leaseRecord(t, ctx, operator, "x")
+		_, xSeq := leaseRecord(t, ctx, inspector, "x")
 		testenv.Eventually(t, 5*time.Second, func() bool {
-			_, s := leaseRecord(t, ctx, operator, "x")
+			_, s := leaseRecord(t, ctx, inspector, "x")
 			return s != xSeq
 		}, "the attacker's renewal served")
 
-		// An operator (in the service's account, where the reply
-		// subject is not mapped) tries the same: the service's own
-		// check drops the request unanswered.
-		ocl := newClient(t, operator)
-		ox, err := ocl.TryAcquire(ctx, "ox", client.TTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ox.Release(ctx)
-		body, _ = json.Marshal(streams.RenewRequest{Resource: "ox", LeaseID: ox.ID()})
-		if err := operator.PublishRequest(streams.Subject(streams.DefaultPrefix, streams.OpRenew), onVictim, body); err != nil {
+		// A user of the service's own account, where the reply subject
+		// is not mapped (only the service's request user may publish
+		// requests there), tries the same: the service's own check drops
+		// the request unanswered.
+		asService := c.connect("service", "")
+		if err := asService.PublishRequest(streams.Subject(streams.DefaultPrefix, streams.OpRenew), onVictim, body); err != nil {
 			t.Fatal(err)
 		}
 		testenv.Eventually(t, 5*time.Second, func() bool {
@@ -292,13 +306,12 @@ func TestAccountSetup(t *testing.T) {
 
 		// And had it published there, the server would have refused:
 		// the service's request user has no right on $KV.
-		asService := c.connect("service", "")
 		if err := asService.Publish(onVictim, []byte(`{"lease_id":"mine","request_id":"r","ttl_ms":30000}`)); err != nil {
 			t.Fatal(err)
 		}
 		asService.violation(t, "publish on the victim's lease key", "Publish", onVictim)
 
-		recAfter, seqAfter := leaseRecord(t, ctx, operator, "victim")
+		recAfter, seqAfter := leaseRecord(t, ctx, inspector, "victim")
 		if seqAfter != seqBefore || recAfter.LeaseID != recBefore.LeaseID || recAfter.LeaseID != victim.ID() {
 			t.Fatalf("the victim's record changed: %d %+v → %d %+v", seqBefore, recBefore, seqAfter, recAfter)
 		}
@@ -309,14 +322,14 @@ func TestAccountSetup(t *testing.T) {
 		}
 	})
 
-	t.Run("lockd check as the store user and as an operator", func(t *testing.T) {
+	t.Run("lockd check as the store user and as an inspector", func(t *testing.T) {
 		bin := buildLockd(t)
-		// The store user, as lockd serves with; an operator, read-only,
+		// The store user, as lockd serves with; an inspector, read-only,
 		// with the inbox prefix its permissions allow.
 		for _, run := range []struct {
 			role  string
 			extra []string
-		}{{"store", nil}, {"operator", []string{"--store-inbox-prefix=_INBOX"}}} {
+		}{{"store", nil}, {"inspector", []string{"--store-inbox-prefix=_INBOX"}}} {
 			code, report, stderr := c.lockdCheck(t, bin, run.role, run.extra...)
 			if code != 0 || report["exists"] != true || len(report["drifts"].([]any)) != 0 {
 				t.Errorf("lockd check as %s: exit %d, report %v, stderr %s", run.role, code, report, stderr)
@@ -416,13 +429,13 @@ func newClient(t *testing.T, cc *conn) *client.Client {
 
 // leaseRecord reads resource's lease record from the stream leader (the
 // STREAM.MSG.GET API, not a direct get, which a lagging replica may
-// answer), as an operator.
-func leaseRecord(t *testing.T, ctx context.Context, operator *conn, resource string) (*streams.Record, uint64) {
+// answer), as an inspector.
+func leaseRecord(t *testing.T, ctx context.Context, inspector *conn, resource string) (*streams.Record, uint64) {
 	t.Helper()
 	req, _ := json.Marshal(map[string]string{"last_by_subj": kvPrefix + streams.LeaseKey(resource)})
-	msg, err := operator.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+bucketStream, req)
+	msg, err := inspector.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+bucketStream, req)
 	if err != nil {
-		t.Fatalf("operator reads %s from the stream leader: %v", resource, err)
+		t.Fatalf("inspector reads %s from the stream leader: %v", resource, err)
 	}
 	var resp struct {
 		Message *struct {
@@ -434,7 +447,7 @@ func leaseRecord(t *testing.T, ctx context.Context, operator *conn, resource str
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil || resp.Message == nil {
-		t.Fatalf("operator reads %s from the stream leader: %s %v", resource, msg.Data, err)
+		t.Fatalf("inspector reads %s from the stream leader: %s %v", resource, msg.Data, err)
 	}
 	rec, err := streams.ParseLease(resp.Message.Data, resp.Message.Seq)
 	if err != nil {

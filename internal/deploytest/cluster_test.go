@@ -55,7 +55,7 @@ func startClusterWith(t *testing.T, ks keys) *cluster {
 	if _, err := ca.Server("server"); err != nil {
 		t.Fatal(err)
 	}
-	for _, role := range []string{"lockd", "orders", "billing", "operator"} {
+	for _, role := range []string{"lockd", "orders", "billing", "operator", "inspector"} {
 		p, err := ca.Client(role)
 		if err != nil {
 			t.Fatal(err)
@@ -173,11 +173,12 @@ var inboxes = map[string]string{
 	"store":    streams.StoreInboxPrefix,
 	"orders":   "_INBOX_orders",
 	"billing":  "_INBOX_billing",
-	"operator": "_INBOX",
+	"operator":  "_INBOX",
+	"inspector": "_INBOX",
 }
 
 // certOf is the client certificate each role presents.
-var certOf = map[string]string{"service": "lockd", "store": "lockd", "orders": "orders", "billing": "billing", "operator": "operator"}
+var certOf = map[string]string{"service": "lockd", "store": "lockd", "orders": "orders", "billing": "billing", "operator": "operator", "inspector": "inspector"}
 
 // connect connects as role to url (every server when empty), the way
 // lockd's connection flags do: the CA, a client certificate, the role's

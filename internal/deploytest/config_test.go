@@ -106,7 +106,7 @@ func checkAccounts(t *testing.T, o *server.Options, ks keys) {
 	for _, u := range o.Nkeys {
 		users[u.Nkey] = u
 	}
-	account := map[string]string{"service": "JETLOCK", "store": "JETLOCK", "operator": "JETLOCK",
+	account := map[string]string{"service": "JETLOCK", "store": "JETLOCK", "inspector": "JETLOCK", "operator": "OPERATORS",
 		"orders": "CALLERS", "billing": "CALLERS", "sys": "SYS"}
 	for role, acc := range account {
 		u := users[ks.public(t, role)]
@@ -155,7 +155,8 @@ func checkAccounts(t *testing.T, o *server.Options, ks keys) {
 	if !slices.Equal(subAllow("store"), []string{streams.StoreInboxPrefix + ".>"}) {
 		t.Errorf("the store user subscribes %v, want its inbox only", subAllow("store"))
 	}
-	// The request subjects are exported, admin is not, and a waiting
+	// The request subjects are exported (admin only to the operators:
+	// TestAccountSetup shows a caller cannot reach it), and a waiting
 	// acquire's reply route lives as long as the longest wait lockd allows
 	// (the server drops a response route after 2m by default).
 	var jetlock *server.Account
@@ -169,20 +170,22 @@ func checkAccounts(t *testing.T, o *server.Options, ks keys) {
 	}
 	cfg := service.DefaultConfig()
 	for _, op := range streams.Operations {
-		thresh, err := jetlock.ServiceExportResponseThreshold(streams.Subject(streams.DefaultPrefix, op))
+		subj := streams.Subject(streams.DefaultPrefix, op)
+		thresh, err := jetlock.ServiceExportResponseThreshold(subj)
 		switch {
-		case op == streams.OpRevoke && err == nil:
-			t.Errorf("%s is exported to callers", op)
-		case op != streams.OpRevoke && err != nil:
+		case err != nil:
 			t.Errorf("%s: %v", op, err)
 		case op == streams.OpAcquire && thresh < cfg.MaxWait+cfg.QueueWait+cfg.OpTimeout:
 			t.Errorf("acquire's response threshold %v is below lockd's longest wait %v", thresh, cfg.MaxWait+cfg.QueueWait+cfg.OpTimeout)
 		}
 	}
-	for _, s := range pubAllow("operator") {
+	for _, s := range pubAllow("inspector") {
 		if strings.HasPrefix(s, "$KV") || strings.Contains(s, "PURGE") || strings.Contains(s, "DELETE.") && !strings.Contains(s, "CONSUMER") ||
-			s == "$JS.API.>" || strings.Contains(s, "STREAM.CREATE") || strings.Contains(s, "STREAM.UPDATE") {
-			t.Errorf("the operator may publish %q", s)
+			s == "$JS.API.>" || strings.Contains(s, "STREAM.CREATE") || strings.Contains(s, "STREAM.UPDATE") || strings.HasPrefix(s, "jetlock.") {
+			t.Errorf("the inspector may publish %q", s)
 		}
+	}
+	if want := []string{"jetlock.v1.>"}; !slices.Equal(pubAllow("operator"), want) {
+		t.Errorf("the operator may publish %v, want %v (through the imports)", pubAllow("operator"), want)
 	}
 }

@@ -25,6 +25,7 @@ var identities = map[string]string{
 	"JETLOCK_SERVICE_NKEY_PUBLIC":        "service",
 	"JETLOCK_STORE_NKEY_PUBLIC":          "store",
 	"JETLOCK_OPERATOR_NKEY_PUBLIC":       "operator",
+	"JETLOCK_INSPECTOR_NKEY_PUBLIC":      "inspector",
 	"JETLOCK_CALLER_ORDERS_NKEY_PUBLIC":  "orders",
 	"JETLOCK_CALLER_BILLING_NKEY_PUBLIC": "billing",
 	"JETLOCK_SYS_NKEY_PUBLIC":            "sys",
