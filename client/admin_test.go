@@ -64,6 +64,21 @@ func TestRevokeWithoutRightsIsPermissionDenied(t *testing.T) {
 		t.Fatalf("status after the refusals: %+v %v", st, err)
 	}
 
+	// A user of the service's own account may publish the subject, but
+	// the server stamps no identity there: the service answers forbidden,
+	// which is ErrPermission too, and nothing changes.
+	inside, err := client.New(env.ConnectAs(devcluster.Admin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inside.Revoke(ctx, "perm/1", "test"); !errors.Is(err, client.ErrPermission) || errors.Is(err, nats.ErrPermissionViolation) ||
+		!strings.Contains(err.Error(), "operator") {
+		t.Fatalf("revoke without a stamped identity: %v, want ErrPermission from the service", err)
+	}
+	if st, err := c.Status(ctx, "perm/1"); err != nil || !st.Held || st.Token != l.Token() {
+		t.Fatalf("status after the forbidden revoke: %+v %v", st, err)
+	}
+
 	op, err := client.New(env.ConnectAs(devcluster.Operator))
 	if err != nil {
 		t.Fatal(err)

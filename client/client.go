@@ -331,6 +331,8 @@ func decodeError(code string, msg *nats.Msg) error {
 		return wrapText(ErrTooManyWaiters, text)
 	case streams.CodeUnavailable:
 		return wrapText(ErrUnavailable, text)
+	case streams.CodeForbidden:
+		return wrapText(ErrPermission, text)
 	default:
 		return wrapText(ErrInternal, text)
 	}

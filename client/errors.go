@@ -44,9 +44,10 @@ var (
 	ErrInvalidOption = errors.New("jetlock: invalid option")
 	// ErrPermission: the NATS server refused to let the connection publish
 	// the request (its user lacks the right, e.g. a caller sending an
-	// operator's revoke). The request never reached the service, so
-	// nothing changed and a retry cannot help. The error also wraps the
-	// server's nats.ErrPermissionViolation.
+	// operator's revoke; the error then also wraps the server's
+	// nats.ErrPermissionViolation), or the service answered "forbidden" (an
+	// admin request from a sender the server did not vouch for as one of
+	// its operators). Nothing changed and a retry cannot help.
 	ErrPermission = errors.New("jetlock: permission denied")
 )
 

@@ -257,7 +257,7 @@ func (l *Lease) renewUntilDeadline() error {
 			l.recordReply(&resp)
 			return nil
 		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrInvalidRequest):
-			return fmt.Errorf("%w: renewal refused: %w", ErrLeaseLost, err)
+			return wrapErr(ErrLeaseLost, fmt.Errorf("renewal refused: %w", err))
 		}
 		// Outcome unknown: try again soon, until the deadline.
 		select {

@@ -38,7 +38,7 @@ LOCK=lock:backup:user123
 say "store: user123's content \"photos v2\", latest backup backup-1 (\"photos v1\")"
 
 # 1. The backup takes the lock (TTL 2 s, renewed by jetlock every ~0.7 s).
-"$JETLOCK" run --ttl 2s --grace 2s --owner backup-service "$LOCK" -- sh "$here/backup.sh" 2>&1 &
+"$JETLOCK" run --ttl 2s --grace 500ms --owner backup-service "$LOCK" -- sh "$here/backup.sh" 2>&1 &
 backup=$!
 wait_for "$WORK/backup.ready"
 
@@ -47,12 +47,14 @@ code=0
 "$JETLOCK" run --owner restore-service "$LOCK" -- sh "$here/restore.sh" 2>"$WORK/restore.err" || code=$?
 say "restore without --wait: exit $code ($(cat "$WORK/restore.err"))"
 
-# 3. The backup freezes: jetlock and the job both (a frozen VM), so no
-#    renewal goes out. Its lease expires after the TTL plus the service's grace.
+# 3. The backup freezes: jetlock, its guard and the job (a frozen VM), so
+#    no renewal goes out. Its lease expires after the TTL plus the
+#    service's grace.
 pgid=$(cat "$WORK/backup.pgid")
-kill -STOP "$backup"
+guard=$(pgrep -P "$backup") # jetlock's guard process, the job's parent
+kill -STOP "$backup" "$guard"
 kill -STOP -"$pgid"
-say "backup paused (SIGSTOP to jetlock and to the job's process group)"
+say "backup paused (SIGSTOP to jetlock, its guard and the job's process group)"
 
 # 4. The restore waits in the lock's queue and gets it once the lease expired.
 "$JETLOCK" run --wait 20s --ttl 10s --owner restore-service "$LOCK" -- sh "$here/restore.sh"
@@ -63,7 +65,7 @@ say "restore finished and released the lock"
 touch "$WORK/backup.go"
 kill -CONT -"$pgid"
 wait_for "$WORK/backup.written"
-kill -CONT "$backup"
+kill -CONT "$guard" "$backup"
 code=0
 wait "$backup" || code=$?
 if [ "$code" = 79 ]; then

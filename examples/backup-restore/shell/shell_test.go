@@ -69,7 +69,7 @@ func TestShellBackupRestore(t *testing.T) {
 	rejected := `backup   store: REJECTED: token ` + s1 + ` is stale for lock:backup:user123, token ` + s2 + ` was already accepted`
 	for _, want := range []string{
 		locked,
-		`backup paused (SIGSTOP to jetlock and to the job's process group)`,
+		`backup paused (SIGSTOP to jetlock, its guard and the job's process group)`,
 		restored,
 		rejected,
 		`jetlock: lease_lost: `,
