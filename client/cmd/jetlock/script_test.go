@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -222,10 +224,12 @@ type watchLine struct {
 	Owner     string `json:"owner"`
 	Token     uint64 `json:"token"`
 	ExpiresAt string `json:"expires_at"`
+	Reason    string `json:"reason"`
 }
 
-// watch prints what is held, then grants, releases and expiries, never a
-// lease id; without operator rights it is a clear refusal.
+// watch prints what is held, then grants, releases, expiries, revokes
+// (with their reason) and hand-overs, never a lease id; without an
+// inspector's rights it is a clear refusal.
 func TestWatch(t *testing.T) {
 	t.Parallel()
 	r := jl(t, "watch", "--for", "5s", "watch:")
@@ -239,12 +243,26 @@ func TestWatch(t *testing.T) {
 	early := decode[streams.LeaseResponse](t, held.stdout)
 	t.Cleanup(func() { jl(t, "release", "--lease-id", early.LeaseID, "watch:held") })
 
-	w := start(t, nil, inspector("watch", "--json", "--for", "8s", "watch:")...)
+	w := start(t, nil, inspector("watch", "--json", "--for", "15s", "watch:")...)
 	time.Sleep(1500 * time.Millisecond) // the watcher is up
 	a := jl(t, "acquire", "--json", "--ttl", "1s", "--owner", "expirer", "watch:expire")
 	wantCode(t, a, 0)
 	exp := decode[streams.LeaseResponse](t, a.stdout)
 	wantCode(t, jl(t, "run", "--owner", "runner", "watch:run", "--", "true"), 0)
+	wantCode(t, jl(t, "acquire", "--ttl", "30s", "--owner", "victim", "watch:revoke"), 0)
+	wantCode(t, jl(t, operator("revoke", "--reason", "stuck job", "watch:revoke")...), 0)
+	// A hand-over: the holder releases while a caller waits.
+	first := jl(t, "acquire", "--json", "--ttl", "30s", "--owner", "first", "watch:hand")
+	wantCode(t, first, 0)
+	waiter := start(t, nil, "acquire", "--json", "--wait", "10s", "--owner", "second", "watch:hand")
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		st := jl(t, "status", "--json", "watch:hand")
+		return st.code == 0 && decode[streams.StatusResponse](t, st.stdout).Waiters == 1
+	}, "the second caller waits")
+	wantCode(t, jl(t, "release", "--lease-id", decode[streams.LeaseResponse](t, first.stdout).LeaseID, "watch:hand"), 0)
+	second := waiter.wait(t, 20*time.Second)
+	wantCode(t, second, 0)
+	wantCode(t, jl(t, "release", "--lease-id", decode[streams.LeaseResponse](t, second.stdout).LeaseID, "watch:hand"), 0)
 	other := jl(t, "acquire", "--json", "--owner", "other", "other:x") // outside the prefix
 	wantCode(t, other, 0)
 	t.Cleanup(func() {
@@ -263,17 +281,32 @@ func TestWatch(t *testing.T) {
 		if ev.Time == "" || ev.Token == 0 {
 			t.Fatalf("event %s", line)
 		}
-		got = append(got, ev.Event+" "+ev.Resource+" "+ev.Owner)
+		got = append(got, strings.TrimSpace(ev.Event+" "+ev.Resource+" "+ev.Owner+" "+ev.Reason))
 	}
 	want := []string{
 		"held watch:held early",
 		"granted watch:expire expirer",
 		"granted watch:run runner",
 		"released watch:run runner",
+		"granted watch:revoke victim",
+		"revoked watch:revoke victim stuck job",
+		"granted watch:hand first",
+		"handed-over watch:hand first",
+		"granted watch:hand second",
+		"released watch:hand second",
 		"expired watch:expire expirer",
 	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("watch events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	// In order per resource; resources interleave as their steps took.
+	byResource := func(lines []string) map[string][]string {
+		m := map[string][]string{}
+		for _, l := range lines {
+			f := strings.Fields(l)
+			m[f[1]] = append(m[f[1]], l)
+		}
+		return m
+	}
+	if g, w := byResource(got), byResource(want); !reflect.DeepEqual(g, w) {
+		t.Fatalf("watch events:\n%s\nwant (in this order per resource):\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

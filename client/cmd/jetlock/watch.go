@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -27,9 +28,12 @@ type watchCmd struct {
 func (c *watchCmd) Help() string {
 	return `Prints the leases held now ("held"), then grants, releases and expiries as they
 happen, read from the lock bucket through a KV watcher: needs inspector
-credentials (read access to the bucket), without them exit 77. "released"
-covers releases, revokes and cancels; "expired" a lease that ended after its
-expiry. Never prints lease ids. Stops on Ctrl-C or after --for.
+credentials (read access to the bucket), without them exit 77. How a lease
+ended: "released", "expired", "revoked" (with the operator's reason),
+"cancelled" (its acquire was cancelled), or "handed-over" (a release,
+expiry or revoke that gave the resource to the next waiter in the same
+write, whose "granted" follows). Never prints lease ids. Stops on Ctrl-C or
+after --for.
 
 Example:
   jetlock --user inspector --password inspector watch --for 1h lock:backup:`
@@ -54,6 +58,8 @@ type watchEvent struct {
 	Owner     string `json:"owner"`
 	Token     uint64 `json:"token"`
 	ExpiresAt string `json:"expires_at,omitempty"`
+	// Reason is a revoke's reason.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Run watches until Ctrl-C or --for.
@@ -122,9 +128,9 @@ func (c *watchCmd) events(e jetstream.KeyValueEntry, last map[string]*streams.Re
 	at := streams.FormatTime(e.Created())
 	prev := last[e.Key()]
 	var out []watchEvent
-	ended := func(how string) {
+	ended := func(how, reason string) {
 		if prev != nil {
-			out = append(out, watchEvent{Time: at, Event: how, Resource: resource, Owner: prev.Owner, Token: prev.Token})
+			out = append(out, watchEvent{Time: at, Event: how, Resource: resource, Owner: prev.Owner, Token: prev.Token, Reason: reason})
 		}
 	}
 	switch e.Operation() {
@@ -141,7 +147,7 @@ func (c *watchCmd) events(e jetstream.KeyValueEntry, last map[string]*streams.Re
 		case initial:
 			ev.Event = "held"
 		case fresh:
-			ended(endHow(prev, rec.GrantedAt))
+			ended("handed-over", "")
 			ev.Event = "granted"
 		case c.Renewals:
 			ev.Event = "renewed"
@@ -154,17 +160,26 @@ func (c *watchCmd) events(e jetstream.KeyValueEntry, last map[string]*streams.Re
 		if initial {
 			return nil
 		}
-		endedAt := at
-		if m := streams.DecodeEndMark(e.Value()); m != nil && m.EndedAt != "" {
-			endedAt = m.EndedAt
+		m := streams.DecodeEndMark(e.Value())
+		switch {
+		case m == nil:
+			ended(endHow(prev, at), "")
+		case m.Why != "":
+			ended(endWords[m.Why], m.Reason)
+		default: // a mark of a release before end marks said why
+			ended(endHow(prev, m.EndedAt), "")
 		}
-		ended(endHow(prev, endedAt))
 	}
 	return out
 }
 
-// endHow names how prev ended at endedAt (a wire time): "expired" when
-// that is past its expiry, else "released" (a release, revoke or cancel).
+// endWords names the events of an end mark's why.
+var endWords = map[string]string{
+	streams.EndRelease: "released", streams.EndExpiry: "expired", streams.EndRevoke: "revoked", streams.EndCancel: "cancelled",
+}
+
+// endHow guesses how prev ended at endedAt (a wire time), for a mark that
+// does not say: "expired" when that is past its expiry, else "released".
 func endHow(prev *streams.Record, endedAt string) string {
 	if prev == nil {
 		return "released"
@@ -185,6 +200,9 @@ func (c *watchCmd) print(ev watchEvent) {
 	line := fmt.Sprintf("%s  %-8s %s  owner=%s token=%d", ev.Time, ev.Event, ev.Resource, dash(ev.Owner), ev.Token)
 	if ev.ExpiresAt != "" {
 		line += " expires=" + ev.ExpiresAt
+	}
+	if ev.Reason != "" {
+		line += " reason=" + strconv.Quote(ev.Reason)
 	}
 	fmt.Println(line)
 }
