@@ -134,11 +134,13 @@ type request struct {
 	known   bool
 }
 
-// urgency ranks a request for the gate: a renewal or release is urgent,
-// due when the lease it names would expire as this instance knows it (so
-// the lease closest to expiry goes first), or last among the urgent ones
-// when the instance does not know it as current. The body is decoded here
-// for that, and kept for handle.
+// urgency ranks a request for the gate: a renewal or release of a lease
+// this instance knows as current is urgent, due when that lease would
+// expire (so the lease closest to expiry goes first). One that names a
+// lease the instance does not know (a guessed id, or a lease written before
+// the instance's watcher caught up) waits with the other requests: a flood
+// of bogus renewals cannot make the gate turn everyone else away. The body
+// is decoded here for that, and kept for handle.
 func (s *Service) urgency(req *request) (bool, time.Time) {
 	var resource, leaseID string
 	switch req.op {
@@ -161,7 +163,7 @@ func (s *Service) urgency(req *request) (bool, time.Time) {
 	}
 	o, ok := s.tracker.get(streams.LeaseKey(resource))
 	if !ok || !o.held() || !sameLease(o.rec.LeaseID, leaseID) {
-		return true, time.Now().Add(s.cfg.MaxTTL)
+		return false, time.Time{}
 	}
 	req.known = true
 	return true, s.tracker.deadline(&o)
