@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
 )
 
@@ -42,19 +43,26 @@ type config struct {
 	wakeSubject                          string
 	killAt, restartAfter                 time.Duration
 	failoverMode, cpuProfile, memProfile string
+	overloadRate, floodRate              float64
 
 	flags *flag.FlagSet // the parsed flags, holding the derived values too
 }
 
-var scenarios = []string{"steady", "ramp", "raw", "all", "hotlock", "failover", "cycles", "degraded"}
+// noisyUserRate is the service's per-tenant rate in the noisy scenario
+// unless --service-user-rate sets one: the flooding tenant's.
+const noisyUserRate = 500
+
+var scenarios = []string{"steady", "ramp", "raw", "all", "hotlock", "failover", "cycles", "degraded", "overload", "noisy"}
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	c := &config{flags: fs}
-	fs.StringVar(&c.url, "url", "", "NATS URL(s) of an existing deployment; the default starts a 3-node cluster of separate processes")
+	fs.StringVar(&c.url, "server", "", "NATS URL(s) of an existing deployment (as the nats CLI's and jetlock's --server); the default starts a 3-node cluster of separate processes")
+	fs.StringVar(&c.url, "s", "", "short for --server")
+	fs.StringVar(&c.url, "url", "", "the old name of --server")
 	fs.BoolVar(&c.auth, "auth", true, "run the bench's cluster with the least-privilege accounts of deploy/ (callers through imports, the service's two users); false: no accounts, for a service that connects without credentials (an older lockd)")
-	fs.StringVar(&c.serviceMode, "service", "", "where the jetlock service runs: proc (a process of its own, measured apart), inproc (in this process), none (already deployed). The default is proc, or none with --url")
-	fs.StringVar(&c.lockd, "lockd", "", "run this lockd binary as the service process (--service proc), started with --url, --prefix, --bucket and the users in NATS_USER/JETLOCK_STORE_USER...; to compare with an older build")
+	fs.StringVar(&c.serviceMode, "service", "", "where the jetlock service runs: proc (a process of its own, measured apart), inproc (in this process), none (already deployed). The default is proc, or none with --server")
+	fs.StringVar(&c.lockd, "lockd", "", "run this lockd binary as the service process (--service proc), started with --url (which every lockd takes), --prefix, --bucket, the --service-* settings by lockd's names, and the users in JETLOCK_USER/JETLOCK_PASSWORD and JETLOCK_STORE_USER/JETLOCK_STORE_PASSWORD (and NATS_USER/NATS_PASSWORD, which lockd before the JETLOCK_ names read); to compare with an older build")
 	c.tune.register(fs, "service-")
 	fs.IntVar(&c.instances, "instances", 1, "with --service inproc: service instances in this process, each on its own connections")
 	fs.StringVar(&c.leader, "leader", "any", "with --service inproc, the lock stream's leader: any (where JetStream put it), service (on the service's node), away (on another node)")
@@ -78,7 +86,7 @@ func parseFlags(args []string) (*config, error) {
 	registerLoadFlags(fs, c)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./bench [flags]\n\nMeasures jetlock under the design workload and beyond. Flags:\n")
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -86,10 +94,21 @@ func parseFlags(args []string) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	userRate := false
 	fs.Visit(func(f *flag.Flag) {
 		c.tuned = c.tuned || strings.HasPrefix(f.Name, "service-")
 		c.authSet = c.authSet || f.Name == "auth"
+		userRate = userRate || f.Name == "service-user-rate"
 	})
+	if c.scenario == "noisy" && !userRate {
+		// The flood is held to a rate, as a deployment holds every tenant,
+		// and the design load's tenant, as large as the deployment, has a
+		// rate of its own.
+		c.tune.userRate = noisyUserRate
+		if c.tune.tenantRates == "" {
+			c.tune.tenantRates = devcluster.CallersAccount + "=0"
+		}
+	}
 	return c, errors.Join(c.finishModes(), c.finishLoad())
 }
 
@@ -117,9 +136,31 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.IntVar(&c.workers, "workers", 64, "cycles: closed-loop workers, each acquiring and releasing one resource after another")
 	fs.DurationVar(&c.killAt, "kill-at", 0, "failover: when to kill the stream leader; the default is a third of --duration")
 	fs.DurationVar(&c.restartAfter, "restart-after", 15*time.Second, "failover: restart the killed node this long after; 0 never")
-	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process) or stepdown (ask the leader to step down; works with --url)")
+	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process) or stepdown (ask the leader to step down; works with --server)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
+	fs.Float64Var(&c.overloadRate, "overload-rate", 6000, "overload: acquires (and as many releases) per second beside the design load's renewals; the default is about three times what the design load's machine carries (docs/capacity.md)")
+	fs.Float64Var(&c.floodRate, "flood-rate", 5000, "noisy: requests per second of the flooding tenant (cancels of random ids, renewals of bogus leases, list pages, statuses, waits); unless --service-user-rate is set, the service holds every tenant to 500 a second and the design load's account, CALLERS, to none (--service-tenant-rates CALLERS=0)")
+}
+
+// printFlags prints the flags as the other commands do, with two dashes
+// (flag.PrintDefaults prints one; the bench takes both).
+func printFlags(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		dash := "--"
+		if len(f.Name) == 1 {
+			dash = "-"
+		}
+		line := "  " + dash + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(fs.Output(), "%s\n    \t%s\n", line, usage)
+	})
 }
 
 // finishModes fills in where the service runs and refuses combinations
@@ -146,13 +187,18 @@ func (c *config) finishModes() error {
 	check(c.clients != "any" && c.clients != "service", "--clients %q: want any or service", c.clients)
 	check(c.serviceMode != "inproc" && (c.clients != "any" || c.leader != "any"),
 		"--clients and --leader other than any need --service inproc (the bench knows only that service's node)")
-	check(own && c.serviceMode == "none", "--service none needs --url")
-	check(!own && c.authSet, "--auth applies to the bench's own cluster, not to --url")
+	check(own && c.serviceMode == "none", "--service none needs --server")
+	check(!own && c.authSet, "--auth applies to the bench's own cluster, not to --server")
 	check(c.tuned && c.serviceMode == "none", "the --service-* flags tune the service the bench starts; with --service none set them on lockd")
 	check(c.instances < 1 || (c.instances > 1 && c.serviceMode != "inproc"), "--instances %d: want 1, or more with --service inproc", c.instances)
 	check(!own && (c.scenario == "degraded" || c.scenario == "failover" && c.failoverMode == "kill"),
 		"%s stops nodes: it needs the bench's own cluster (failover also runs with --failover-mode stepdown)", c.scenario)
 	check(c.failoverMode != "kill" && c.failoverMode != "stepdown", "--failover-mode %q: want kill or stepdown", c.failoverMode)
+	check(!own && c.scenario == "noisy", "noisy floods as a tenant of the bench's own cluster's accounts: it needs no --server")
+	check(c.overloadRate <= 0 || c.floodRate <= 0, "--overload-rate and --flood-rate must be positive")
+	if _, err := c.tune.rates(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.tune.config(service.DefaultConfig()).Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -218,6 +264,8 @@ func (c *config) settings() map[string]string {
 type tuning struct {
 	maxInFlight, maxQueued int
 	queueWait, opTimeout   time.Duration
+	userRate               float64
+	tenantRates            string // lockd's --tenant-rates: TENANT=RATE;...
 }
 
 // register adds the settings' flags to fs, each prefixed, with the
@@ -228,18 +276,44 @@ func (t *tuning) register(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&t.maxQueued, prefix+"max-queued", d.MaxQueued, "service: requests waiting for a place (lockd --max-queued)")
 	fs.DurationVar(&t.queueWait, prefix+"queue-wait", d.QueueWait, "service: how long a request may wait for a place (lockd --queue-wait)")
 	fs.DurationVar(&t.opTimeout, prefix+"op-timeout", d.OpTimeout, "service: store work bound; a request's budget is --queue-wait plus this (lockd --op-timeout)")
+	fs.Float64Var(&t.userRate, prefix+"user-rate", d.UserRate, "service: fair use, operations a second per tenant by cost (lockd --user-rate; 0: off)")
+	fs.StringVar(&t.tenantRates, prefix+"tenant-rates", "", "service: tenants' own rates, TENANT=RATE;... (lockd --tenant-rates)")
+}
+
+// rates returns the tenants' own rates of --tenant-rates.
+func (t tuning) rates() (map[string]float64, error) {
+	if t.tenantRates == "" {
+		return nil, nil
+	}
+	m := map[string]float64{}
+	for _, kv := range strings.Split(t.tenantRates, ";") {
+		k, v, ok := strings.Cut(kv, "=")
+		r, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("tenant rate %q: want TENANT=RATE", kv)
+		}
+		m[k] = r
+	}
+	return m, nil
 }
 
 // config returns cfg with the settings; finishModes (before the cluster
 // starts) and service.New validate them.
 func (t tuning) config(cfg service.Config) service.Config {
 	cfg.MaxInFlight, cfg.MaxQueued, cfg.QueueWait, cfg.OpTimeout = t.maxInFlight, t.maxQueued, t.queueWait, t.opTimeout
+	cfg.UserRate = t.userRate
+	cfg.TenantRates, _ = t.rates() // checked by finishModes
 	return cfg
 }
 
 // args returns the flags that pass the settings to a service process, in
 // lockd's spelling.
 func (t tuning) args() []string {
-	return []string{"--max-in-flight", strconv.Itoa(t.maxInFlight), "--max-queued", strconv.Itoa(t.maxQueued),
-		"--queue-wait", t.queueWait.String(), "--op-timeout", t.opTimeout.String()}
+	args := []string{"--max-in-flight", strconv.Itoa(t.maxInFlight), "--max-queued", strconv.Itoa(t.maxQueued),
+		"--queue-wait", t.queueWait.String(), "--op-timeout", t.opTimeout.String(),
+		"--user-rate", strconv.FormatFloat(t.userRate, 'f', -1, 64)}
+	if t.tenantRates != "" { // lockd before tenants has no such flag
+		args = append(args, "--tenant-rates", t.tenantRates)
+	}
+	return args
 }

@@ -37,7 +37,7 @@ type env struct {
 	failed  bool // the run failed: keep its data directory for the logs
 	runID   string
 
-	cluster *devcluster.ProcCluster // nil with --url
+	cluster *devcluster.ProcCluster // nil with --server
 	svc     *serviceRun             // nil with --service none
 	conns   []*nats.Conn            // load connections, as callers
 	rq      *load.Requester
@@ -107,6 +107,10 @@ func (e *env) startService(ctx context.Context) error {
 				user, password = e.cluster.User(role)
 			}
 			users = append(users, names[0]+"="+user, names[1]+"="+password)
+			if role == devcluster.Service {
+				// lockd before the JETLOCK_ names read these.
+				users = append(users, "NATS_USER="+user, "NATS_PASSWORD="+password)
+			}
 		}
 		var err error
 		e.svc, err = startServiceProc(c, e.url, e.dir, users)
@@ -116,7 +120,7 @@ func (e *env) startService(ctx context.Context) error {
 }
 
 // connOpts returns the options of a connection of role to the bench's own
-// cluster (none with --url).
+// cluster (none with --server).
 func (e *env) connOpts(r devcluster.Role) []nats.Option {
 	if e.cluster == nil {
 		return nil

@@ -7,7 +7,7 @@
 // fsync after every write and the least-privilege accounts of deploy/,
 // starts the jetlock service in a process of its own, and runs the design
 // workload for a minute: 100,000 resources, 20,000 leases held and renewed
-// every 10s, 2,000 acquires and 2,000 releases a second. With --url it
+// every 10s, 2,000 acquires and 2,000 releases a second. With --server it
 // measures an existing deployment instead.
 //
 // Load is open-loop: each operation has an intended send time on a fixed
@@ -15,7 +15,7 @@
 // as latency rather than as a quietly lower rate (no coordinated omission).
 //
 // Scenarios (--scenario): steady, ramp, raw, all, hotlock, failover,
-// cycles, degraded. See README.md in this directory.
+// cycles, degraded, overload, noisy. See README.md in this directory.
 package main
 
 import (
@@ -36,6 +36,7 @@ import (
 var runners = map[string]func(context.Context, *env, *Summary) error{
 	"steady": runSteady, "ramp": runRamp, "raw": runRaw, "all": runAll, "hotlock": runHotlock,
 	"failover": runFailover, "cycles": runCycles, "degraded": runDegraded,
+	"overload": runOverload, "noisy": runNoisy,
 }
 
 func main() {

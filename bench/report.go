@@ -37,6 +37,8 @@ type Summary struct {
 	Failover      *FailoverResult             `json:"failover,omitempty"`
 	Cycles        *CyclesResult               `json:"cycles,omitempty"`
 	Degraded      *DegradedResult             `json:"degraded,omitempty"`
+	Overload      *OverloadResult             `json:"overload,omitempty"`
+	Noisy         *NoisyResult                `json:"noisy,omitempty"`
 	Safety        *load.SafetyResult          `json:"safety,omitempty"`
 	Notes         []string                    `json:"notes,omitempty"`
 }
@@ -123,8 +125,8 @@ func printPhase(w io.Writer, ph *phase) {
 		fmt.Fprintf(w, "service's own mean time, receipt to reply: %s\n", strings.Join(parts, ", "))
 	}
 	if ph.ServiceShed != nil {
-		fmt.Fprintf(w, "service shed (answered unavailable unprocessed): %d after waiting in its queue, %d with its queue full\n",
-			ph.ServiceShed["waited"], ph.ServiceShed["queue_full"])
+		fmt.Fprintf(w, "service shed (answered unavailable unprocessed): %d after waiting in its queue, %d with its queue full, %d while renewals went first\n",
+			ph.ServiceShed["waited"], ph.ServiceShed["queue_full"], ph.ServiceShed["renewals"])
 	}
 	fmt.Fprint(w, procsText(ph.Processes))
 	if m := ph.Machine; m != nil {
@@ -207,6 +209,12 @@ func printSummary(w io.Writer, s *Summary) {
 	}
 	if s.Degraded != nil {
 		printDegraded(w, s.Degraded)
+	}
+	if s.Overload != nil {
+		printOverload(w, s.Overload)
+	}
+	if s.Noisy != nil {
+		printNoisy(w, s.Noisy)
 	}
 	if sf := s.Safety; sf != nil && sf.Checked {
 		fmt.Fprintf(w, "\nsafety: %d grants on %d resources checked, %d violations\n", sf.Grants, sf.Resources, sf.Violations)

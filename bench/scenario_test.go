@@ -100,3 +100,60 @@ func TestClientsServiceConnectsTheLoadToTheServiceNode(t *testing.T) {
 		}
 	}
 }
+
+// overload runs the design load, then acquires and releases at
+// --overload-rate beside the same renewals, and reports the renewals lost
+// and the acquires shed from the answers of the overload phase.
+func TestOverload(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--scenario", "overload", "--overload-rate", "400")
+	if err := runOverload(ctx, e, sum); err != nil {
+		t.Fatal(err)
+	}
+	o := sum.Overload
+	if o == nil || o.OverloadAcquireRate != 400 || o.Leases != 200 || o.RenewBudgetMs != 20000 {
+		t.Fatalf("overload %+v", o)
+	}
+	ren, acq := sum.Ops[load.OpRenew], sum.Ops[load.OpAcquire]
+	if ren.Count == 0 || acq.Count == 0 || o.AcquiresGranted+acq.Errors != acq.Count || o.RenewalsLost != ren.ErrorsByCode["lease_lost"] {
+		t.Fatalf("overload %+v from renewals %+v and acquires %+v", o, ren, acq)
+	}
+	if len(sum.Phases) != 3 || sum.Phases[2].Name != "overload" || sum.Phases[2].Rates[load.OpAcquire] != 400 {
+		t.Fatalf("phases %+v", sum.Phases)
+	}
+}
+
+// noisy floods from a tenant of its own (account APP) held to a small rate
+// while the design load's tenant (account CALLERS) has none: the flood is
+// answered, partly refused for fair use with retry_after_ms, and the
+// design load's requests are not refused for it.
+func TestNoisy(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--scenario", "noisy", "--flood-rate", "400")
+	if e.cfg.tune.userRate != noisyUserRate || e.cfg.tune.tenantRates != "CALLERS=0" {
+		t.Fatalf("noisy's service rates: %v, %q", e.cfg.tune.userRate, e.cfg.tune.tenantRates)
+	}
+	if err := runNoisy(ctx, e, sum); err != nil {
+		t.Fatal(err)
+	}
+	n := sum.Noisy
+	if n == nil || n.FloodRate != 400 || len(n.Flood) == 0 {
+		t.Fatalf("noisy %+v", n)
+	}
+	var answered, refused int64
+	for op, byCode := range n.Flood {
+		for code, c := range byCode {
+			answered += c
+			if code == "unavailable" {
+				refused += c
+			}
+			if code == "timeout" || code == "backlog" {
+				t.Errorf("the flood's %s got %d %s", op, c, code)
+			}
+		}
+	}
+	if answered < 400 || refused == 0 {
+		t.Fatalf("the flood: %d answered, %d refused for fair use: %v", answered, refused, n.Flood)
+	}
+	if n.Quiet.Errors != 0 || n.Noisy.Errors != 0 || n.Noisy.LeasesLost != 0 || n.Quiet.AcquireP99 == 0 || n.Noisy.AcquireP99 == 0 {
+		t.Fatalf("the design load's tenant: quiet %+v, noisy %+v", n.Quiet, n.Noisy)
+	}
+}

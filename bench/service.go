@@ -35,7 +35,7 @@ const cmdService = "__service"
 // The environment variables that carry the service's two users to a
 // service process: lockd's own.
 var userEnv = map[devcluster.Role][2]string{
-	devcluster.Service: {"NATS_USER", "NATS_PASSWORD"},
+	devcluster.Service: {"JETLOCK_USER", "JETLOCK_PASSWORD"},
 	devcluster.Store:   {"JETLOCK_STORE_USER", "JETLOCK_STORE_PASSWORD"},
 }
 

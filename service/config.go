@@ -97,7 +97,8 @@ type Config struct {
 	// UserRate is the fair-use limit of a tenant (a NATS user as the
 	// server vouches for it on an account import): operations a second,
 	// each weighted by what it costs (see opCost: an acquire 1, a waiting
-	// one 2, a cancel 2, a list page 1 per 100 leases asked for), with a
+	// one 2, a cancel 2, renewing or releasing a lease the instance does
+	// not know 2, a list page 1 plus 1 per 10 leases asked for), with a
 	// burst of twice the rate. The renewal or release of a lease the
 	// instance knows as current costs nothing, so a tenant over its rate
 	// never loses a lease it keeps renewing. A caller over its rate is
@@ -106,6 +107,13 @@ type Config struct {
 	//
 	// Zero disables a limit. The defaults are 0 (owner) and 0 (user).
 	OwnerRate, UserRate float64
+	// TenantRates gives tenants a rate of their own instead of UserRate:
+	// by "ACCOUNT/user", or by "ACCOUNT" for every user of an account (the
+	// user's entry wins); 0 means no limit. A deployment whose tenants
+	// differ in size gives its large ones a larger rate, and keeps the
+	// default small enough that no one tenant can saturate the cluster.
+	// The default is none.
+	TenantRates map[string]float64
 	// Operators lists who may call admin requests (revoke): "ACCOUNT" for
 	// every user of an account, or "ACCOUNT/user". The identity must be
 	// stamped by the NATS server on an import (deploy/ gives operators an
@@ -219,6 +227,11 @@ func (c Config) Validate() error {
 	if c.OwnerRate < 0 || c.UserRate < 0 {
 		return bad("owner rate %v and user rate %v must not be negative", c.OwnerRate, c.UserRate)
 	}
+	for t, r := range c.TenantRates {
+		if !validTenant(t) || r < 0 {
+			return bad("tenant rate %q=%v: want ACCOUNT or ACCOUNT/user and a rate of at least 0", t, r)
+		}
+	}
 	if c.DefaultTTL < c.MinTTL || c.DefaultTTL > c.MaxTTL {
 		return bad("default TTL %v outside [%v, %v]", c.DefaultTTL, c.MinTTL, c.MaxTTL)
 	}
@@ -241,8 +254,7 @@ func (c Config) Validate() error {
 		return bad("max body bytes %d: need at least 512 for a request with every field at its longest", c.MaxBodyBytes)
 	}
 	for _, op := range c.Operators {
-		acc, user, _ := strings.Cut(op, "/")
-		if acc == "" || strings.ContainsAny(op, " \t\r\n") || strings.Contains(user, "/") {
+		if !validTenant(op) {
 			return bad("operator %q: want ACCOUNT or ACCOUNT/user", op)
 		}
 	}
@@ -256,6 +268,12 @@ func (c Config) Validate() error {
 		return bad("clock is nil")
 	}
 	return nil
+}
+
+// validTenant reports whether t names an account or an account's user.
+func validTenant(t string) bool {
+	acc, user, _ := strings.Cut(t, "/")
+	return acc != "" && !strings.ContainsAny(t, " \t\r\n") && !strings.Contains(user, "/")
 }
 
 func validPrefix(p string) bool {

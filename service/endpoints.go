@@ -272,21 +272,25 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 // opCost is what a request costs its tenant's fair-use bucket, roughly in
 // replicated writes or leader reads: an acquire one (two when it waits: a
 // waiter record, and its refreshes), a cancel two (a tombstone and the
-// reads of the lease and waiter keys), a list page one per hundred leases
-// asked for (its reply's size), everything else one.
+// reads of the lease and waiter keys), the renewal or release of a lease
+// the instance does not know as current two (a read from the stream leader
+// and the write that proves it before the negative answer; one it knows
+// costs nothing, see handle), a list page one and one more per ten leases
+// asked for (encoding a reply of a thousand leases costs the service about
+// what a hundred writes cost it), everything else one.
 func opCost(op string, waits bool, listLimit int) float64 {
 	switch op {
 	case streams.OpAcquire:
 		if waits {
 			return 2
 		}
-	case streams.OpCancel:
+	case streams.OpCancel, streams.OpRenew, streams.OpRelease:
 		return 2
 	case streams.OpList:
 		if listLimit == 0 {
 			listLimit = streams.DefaultListLimit
 		}
-		return float64(max(1, (listLimit+99)/100))
+		return float64(1 + (listLimit+9)/10)
 	}
 	return 1
 }

@@ -24,6 +24,7 @@ import (
 // bounds such a caller.
 type limits struct {
 	perOwner, perUser float64
+	tenantRates       map[string]float64 // overrides of perUser: "ACCOUNT/user" or "ACCOUNT"
 	refused           func(scope string)
 
 	mu    sync.Mutex
@@ -38,8 +39,21 @@ type limited struct {
 	lim *rate.Limiter
 }
 
-func newLimits(perOwner, perUser float64, refused func(scope string)) *limits {
-	return &limits{perOwner: perOwner, perUser: perUser, refused: refused, byKey: map[string]*list.Element{}, lru: list.New()}
+func newLimits(perOwner, perUser float64, tenantRates map[string]float64, refused func(scope string)) *limits {
+	return &limits{perOwner: perOwner, perUser: perUser, tenantRates: tenantRates, refused: refused,
+		byKey: map[string]*list.Element{}, lru: list.New()}
+}
+
+// userRate returns the rate of who's tenant: its own (TenantRates names it,
+// or its account), else the default; 0 means no limit.
+func (l *limits) userRate(who origin) float64 {
+	if r, ok := l.tenantRates[who.tenant()]; ok {
+		return r
+	}
+	if r, ok := l.tenantRates[who.account]; ok {
+		return r
+	}
+	return l.perUser
 }
 
 // allow takes one token from the owner's bucket (for an acquire, which
@@ -51,8 +65,11 @@ func (l *limits) allow(owner string, who origin, cost float64) error {
 			return err
 		}
 	}
-	if l.perUser > 0 && who.tenant() != "" {
-		if err := l.take("user", "u\x00"+who.account+"\x00"+who.user, l.perUser, int(max(1, cost))); err != nil {
+	if who.tenant() == "" {
+		return nil
+	}
+	if r := l.userRate(who); r > 0 {
+		if err := l.take("user", "u\x00"+who.account+"\x00"+who.user, r, int(max(1, cost))); err != nil {
 			return err
 		}
 	}

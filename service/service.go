@@ -108,7 +108,7 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 	s.wakes = &wakes{nc: nc, prefix: cfg.Prefix + ".wake." + id + ".", log: log, sent: m.wakes.Inc,
 		waiting: make(map[string]chan *streams.LeaseResponse)}
 	s.workers = newWorkers(s.done)
-	s.limits = newLimits(cfg.OwnerRate, cfg.UserRate, s.report.limited)
+	s.limits = newLimits(cfg.OwnerRate, cfg.UserRate, cfg.TenantRates, s.report.limited)
 	s.gate = &gate{limit: cfg.MaxInFlight, maxQueued: cfg.MaxQueued, maxWait: cfg.QueueWait, spawn: s.workers.spawn,
 		queuedGauge: func(n int) { m.queued.Set(float64(n)) }}
 	if cfg.Registerer != nil {

@@ -33,6 +33,10 @@ type Result struct {
 	Rev      uint64 // raw: revision of the key after the write
 	Released bool   // release: whether a lease was removed
 	Unknown  bool   // the outcome is unknown: the write may or may not have happened
+	// RetryAfter is the retry_after_ms of an "unavailable" answer: the
+	// service shed the request (overload, renewals first) or its caller is
+	// over its fair-use rate. Zero when the answer carries none.
+	RetryAfter time.Duration
 }
 
 // Backend turns operations into NATS messages and replies into results.
@@ -100,24 +104,31 @@ func (b *Service) Release(res, lease string, _ uint64) *nats.Msg {
 // success. The body's code is preferred; the header's number is the
 // fallback for a body that cannot be parsed.
 func ServiceError(m *nats.Msg) string {
+	code, _ := ServiceErrorDetail(m)
+	return code
+}
+
+// ServiceErrorDetail returns the contract error code of a reply ("" for a
+// success), as ServiceError does, and the answer's retry_after_ms.
+func ServiceErrorDetail(m *nats.Msg) (code string, retryAfter time.Duration) {
 	h := m.Header.Get(streams.HeaderErrorCode)
 	if h == "" {
-		return ""
+		return "", 0
 	}
 	var er streams.ErrorResponse
 	if jsonv2.Unmarshal(m.Data, &er) == nil && er.Error.Code != "" {
-		return er.Error.Code
+		return er.Error.Code, time.Duration(er.Error.RetryAfterMs) * time.Millisecond
 	}
 	n, _ := strconv.Atoi(h)
-	return streams.CodeForStatus(n)
+	return streams.CodeForStatus(n), 0
 }
 
 func (b *Service) Parse(op string, m *nats.Msg, err error) Result {
 	if err != nil {
 		return clientResult(err)
 	}
-	if code := ServiceError(m); code != "" {
-		return Result{Code: code, Unknown: code == streams.CodeUnavailable || code == streams.CodeInternal}
+	if code, after := ServiceErrorDetail(m); code != "" {
+		return Result{Code: code, Unknown: code == streams.CodeUnavailable || code == streams.CodeInternal, RetryAfter: after}
 	}
 	if op == streams.OpRelease {
 		var r streams.ReleaseResponse

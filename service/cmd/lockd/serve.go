@@ -72,13 +72,14 @@ type serveCmd struct {
 	ExpiryGrace time.Duration `help:"Added to a lease's TTL before the service expires it." default:"2s" env:"JETLOCK_EXPIRY_GRACE"`
 
 	OwnerRate float64 `help:"Fair use: acquires a second per owner (burst twice that); over it, acquire is answered unavailable with retry_after_ms; 0 = no limit." default:"0" env:"JETLOCK_OWNER_RATE"`
-	UserRate  float64 `help:"Fair use: operations a second per tenant (a NATS user as the server vouches for it on an import), weighted by cost (acquire 1, waiting acquire 2, cancel 2, list 1 per 100 leases asked for, others 1; renewing or releasing a current lease 0), burst twice that; over it, unavailable with retry_after_ms; 0 = no limit." default:"0" env:"JETLOCK_USER_RATE"`
+	UserRate  float64 `help:"Fair use: operations a second per tenant (a NATS user as the server vouches for it on an import), weighted by cost (acquire 1, waiting acquire 2, cancel 2, renewing or releasing an unknown lease 2, list 1 plus 1 per 10 leases asked for, others 1; renewing or releasing a current lease 0), burst twice that; over it, unavailable with retry_after_ms; 0 = no limit." default:"0" env:"JETLOCK_USER_RATE"`
 
-	Operators             []string `help:"Who may revoke: ACCOUNT (every user of it) or ACCOUNT/user, as the NATS server stamps it on the operators' import; an admin request without such a stamp is forbidden." default:"OPERATORS" env:"JETLOCK_OPERATORS"`
-	MaxWaitersPerResource int      `help:"Waiting acquires one resource may queue; more are answered too_many_waiters." default:"1000" env:"JETLOCK_MAX_WAITERS_PER_RESOURCE"`
-	MaxWaitersPerTenant   int      `help:"Waiting acquires one tenant (NATS user) may have queued across all resources; more are answered too_many_waiters." default:"1000" env:"JETLOCK_MAX_WAITERS_PER_TENANT"`
-	MaxLeasesPerTenant    int      `help:"Leases one tenant (NATS user) may hold at once, as this instance knows them; more are answered too_many_waiters; 0 = no cap." default:"0" env:"JETLOCK_MAX_LEASES_PER_TENANT"`
-	MaxBody               int      `help:"Largest request body in bytes; a larger one is answered invalid_request before it is decoded." default:"4096" env:"JETLOCK_MAX_BODY"`
+	TenantRates           map[string]float64 `help:"Fair use: a tenant's own rate instead of --user-rate, as ACCOUNT/user=RATE or ACCOUNT=RATE (every user of the account; the user's entry wins), separated by ';'; 0 = no limit for it." placeholder:"TENANT=RATE;..." mapsep:";" env:"JETLOCK_TENANT_RATES"`
+	Operators             []string           `help:"Who may revoke: ACCOUNT (every user of it) or ACCOUNT/user, as the NATS server stamps it on the operators' import; an admin request without such a stamp is forbidden." default:"OPERATORS" env:"JETLOCK_OPERATORS"`
+	MaxWaitersPerResource int                `help:"Waiting acquires one resource may queue; more are answered too_many_waiters." default:"1000" env:"JETLOCK_MAX_WAITERS_PER_RESOURCE"`
+	MaxWaitersPerTenant   int                `help:"Waiting acquires one tenant (NATS user) may have queued across all resources; more are answered too_many_waiters." default:"1000" env:"JETLOCK_MAX_WAITERS_PER_TENANT"`
+	MaxLeasesPerTenant    int                `help:"Leases one tenant (NATS user) may hold at once, as this instance knows them; more are answered too_many_waiters; 0 = no cap." default:"0" env:"JETLOCK_MAX_LEASES_PER_TENANT"`
+	MaxBody               int                `help:"Largest request body in bytes; a larger one is answered invalid_request before it is decoded." default:"4096" env:"JETLOCK_MAX_BODY"`
 
 	MaxInFlight int           `help:"Requests processed at once." default:"4096" env:"JETLOCK_MAX_IN_FLIGHT"`
 	MaxQueued   int           `help:"Requests waiting for a place beyond --max-in-flight; more are answered unavailable." default:"16384" env:"JETLOCK_MAX_QUEUED"`
@@ -105,7 +106,7 @@ func (c *serveCmd) config() (service.Config, error) {
 	cfg.DefaultTTL, cfg.MinTTL, cfg.MaxTTL, cfg.MaxWait = c.DefaultTTL, c.MinTTL, c.MaxTTL, c.MaxWait
 	cfg.MaxHold, cfg.ExpiryGrace = c.MaxHold, c.ExpiryGrace
 	cfg.OwnerRate, cfg.UserRate = c.OwnerRate, c.UserRate
-	cfg.Operators, cfg.MaxBodyBytes = c.Operators, c.MaxBody
+	cfg.Operators, cfg.MaxBodyBytes, cfg.TenantRates = c.Operators, c.MaxBody, c.TenantRates
 	cfg.MaxWaitersPerResource, cfg.MaxWaitersPerTenant, cfg.MaxLeasesPerTenant = c.MaxWaitersPerResource, c.MaxWaitersPerTenant, c.MaxLeasesPerTenant
 	cfg.MaxInFlight, cfg.MaxQueued, cfg.MaxPerKey = c.MaxInFlight, c.MaxQueued, c.MaxPerKey
 	cfg.QueueWait, cfg.OpTimeout = c.QueueWait, c.OpTimeout
