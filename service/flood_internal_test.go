@@ -29,9 +29,27 @@ const floodRequests = 200_000
 // it with a caller's connection.
 func serveToCaller(t *testing.T, cfg Config) (*Service, *nats.Conn) {
 	t.Helper()
+	s, conns := serveTo(t, cfg, devcluster.Caller)
+	return s, conns[0]
+}
+
+// serveTo starts a cluster and a service instance on it, and connects once
+// as each of roles, as serveToCaller does.
+func serveTo(t *testing.T, cfg Config, roles ...devcluster.Role) (*Service, []*nats.Conn) {
+	t.Helper()
 	cl := startCluster(t)
 	s, _ := startInstance(t, cl, cfg, 0)
-	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Caller)...)
+	var conns []*nats.Conn
+	for _, r := range roles {
+		conns = append(conns, connectWhenServed(t, cl, r))
+	}
+	return s, conns
+}
+
+// connectWhenServed connects as role once the service answers there.
+func connectWhenServed(t *testing.T, cl *devcluster.Cluster, role devcluster.Role) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(role)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +66,7 @@ func serveToCaller(t *testing.T, cfg Config) (*Service, *nats.Conn) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return s, nc
+	return nc
 }
 
 // floodMix returns request i of a hostile flood: status, renew, release,
@@ -187,14 +205,22 @@ func ask(nc *nats.Conn, op string, body any) (string, []byte, error) {
 // One key flooded with acquires (it is held, so each is answered locked)
 // by more callers than MaxPerKey lets queue for it: the overflow is
 // answered unavailable at once instead of holding in-flight places, and
-// another key is acquired and released meanwhile without an error. (How
-// its latency compares with a quiet service is measured by
+// another key is acquired and released meanwhile without an error, and
+// another tenant's lease renewed without one: the flood's busy count is its
+// key's own. (How its latency compares with a quiet service is measured by
 // BenchmarkSecondKeyUnderHotKeyFlood.)
 func TestHotKeyFloodLeavesOtherKeysServed(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MaxPerKey = 4
 	cfg.MaxInFlight = 64
-	_, nc := serveToCaller(t, cfg)
+	_, conns := serveTo(t, cfg, devcluster.Caller, devcluster.App)
+	nc, app := conns[0], conns[1]
+	code, body, err := ask(app, streams.OpAcquire, streams.AcquireRequest{Resource: "other-tenant", RequestID: "o", TTLms: 60000})
+	if err != nil || code != "" {
+		t.Fatalf("acquire other-tenant: %q %s %v", code, body, err)
+	}
+	var theirs streams.LeaseResponse
+	json.Unmarshal(body, &theirs)
 	cold := "cold"
 	if code, body, err := ask(nc, streams.OpAcquire, streams.AcquireRequest{Resource: "hot", RequestID: "holder", TTLms: 60000}); err != nil || code != "" {
 		t.Fatalf("acquire hot: %q %s %v", code, body, err)
@@ -236,6 +262,11 @@ func TestHotKeyFloodLeavesOtherKeysServed(t *testing.T) {
 		code, body, err = ask(nc, streams.OpRelease, streams.ReleaseRequest{Resource: cold, LeaseID: l.LeaseID})
 		if err != nil || code != "" {
 			t.Errorf("release %s #%d under the hot-key flood: %q %s %v", cold, i, code, body, err)
+			break
+		}
+		code, body, err = ask(app, streams.OpRenew, streams.RenewRequest{Resource: "other-tenant", LeaseID: theirs.LeaseID, TTLms: 60000})
+		if err != nil || code != "" {
+			t.Errorf("another tenant's renewal #%d under the hot-key flood: %q %s %v", i, code, body, err)
 			break
 		}
 	}
