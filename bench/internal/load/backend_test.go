@@ -57,6 +57,12 @@ func TestServiceParse(t *testing.T) {
 	if r := b.Parse(streams.OpRenew, unavail, nil); r.Code != streams.CodeUnavailable || !r.Unknown {
 		t.Fatalf("503 with a bad body parsed as %+v", r)
 	}
+	shed := nats.NewMsg("x")
+	shed.Header.Set(streams.HeaderErrorCode, "503")
+	shed.Data = []byte(`{"error":{"code":"unavailable","message":"service overloaded","retry_after_ms":180}}`)
+	if r := b.Parse(streams.OpAcquire, shed, nil); r.Code != streams.CodeUnavailable || !r.Unknown || r.RetryAfter != 180*time.Millisecond {
+		t.Fatalf("a shed answer parsed as %+v", r)
+	}
 	rel := &nats.Msg{Data: []byte(`{"resource":"r","released":false}`)}
 	if r := b.Parse(streams.OpRelease, rel, nil); r.Code != CodeOK || r.Released {
 		t.Fatalf("release parsed as %+v", r)

@@ -62,6 +62,8 @@ type slot struct {
 	token uint64
 	rev   uint64 // raw: last revision of the key (the expected revision of the next write)
 	g     *Grant
+	okAt  time.Time // when the last successful write of the lease (grant or renewal) was sent
+	lost  bool      // the lease was counted lost (see Losses)
 }
 
 // Workload drives the lease workload against a backend: acquires of random
@@ -85,6 +87,7 @@ type Workload struct {
 	reqSeq     uint64
 
 	pendingRetries atomic.Int64
+	lost           losses
 }
 
 // NewWorkload returns a workload on be through rq; log may be nil.
@@ -141,6 +144,7 @@ func (w *Workload) toFree(id int32) {
 	s := &w.slots[id]
 	s.gen++
 	s.state, s.lease, s.token, s.g = stFree, "", 0, nil
+	s.okAt, s.lost = time.Time{}, false
 	w.free.add(id)
 }
 
@@ -214,6 +218,7 @@ func (w *Workload) tryAcquire(a attempt, intended time.Time) {
 	err := w.rq.Send(m, w.cfg.Timeout, func(reply *nats.Msg, at time.Time, err error) {
 		res := w.be.Parse(streams.OpAcquire, reply, err)
 		r.Record(at.Sub(intended), res.Code)
+		w.shed(res, a.n > 0)
 		w.afterAcquire(a, res, at)
 	})
 	if err != nil {
@@ -235,6 +240,7 @@ func (w *Workload) afterAcquire(a attempt, res Result, at time.Time) {
 		w.mu.Lock()
 		s := &w.slots[a.id]
 		s.lease, s.token, s.g = res.Lease, res.Token, g
+		s.okAt, s.lost = a.first, false
 		if w.raw() {
 			s.rev = res.Rev
 		}
@@ -244,9 +250,10 @@ func (w *Workload) afterAcquire(a attempt, res Result, at time.Time) {
 	}
 	if res.Unknown && a.n < w.cfg.Retries {
 		// Outcome unknown: retry with the same request_id, which never
-		// creates a second lease.
+		// creates a second lease; after retry_after_ms if the answer
+		// asks for longer than the backoff, as a client would.
 		w.pendingRetries.Add(1)
-		time.AfterFunc(w.cfg.RetryBackoff, func() {
+		time.AfterFunc(retryDelay(w.cfg.RetryBackoff, res.RetryAfter), func() {
 			defer w.pendingRetries.Add(-1)
 			a.n++
 			w.tryAcquire(a, time.Now())
@@ -297,6 +304,9 @@ func (w *Workload) sendRenew(rec *Recorders, rate float64, intended time.Time) {
 		r.Record(at.Sub(intended), res.Code)
 		w.mu.Lock()
 		defer w.mu.Unlock()
+		if !w.raw() {
+			w.renewOutcome(id, res.Code, sent, at)
+		}
 		switch {
 		case res.Code == CodeOK:
 			if w.raw() {
@@ -315,9 +325,23 @@ func (w *Workload) sendRenew(rec *Recorders, rate float64, intended time.Time) {
 	if err != nil {
 		r.Fail(SendCode(err))
 		w.mu.Lock()
+		if !w.raw() {
+			w.renewOutcome(id, SendCode(err), sent, time.Now())
+		}
 		w.toHeld(id, time.Now())
 		w.mu.Unlock()
 	}
+}
+
+// maxRetryAfter bounds how much longer than the backoff a retry waits for
+// an answer's retry_after_ms, so that Drain's bound holds.
+const maxRetryAfter = time.Second
+
+// retryDelay is how long to wait before retrying an acquire: the backoff,
+// or the answer's retry_after_ms when that is longer (at most
+// maxRetryAfter more).
+func retryDelay(backoff, retryAfter time.Duration) time.Duration {
+	return min(max(backoff, retryAfter), backoff+maxRetryAfter)
 }
 
 // sendRelease releases a random held lease.
@@ -419,7 +443,7 @@ func (w *Workload) ReleaseAll(ctx context.Context, rec *Recorders, rate float64)
 // Drain waits until no request or retry is in flight, at most the request
 // timeout times the tries plus a margin.
 func (w *Workload) Drain(ctx context.Context) {
-	limit := w.cfg.Timeout*time.Duration(w.cfg.Retries+1) + time.Duration(w.cfg.Retries)*w.cfg.RetryBackoff + 2*time.Second
+	limit := w.cfg.Timeout*time.Duration(w.cfg.Retries+1) + time.Duration(w.cfg.Retries)*(w.cfg.RetryBackoff+maxRetryAfter) + 2*time.Second
 	dctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for w.rq.InFlight() > 0 || w.pendingRetries.Load() > 0 {
