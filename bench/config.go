@@ -43,7 +43,8 @@ type config struct {
 	wakeSubject                          string
 	killAt, restartAfter                 time.Duration
 	failoverMode, cpuProfile, memProfile string
-	overloadRate, floodRate              float64
+	carriedRate, overloadFactor          float64
+	floodRate                            float64
 
 	flags *flag.FlagSet // the parsed flags, holding the derived values too
 }
@@ -62,14 +63,14 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.url, "url", "", "the old name of --server")
 	fs.BoolVar(&c.auth, "auth", true, "run the bench's cluster with the least-privilege accounts of deploy/ (callers through imports, the service's two users); false: no accounts, for a service that connects without credentials (an older lockd)")
 	fs.StringVar(&c.serviceMode, "service", "", "where the jetlock service runs: proc (a process of its own, measured apart), inproc (in this process), none (already deployed). The default is proc, or none with --server")
-	fs.StringVar(&c.lockd, "lockd", "", "run this lockd binary as the service process (--service proc), started with --url (which every lockd takes), --prefix, --bucket, the --service-* settings by lockd's names, and the users in JETLOCK_USER/JETLOCK_PASSWORD and JETLOCK_STORE_USER/JETLOCK_STORE_PASSWORD (and NATS_USER/NATS_PASSWORD, which lockd before the JETLOCK_ names read); to compare with an older build")
+	fs.StringVar(&c.lockd, "lockd", "", "run this lockd binary as the service process (--service proc), to compare with another build. It is started with the flags every lockd takes: --url (the current lockd's hidden old name of --server), --user, --password, --store-user, --store-password (the cluster's service users; none with --auth=false), --prefix, --bucket, --metrics, --max-in-flight, --max-queued, --queue-wait, --op-timeout; and --user-rate and --tenant-rates only when set (noisy sets them), which a lockd older than fair use lacks")
 	c.tune.register(fs, "service-")
 	fs.IntVar(&c.instances, "instances", 1, "with --service inproc: service instances in this process, each on its own connections")
 	fs.StringVar(&c.leader, "leader", "any", "with --service inproc, the lock stream's leader: any (where JetStream put it), service (on the service's node), away (on another node)")
 	fs.StringVar(&c.clients, "clients", "any", "with --service inproc, where the load connects: any (a node at random) or service (the service's node: requests cross no route)")
 	fs.StringVar(&c.scenario, "scenario", "steady", "one of "+strings.Join(scenarios, ", "))
 	fs.StringVar(&c.target, "target", "service", "steady, ramp and cycles: service, or raw (the same load as bare KV compare-and-set writes, no service)")
-	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, hotlock, failover, cycles, degraded, and of each phase of raw")
+	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, hotlock, failover, cycles, degraded, and of each phase of raw, overload (design, overload) and noisy (quiet, noisy)")
 	fs.DurationVar(&c.progress, "progress", 5*time.Second, "interval of progress lines; 0 for none")
 	fs.StringVar(&c.jsonPath, "json", "", "write the summary as JSON to this file")
 	fs.StringVar(&c.htmlPath, "html", "", "write an HTML report with latency-over-time charts to this file")
@@ -139,8 +140,9 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process) or stepdown (ask the leader to step down; works with --server)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
-	fs.Float64Var(&c.overloadRate, "overload-rate", 6000, "overload: acquires (and as many releases) per second beside the design load's renewals; the default is about three times what the design load's machine carries (docs/capacity.md)")
-	fs.Float64Var(&c.floodRate, "flood-rate", 5000, "noisy: requests per second of the flooding tenant (cancels of random ids, renewals of bogus leases, list pages, statuses, waits); unless --service-user-rate is set, the service holds every tenant to 500 a second and the design load's account, CALLERS, to none (--service-tenant-rates CALLERS=0)")
+	fs.Float64Var(&c.carriedRate, "carried-rate", 0, "overload: the acquire rate the deployment carries at the design mix, as --scenario ramp reports it; 0: the overload scenario runs that ramp first to find it")
+	fs.Float64Var(&c.overloadFactor, "overload-factor", 3, "overload: acquires (and releases in the design proportion) at this many times --carried-rate, beside the design load's renewals")
+	fs.Float64Var(&c.floodRate, "flood-rate", 5000, "noisy: requests per second of the flooding tenant (user app of account APP: cancels of random request ids, renewals and releases of bogus lease ids, list pages of 1,000, 2s waits on resources it holds); unless --service-user-rate is set, the service holds every tenant to 500 a second and the design load's account, CALLERS, to none (--service-tenant-rates CALLERS=0)")
 }
 
 // printFlags prints the flags as the other commands do, with two dashes
@@ -195,7 +197,7 @@ func (c *config) finishModes() error {
 		"%s stops nodes: it needs the bench's own cluster (failover also runs with --failover-mode stepdown)", c.scenario)
 	check(c.failoverMode != "kill" && c.failoverMode != "stepdown", "--failover-mode %q: want kill or stepdown", c.failoverMode)
 	check(!own && c.scenario == "noisy", "noisy floods as a tenant of the bench's own cluster's accounts: it needs no --server")
-	check(c.overloadRate <= 0 || c.floodRate <= 0, "--overload-rate and --flood-rate must be positive")
+	check(c.carriedRate < 0 || c.overloadFactor <= 0 || c.floodRate <= 0, "--carried-rate must not be negative, --overload-factor and --flood-rate must be positive")
 	if _, err := c.tune.rates(); err != nil {
 		errs = append(errs, err)
 	}
@@ -239,7 +241,8 @@ func (c *config) finishLoad() error {
 // service's tuning too when the bench runs the service.
 var reported = strings.Fields(`duration resources leases acquire-rate release-rate renew-rate renew-interval
 	renew-jitter ttl timeout conns p99-target ramp-start ramp-step ramp-step-duration hot-resources waiters
-	hold wait service target retries failover-mode leader clients instances workers`)
+	hold wait service target retries failover-mode leader clients instances workers carried-rate overload-factor
+	flood-rate`)
 
 // settings lists the reported flags' values (the derived ones as
 // finishModes and finishLoad filled them in), with "_" for "-".
@@ -250,7 +253,8 @@ func (c *config) settings() map[string]string {
 		names = append(names, "lockd")
 	}
 	if c.serviceMode != "none" {
-		names = append(names, "service-max-in-flight", "service-max-queued", "service-queue-wait", "service-op-timeout")
+		names = append(names, "service-max-in-flight", "service-max-queued", "service-queue-wait", "service-op-timeout",
+			"service-user-rate", "service-tenant-rates")
 	}
 	for _, name := range names {
 		m[strings.ReplaceAll(name, "-", "_")] = c.flags.Lookup(name).Value.String()
@@ -310,9 +314,13 @@ func (t tuning) config(cfg service.Config) service.Config {
 // lockd's spelling.
 func (t tuning) args() []string {
 	args := []string{"--max-in-flight", strconv.Itoa(t.maxInFlight), "--max-queued", strconv.Itoa(t.maxQueued),
-		"--queue-wait", t.queueWait.String(), "--op-timeout", t.opTimeout.String(),
-		"--user-rate", strconv.FormatFloat(t.userRate, 'f', -1, 64)}
-	if t.tenantRates != "" { // lockd before tenants has no such flag
+		"--queue-wait", t.queueWait.String(), "--op-timeout", t.opTimeout.String()}
+	// Only when set: a lockd older than fair use (or than tenants' own
+	// rates) has no such flag, and its default is none.
+	if t.userRate > 0 {
+		args = append(args, "--user-rate", strconv.FormatFloat(t.userRate, 'f', -1, 64))
+	}
+	if t.tenantRates != "" {
 		args = append(args, "--tenant-rates", t.tenantRates)
 	}
 	return args

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,5 +100,57 @@ func TestServiceTuningFlags(t *testing.T) {
 	child.register(fs, "")
 	if err := fs.Parse(c.tune.args()); err != nil || child != want {
 		t.Fatalf("child's tuning %+v (%v), want %+v", child, err, want)
+	}
+}
+
+// The servers of an existing deployment are --server, as lockd's, jetlock's
+// and the nats CLI's; -s and the old --url name it too.
+func TestServerFlagNames(t *testing.T) {
+	for _, args := range [][]string{{"--server", "nats://a:4222"}, {"-s", "nats://a:4222"}, {"--url", "nats://a:4222"}, {"--server=nats://a:4222"}} {
+		c, err := parseFlags(args)
+		if err != nil || c.url != "nats://a:4222" || c.serviceMode != "none" {
+			t.Errorf("%v: url %q, service %q, err %v", args, c.url, c.serviceMode, err)
+		}
+	}
+}
+
+// The usage names every flag with two dashes (one letter with one), as
+// lockd's and jetlock's do.
+func TestUsagePrintsTwoDashes(t *testing.T) {
+	c, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	c.flags.SetOutput(&out)
+	printFlags(c.flags)
+	for _, want := range []string{"\n  --server string\n", "\n  -s string\n", "\n  --scenario string\n", "(default steady)", "\n  --carried-rate float\n"} {
+		if !strings.Contains("\n"+out.String(), want) {
+			t.Errorf("usage lacks %q", want)
+		}
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(line, "  -") && !strings.HasPrefix(line, "  --") && !strings.HasPrefix(line, "  -s ") {
+			t.Errorf("one dash: %q", line)
+		}
+	}
+}
+
+// A service process gets its users as flags every lockd takes, and the
+// bench's own service process reads them.
+func TestServiceUsersAreFlags(t *testing.T) {
+	if got := serviceUsers(nil); got != nil {
+		t.Fatalf("users without a cluster: %q", got)
+	}
+	fs := flag.NewFlagSet("lockd", flag.ContinueOnError)
+	var user, password, storeUser, storePassword string
+	fs.StringVar(&user, "user", "", "")
+	fs.StringVar(&password, "password", "", "")
+	fs.StringVar(&storeUser, "store-user", "", "")
+	fs.StringVar(&storePassword, "store-password", "", "")
+	args := []string{userFlags[devcluster.Service][0], "jetlock-service", userFlags[devcluster.Service][1], "p1",
+		userFlags[devcluster.Store][0], "jetlock-store", userFlags[devcluster.Store][1], "p2"}
+	if err := fs.Parse(args); err != nil || user != "jetlock-service" || password != "p1" || storeUser != "jetlock-store" || storePassword != "p2" {
+		t.Fatalf("%q parsed as %q %q %q %q (%v)", args, user, password, storeUser, storePassword, err)
 	}
 }

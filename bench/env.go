@@ -100,20 +100,8 @@ func (e *env) startService(ctx context.Context) error {
 			e.svc.inproc, e.svc.metrics = append(e.svc.inproc, rs), append(e.svc.metrics, metrics)
 		}
 	case "proc":
-		var users []string
-		for role, names := range userEnv {
-			user, password := "", ""
-			if e.cluster != nil {
-				user, password = e.cluster.User(role)
-			}
-			users = append(users, names[0]+"="+user, names[1]+"="+password)
-			if role == devcluster.Service {
-				// lockd before the JETLOCK_ names read these.
-				users = append(users, "NATS_USER="+user, "NATS_PASSWORD="+password)
-			}
-		}
 		var err error
-		e.svc, err = startServiceProc(c, e.url, e.dir, users)
+		e.svc, err = startServiceProc(c, e.url, e.dir, serviceUsers(e.cluster))
 		return err
 	}
 	return nil

@@ -101,31 +101,57 @@ func TestClientsServiceConnectsTheLoadToTheServiceNode(t *testing.T) {
 	}
 }
 
-// overload runs the design load, then acquires and releases at
-// --overload-rate beside the same renewals, and reports the renewals lost
-// and the acquires shed from the answers of the overload phase.
+// overload finds the carried rate with a short ramp, runs the design load,
+// then acquires and releases at three times that rate beside the same
+// renewals, and reports from the answers of each phase.
 func TestOverload(t *testing.T) {
-	ctx, e, sum := newEnv(t, "--scenario", "overload", "--overload-rate", "400")
+	ctx, e, sum := newEnv(t, "--scenario", "overload", "--ramp-start", "50", "--ramp-step", "50", "--ramp-max", "100",
+		"--ramp-step-duration", "1s", "--p99-target", "2s")
 	if err := runOverload(ctx, e, sum); err != nil {
 		t.Fatal(err)
 	}
 	o := sum.Overload
-	if o == nil || o.OverloadAcquireRate != 400 || o.Leases != 200 || o.RenewBudgetMs != 20000 {
-		t.Fatalf("overload %+v", o)
+	if o == nil || o.CarriedFrom != "ramp" || o.CarriedRate == 0 || o.CarriedRate != sum.Ramp.MaxAcquireRate ||
+		o.AcquireRate != 3*o.CarriedRate || o.RenewBudgetMs != 20000 || o.Leases == 0 {
+		t.Fatalf("overload %+v, ramp %+v", o, sum.Ramp)
 	}
 	ren, acq := sum.Ops[load.OpRenew], sum.Ops[load.OpAcquire]
-	if ren.Count == 0 || acq.Count == 0 || o.AcquiresGranted+acq.Errors != acq.Count || o.RenewalsLost != ren.ErrorsByCode["lease_lost"] {
-		t.Fatalf("overload %+v from renewals %+v and acquires %+v", o, ren, acq)
+	f := o.Overload
+	if f.Renewals == 0 || f.Renewals != ren.Count || f.RenewP99 != ren.P99 || f.Acquires == 0 || f.Acquires != acq.Count ||
+		f.AcquiresGranted+acq.Errors != acq.Count || f.AcquireP99 != acq.P99 || f.LeasesLost != f.LostAnswered+f.LostExpired {
+		t.Fatalf("overload figures %+v from renewals %+v and acquires %+v", f, ren, acq)
 	}
-	if len(sum.Phases) != 3 || sum.Phases[2].Name != "overload" || sum.Phases[2].Rates[load.OpAcquire] != 400 {
-		t.Fatalf("phases %+v", sum.Phases)
+	if o.Design.Renewals == 0 || o.Design.Acquires == 0 {
+		t.Fatalf("design figures %+v", o.Design)
+	}
+	last := sum.Phases[len(sum.Phases)-1]
+	if last.Name != "overload" || last.Rates[load.OpAcquire] != o.AcquireRate || sum.Phases[len(sum.Phases)-2].Name != "design" {
+		t.Fatalf("phases end with %s at %v", last.Name, last.Rates)
+	}
+	if sum.Safety == nil || sum.Safety.Grants == 0 || sum.Safety.Violations != 0 {
+		t.Fatalf("safety %+v", sum.Safety)
 	}
 }
 
-// noisy floods from a tenant of its own (account APP) held to a small rate
-// while the design load's tenant (account CALLERS) has none: the flood is
-// answered, partly refused for fair use with retry_after_ms, and the
-// design load's requests are not refused for it.
+// --carried-rate (given, the scenario runs no ramp) must not be negative,
+// --overload-factor and --flood-rate positive.
+func TestOverloadFlags(t *testing.T) {
+	cfg, err := parseFlags([]string{"--scenario", "overload", "--carried-rate", "700", "--overload-factor", "2.5"})
+	if err != nil || cfg.carriedRate != 700 || cfg.overloadFactor != 2.5 {
+		t.Fatalf("flags: %+v, %v", cfg, err)
+	}
+	for _, bad := range [][]string{{"--carried-rate", "-1"}, {"--overload-factor", "0"}, {"--flood-rate", "0"}} {
+		if _, err := parseFlags(bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+// noisy floods from a tenant of its own (user app of account APP) held to
+// a small rate while the design load's tenant (user caller of account
+// CALLERS) has none: every kind of flood request is answered, part of them
+// refused for fair use, and the design load's requests are not refused
+// for it: the service told the two apart.
 func TestNoisy(t *testing.T) {
 	ctx, e, sum := newEnv(t, "--scenario", "noisy", "--flood-rate", "400")
 	if e.cfg.tune.userRate != noisyUserRate || e.cfg.tune.tenantRates != "CALLERS=0" {
@@ -135,8 +161,13 @@ func TestNoisy(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := sum.Noisy
-	if n == nil || n.FloodRate != 400 || len(n.Flood) == 0 {
+	if n == nil || n.FloodRate != 400 || n.HonestTenant != "CALLERS/caller" || n.FloodTenant != "APP/app" || n.UserRate != "500" {
 		t.Fatalf("noisy %+v", n)
+	}
+	for _, op := range floodOps {
+		if len(n.Flood[op]) == 0 {
+			t.Errorf("the flood's %s got no answer: %v", op, n.Flood)
+		}
 	}
 	var answered, refused int64
 	for op, byCode := range n.Flood {
@@ -153,7 +184,11 @@ func TestNoisy(t *testing.T) {
 	if answered < 400 || refused == 0 {
 		t.Fatalf("the flood: %d answered, %d refused for fair use: %v", answered, refused, n.Flood)
 	}
-	if n.Quiet.Errors != 0 || n.Noisy.Errors != 0 || n.Noisy.LeasesLost != 0 || n.Quiet.AcquireP99 == 0 || n.Noisy.AcquireP99 == 0 {
+	if n.Quiet.Errors != 0 || n.Noisy.Errors != 0 || n.Noisy.LeasesLost != 0 || n.Quiet.Acquires == 0 || n.Noisy.Acquires == 0 ||
+		n.Quiet.Renewals == 0 || n.Noisy.Renewals == 0 || n.Quiet.AcquireP99 == 0 || n.Noisy.AcquireP99 == 0 {
 		t.Fatalf("the design load's tenant: quiet %+v, noisy %+v", n.Quiet, n.Noisy)
+	}
+	if n.AcquireP99Ratio != ratio(n.Noisy.AcquireP99, n.Quiet.AcquireP99) || n.RenewP50Ratio != ratio(n.Noisy.RenewP50, n.Quiet.RenewP50) {
+		t.Fatalf("ratios %+v", n)
 	}
 }

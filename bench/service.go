@@ -32,11 +32,28 @@ import (
 // service in a process of its own (--service proc without --lockd).
 const cmdService = "__service"
 
-// The environment variables that carry the service's two users to a
-// service process: lockd's own.
-var userEnv = map[devcluster.Role][2]string{
-	devcluster.Service: {"JETLOCK_USER", "JETLOCK_PASSWORD"},
-	devcluster.Store:   {"JETLOCK_STORE_USER", "JETLOCK_STORE_PASSWORD"},
+// userFlags are the flags that carry the service's two users to a service
+// process, as every lockd names them: lockd's environment variables
+// changed names (NATS_USER became JETLOCK_USER), its flags did not.
+var userFlags = map[devcluster.Role][2]string{
+	devcluster.Service: {"--user", "--password"},
+	devcluster.Store:   {"--store-user", "--store-password"},
+}
+
+// serviceUsers returns the flags that give a service process the
+// cluster's service users (none without a cluster or with --auth=false).
+// They are on its command line: random passwords of a cluster on loopback
+// that lives as long as the run.
+func serviceUsers(cl *devcluster.ProcCluster) []string {
+	if cl == nil || cl.Open() {
+		return nil
+	}
+	var args []string
+	for _, r := range []devcluster.Role{devcluster.Service, devcluster.Store} {
+		user, password := cl.User(r)
+		args = append(args, userFlags[r][0], user, userFlags[r][1], password)
+	}
+	return args
 }
 
 // connOptions returns the options of a connection of a role.
@@ -124,18 +141,21 @@ func (rs *inprocService) stop() {
 }
 
 // startServiceProc starts the service as a process of its own: this
-// program's __service, or a lockd binary; it logs to dir/service.log.
+// program's __service, or a lockd binary; it logs to dir/service.log. users
+// are the flags of its users (see serviceUsers). A lockd is given the
+// servers by --url, the one name every lockd takes (the current one's
+// hidden alias of --server).
 func startServiceProc(cfg *config, url, dir string, users []string) (*serviceRun, error) {
 	port, err := devcluster.FreePort()
 	if err != nil {
 		return nil, err
 	}
 	metrics := fmt.Sprintf("127.0.0.1:%d", port)
-	args := append([]string{"--url", url, "--prefix", cfg.prefix, "--bucket", cfg.bucket, "--metrics", metrics}, cfg.tune.args()...)
-	ch := &devcluster.Child{Name: "service", Path: cfg.lockd, Args: append([]string{cmdService}, args...),
-		Env: users, Log: filepath.Join(dir, "service.log")}
+	args := append(append([]string{"--prefix", cfg.prefix, "--bucket", cfg.bucket, "--metrics", metrics}, users...), cfg.tune.args()...)
+	ch := &devcluster.Child{Name: "service", Path: cfg.lockd, Args: append([]string{cmdService, "--server", url}, args...),
+		Log: filepath.Join(dir, "service.log")}
 	if cfg.lockd != "" {
-		ch.Args = args
+		ch.Args = append([]string{"--url", url}, args...)
 	}
 	if err := ch.Start(); err != nil {
 		return nil, err
@@ -144,11 +164,17 @@ func startServiceProc(cfg *config, url, dir string, users []string) (*serviceRun
 }
 
 // serviceMain runs the service in a process of its own until its stdin
-// closes or SIGTERM/SIGINT arrive. Its flags are lockd's; the users come in
-// lockd's environment variables.
+// closes or SIGTERM/SIGINT arrive. Its flags are lockd's.
 func serviceMain(args []string) int {
 	fs := flag.NewFlagSet(cmdService, flag.ContinueOnError)
-	url := fs.String("url", nats.DefaultURL, "NATS URLs")
+	url := fs.String("server", nats.DefaultURL, "NATS URLs")
+	fs.StringVar(url, "s", nats.DefaultURL, "short for --server")
+	fs.StringVar(url, "url", nats.DefaultURL, "the old name of --server")
+	users := map[devcluster.Role]*[2]string{devcluster.Service: new([2]string), devcluster.Store: new([2]string)}
+	for r, names := range userFlags {
+		fs.StringVar(&users[r][0], names[0][2:], "", "NATS user name")
+		fs.StringVar(&users[r][1], names[1][2:], "", "NATS password")
+	}
 	prefix := fs.String("prefix", "jetlock", "subject prefix")
 	bucket := fs.String("bucket", "jetlock", "bucket")
 	metrics := fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on this address")
@@ -167,7 +193,14 @@ func serviceMain(args []string) int {
 	cfg := tune.config(service.DefaultConfig())
 	cfg.Prefix, cfg.Bucket.Bucket = *prefix, *bucket
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	rs, _, err := startInproc(ctx, *url, envUsers, cfg, *metrics)
+	opts := func(r devcluster.Role) []nats.Option {
+		opts := []nats.Option{nats.CustomInboxPrefix(devcluster.InboxPrefix(r))}
+		if u := users[r]; u[0] != "" {
+			opts = append(opts, nats.UserInfo(u[0], u[1]))
+		}
+		return opts
+	}
+	rs, _, err := startInproc(ctx, *url, opts, cfg, *metrics)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -175,16 +208,6 @@ func serviceMain(args []string) int {
 	<-ctx.Done()
 	rs.stop()
 	return 0
-}
-
-// envUsers returns the options of the service's connections from lockd's
-// environment variables (none set: no credentials).
-func envUsers(r devcluster.Role) []nats.Option {
-	opts := []nats.Option{nats.CustomInboxPrefix(devcluster.InboxPrefix(r))}
-	if user := os.Getenv(userEnv[r][0]); user != "" {
-		opts = append(opts, nats.UserInfo(user, os.Getenv(userEnv[r][1])))
-	}
-	return opts
 }
 
 // stop stops the service and waits for it to end.
