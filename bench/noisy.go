@@ -141,9 +141,9 @@ func printNoisy(w io.Writer, r *NoisyResult) {
 		name string
 		f    NoisyFigures
 	}{{"quiet", r.Quiet}, {"noisy", r.Noisy}} {
-		fmt.Fprintf(w, "%-5s  acquire p50 %s p99 %s (%d), renew p50 %s p99 %s (%d), %d errors %v, %d leases lost\n", p.name,
+		fmt.Fprintf(w, "%-5s  acquire p50 %s p99 %s (%d), renew p50 %s p99 %s (%d), errors: %s, %d leases lost\n", p.name,
 			fmtMs(p.f.AcquireP50), fmtMs(p.f.AcquireP99), p.f.Acquires, fmtMs(p.f.RenewP50), fmtMs(p.f.RenewP99), p.f.Renewals,
-			p.f.Errors, p.f.ErrorsByCode, p.f.LeasesLost)
+			countsText(p.f.ErrorsByCode), p.f.LeasesLost)
 	}
 	fmt.Fprintf(w, "noisy/quiet: acquire p50 %.2fx p99 %.2fx, renew p50 %.2fx p99 %.2fx (p99s at most 2x, no lease lost: %s)\n",
 		r.AcquireP50Ratio, r.AcquireP99Ratio, r.RenewP50Ratio, r.RenewP99Ratio, verdict)

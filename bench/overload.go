@@ -36,6 +36,9 @@ type OverloadResult struct {
 	// ServiceShed counts, by reason, the requests the service answered
 	// unavailable unprocessed in the overload phase (from its metrics).
 	ServiceShed map[string]int64 `json:"service_shed,omitempty"`
+	// Note says when the carried rate is only a lower bound: the ramp
+	// reached --ramp-max without missing.
+	Note string `json:"note,omitempty"`
 	// Met: no lease lost and the renewal p99 within its budget, in the
 	// overload phase.
 	Met bool `json:"met"`
@@ -100,6 +103,9 @@ func runOverload(ctx context.Context, e *env, sum *Summary) error {
 		fmt.Fprintf(e.out, "overload: finding the acquire rate this deployment carries (the ramp; --carried-rate skips it)\n")
 		ramp := e.serviceRamp(ctx, sum)
 		r.CarriedRate, r.CarriedFrom = ramp.MaxAcquireRate, "ramp"
+		if ramp.StoppedBy == rampMaxReached {
+			r.Note = fmt.Sprintf("the ramp reached --ramp-max (%.0f/s) without missing: the deployment carries more, and the overload is less than %.1f x", c.rampMax, r.Factor)
+		}
 		if r.CarriedRate == 0 {
 			if ctx.Err() != nil {
 				return nil
@@ -158,20 +164,33 @@ func printOverload(w io.Writer, r *OverloadResult) {
 		fmt.Fprintf(w, "%-8s errors: %s\n", "", errorsByOp(f.Errors))
 	}
 	if r.ServiceShed != nil {
-		fmt.Fprintf(w, "service shed unprocessed in the overload phase: %v\n", r.ServiceShed)
+		fmt.Fprintf(w, "service shed unprocessed in the overload phase: %s\n", countsText(r.ServiceShed))
+	}
+	if r.Note != "" {
+		fmt.Fprintf(w, "note: %s\n", r.Note)
 	}
 	fmt.Fprintf(w, "no lease lost and renew p99 within its budget under overload: %s\n", verdict)
+}
+
+// countsText formats counts by name, leaving out zeros, or "none".
+func countsText(m map[string]int64) string {
+	var parts []string
+	for _, k := range sortedKeys(m, strings.Compare) {
+		if m[k] != 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // errorsByOp formats counts by operation and code, or "none".
 func errorsByOp(m map[string]map[string]int64) string {
 	var parts []string
 	for _, op := range sortedKeys(m, load.OpOrder) {
-		var codes []string
-		for _, code := range sortedKeys(m[op], strings.Compare) {
-			codes = append(codes, fmt.Sprintf("%s %d", code, m[op][code]))
-		}
-		parts = append(parts, op+" ("+strings.Join(codes, ", ")+")")
+		parts = append(parts, op+" ("+countsText(m[op])+")")
 	}
 	if len(parts) == 0 {
 		return "none"

@@ -121,6 +121,9 @@ func TestOverload(t *testing.T) {
 		f.AcquiresGranted+acq.Errors != acq.Count || f.AcquireP99 != acq.P99 || f.LeasesLost != f.LostAnswered+f.LostExpired {
 		t.Fatalf("overload figures %+v from renewals %+v and acquires %+v", f, ren, acq)
 	}
+	if (sum.Ramp.StoppedBy == rampMaxReached) != (o.Note != "") {
+		t.Fatalf("ramp stopped by %q, note %q", sum.Ramp.StoppedBy, o.Note)
+	}
 	if o.Design.Renewals == 0 || o.Design.Acquires == 0 {
 		t.Fatalf("design figures %+v", o.Design)
 	}

@@ -187,6 +187,9 @@ func judge(ph *phase, target float64, p99Target time.Duration) RampStep {
 	return st
 }
 
+// rampMaxReached is a ramp's StoppedBy when no step missed.
+const rampMaxReached = "ramp-max reached"
+
 // ramp raises the acquire rate step by step until a step misses the p99
 // target, shows errors or cannot be sustained. Each step is the flags'
 // workload scaled by rate/--acquire-rate: renewals, releases and the
@@ -201,7 +204,7 @@ func (e *env) ramp(ctx context.Context, sum *Summary, wl *load.Workload, kind st
 		leaseRatio = float64(c.leases) / c.acquireRate
 	}
 	leasesAt := func(rate float64) int { return min(int(leaseRatio*rate), c.resources/2) }
-	res := &RampResult{Target: wl.Backend().Name(), P99TargetMs: float64(c.p99Target) / float64(time.Millisecond), StoppedBy: "ramp-max reached",
+	res := &RampResult{Target: wl.Backend().Name(), P99TargetMs: float64(c.p99Target) / float64(time.Millisecond), StoppedBy: rampMaxReached,
 		Mix: fmt.Sprintf("per acquire/s: %.2f renewals/s, %.2f releases/s, %.0f leases held; %d resources", mix.Renew, mix.Release, leaseRatio, c.resources)}
 	e.warm(ctx, sum, wl, kind+" warm-up", leasesAt(c.rampStart))
 	for rate := c.rampStart; rate <= c.rampMax+1e-9 && ctx.Err() == nil; rate += c.rampStep {
