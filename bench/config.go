@@ -196,7 +196,7 @@ func (c *config) finishModes() error {
 	check(!own && (c.scenario == "degraded" || c.scenario == "failover" && c.failoverMode == "kill"),
 		"%s stops nodes: it needs the bench's own cluster (failover also runs with --failover-mode stepdown)", c.scenario)
 	check(c.failoverMode != "kill" && c.failoverMode != "stepdown", "--failover-mode %q: want kill or stepdown", c.failoverMode)
-	check(!own && c.scenario == "noisy", "noisy floods as a tenant of the bench's own cluster's accounts: it needs no --server")
+	check(c.scenario == "noisy" && (!own || !c.auth), "noisy floods as a tenant of the bench's own cluster's accounts: it needs no --server and --auth")
 	check(c.carriedRate < 0 || c.overloadFactor <= 0 || c.floodRate <= 0, "--carried-rate must not be negative, --overload-factor and --flood-rate must be positive")
 	if _, err := c.tune.rates(); err != nil {
 		errs = append(errs, err)

@@ -121,13 +121,13 @@ func runOverload(ctx context.Context, e *env, sum *Summary) error {
 
 	design := e.designRates()
 	fmt.Fprintf(e.out, "overload: the design load (%s) for %v\n", design, c.duration)
-	var ph *phase
-	ph, r.Design = e.lossPhase(ctx, sum, wl, "design", design, nil)
+	_, r.Design = e.lossPhase(ctx, sum, wl, "design", design, nil)
 	r.Leases = wl.Held()
 	over := load.Rates{Acquire: r.AcquireRate, Renew: design.Renew, Release: r.AcquireRate * c.releaseRate / max(c.acquireRate, 1)}
 	fmt.Fprintf(e.out, "overload: %s (%.1f x the carried %.0f acquires/s) for %v, %d leases renewing\n",
 		over, r.Factor, r.CarriedRate, c.duration, r.Leases)
-	ph, r.Overload = e.lossPhase(ctx, sum, wl, "overload", over, nil)
+	ph, overload := e.lossPhase(ctx, sum, wl, "overload", over, nil)
+	r.Overload = overload
 	e.cleanup(ctx, wl)
 	r.ServiceShed = ph.ServiceShed
 	r.Met = r.Overload.LeasesLost == 0 && r.Overload.Renewals > 0 && r.Overload.RenewP99 <= r.RenewBudgetMs

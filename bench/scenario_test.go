@@ -137,13 +137,15 @@ func TestOverload(t *testing.T) {
 }
 
 // --carried-rate (given, the scenario runs no ramp) must not be negative,
-// --overload-factor and --flood-rate positive.
+// --overload-factor and --flood-rate positive; noisy needs the bench's own
+// cluster with its accounts.
 func TestOverloadFlags(t *testing.T) {
 	cfg, err := parseFlags([]string{"--scenario", "overload", "--carried-rate", "700", "--overload-factor", "2.5"})
 	if err != nil || cfg.carriedRate != 700 || cfg.overloadFactor != 2.5 {
 		t.Fatalf("flags: %+v, %v", cfg, err)
 	}
-	for _, bad := range [][]string{{"--carried-rate", "-1"}, {"--overload-factor", "0"}, {"--flood-rate", "0"}} {
+	for _, bad := range [][]string{{"--carried-rate", "-1"}, {"--overload-factor", "0"}, {"--flood-rate", "0"},
+		{"--scenario", "noisy", "--auth=false"}, {"--scenario", "noisy", "--server", "nats://a:4222"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
