@@ -26,6 +26,18 @@ import (
 // leader (not a direct get, which a lagging replica may answer).
 func leaseRecord(t *testing.T, env *testenv.Env, resource string) (*streams.Record, uint64) {
 	t.Helper()
+	m := lastWrite(t, env, resource)
+	rec, err := streams.ParseLease(m.Data, m.Sequence)
+	if err != nil {
+		t.Fatalf("record of %s at %d: %v (%q)", resource, m.Sequence, err, m.Data)
+	}
+	return rec, m.Sequence
+}
+
+// lastWrite reads the last write of resource's lease key from the stream
+// leader, as an inspector.
+func lastWrite(t *testing.T, env *testenv.Env, resource string) *jetstream.RawStreamMsg {
+	t.Helper()
 	js, err := jetstream.New(env.ConnectAs(devcluster.Inspector))
 	if err != nil {
 		t.Fatal(err)
@@ -38,11 +50,7 @@ func leaseRecord(t *testing.T, env *testenv.Env, resource string) (*streams.Reco
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := streams.ParseLease(m.Data, m.Sequence)
-	if err != nil {
-		t.Fatalf("record of %s at %d: %v (%q)", resource, m.Sequence, err, m.Data)
-	}
-	return rec, m.Sequence
+	return m
 }
 
 // A reply subject is the caller's choice: a request whose reply subject

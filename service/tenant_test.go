@@ -1,7 +1,6 @@
 package service_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
@@ -172,18 +170,7 @@ func TestRevokeNeedsAStampedOperator(t *testing.T) {
 // endMark reads the delete marker that ended resource's last lease.
 func endMark(t *testing.T, env *testenv.Env, resource string) *streams.EndMark {
 	t.Helper()
-	js, err := jetstream.New(env.ConnectAs(devcluster.Inspector))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.Stream(context.Background(), streams.StreamName(streams.DefaultBucket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := st.GetLastMsgForSubject(context.Background(), streams.SubjectPrefix(streams.DefaultBucket)+streams.LeaseKey(resource))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := lastWrite(t, env, resource)
 	mark := streams.DecodeEndMark(m.Data)
 	if mark == nil {
 		t.Fatalf("last write of %s is no end mark: %q", resource, m.Data)
