@@ -180,60 +180,10 @@ func (r *runCmd) grace(lease *client.Lease) (time.Duration, error) {
 
 // acquire takes the lease, giving up on the first signal.
 func (r *runCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*client.Lease, error) {
-	owner := r.Owner
-	if owner == "" {
-		host, _ := os.Hostname()
-		owner = host + ":" + strconv.Itoa(os.Getpid())
-		if streams.ValidateOwner(owner) != nil {
-			owner = ""
-		}
-	}
-	opts := []client.AcquireOption{client.Owner(owner)}
-	if r.TTL > 0 {
-		opts = append(opts, client.TTL(r.TTL))
-	}
-	if r.MaxHold > 0 {
-		opts = append(opts, client.MaxHold(r.MaxHold))
-	}
-	if r.RequestID != "" {
-		opts = append(opts, client.RequestID(r.RequestID))
-	}
 	ctx, cancel := context.WithTimeout(s.ctx, r.Wait+4*g.Timeout)
 	defer cancel()
-	caught := make(chan os.Signal, 1)
-	stop, watcher := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watcher)
-		select {
-		case sig := <-sigs:
-			caught <- sig
-			cancel()
-		case <-stop:
-		}
-	}()
-	var lease *client.Lease
-	var err error
-	if r.Wait > 0 {
-		lease, err = s.c.Acquire(ctx, r.Resource, append(opts, client.Wait(r.Wait))...)
-	} else {
-		lease, err = s.c.TryAcquire(ctx, r.Resource, opts...)
-	}
-	close(stop)
-	<-watcher
-	select {
-	case sig := <-caught:
-		if lease != nil {
-			rctx, rcancel := context.WithTimeout(context.Background(), 2*g.Timeout)
-			defer rcancel()
-			_ = lease.Release(rctx)
-		}
-		return nil, kindf(signalExit(sig), codeInterrupted, "%s while acquiring %s; nothing started", signalName(sig), r.Resource)
-	default:
-	}
-	if err != nil {
-		return nil, s.fail(err)
-	}
-	return lease, nil
+	spec := acquireSpec{resource: r.Resource, owner: r.Owner, requestID: r.RequestID, ttl: r.TTL, maxHold: r.MaxHold, wait: r.Wait}
+	return spec.take(ctx, cancel, s, sigs, 2*g.Timeout, "nothing started")
 }
 
 // supervise runs the command under its guard while the lease lasts, and

@@ -109,22 +109,37 @@ var interruptSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP
 // the next release, and everyone else refused until its wait record
 // lapsed.
 func (a *acquireCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*client.Lease, error) {
-	owner := a.Owner
+	ctx, cancel := s.opCtx(g, a.Wait)
+	defer cancel()
+	spec := acquireSpec{resource: a.Resource, owner: a.Owner, requestID: a.RequestID, ttl: a.TTL, maxHold: a.MaxHold, wait: a.Wait}
+	return spec.take(ctx, cancel, s, sigs, g.Timeout, "the request was cancelled")
+}
+
+// acquireSpec is what an acquire asks for, from acquire's or run's flags.
+type acquireSpec struct {
+	resource, owner, requestID string
+	ttl, maxHold, wait         time.Duration
+}
+
+// take acquires the lease within ctx, giving up on the first signal from
+// sigs: that cancels ctx, and the client then sends cancel for the request
+// before Acquire returns; a lease granted meanwhile is released within
+// releaseTimeout. The interrupted error says after what happened.
+func (spec acquireSpec) take(ctx context.Context, cancel context.CancelFunc, s *session, sigs <-chan os.Signal, releaseTimeout time.Duration, after string) (*client.Lease, error) {
+	owner := spec.owner
 	if owner == "" {
 		owner = defaultOwner()
 	}
 	opts := []client.AcquireOption{client.Owner(owner)}
-	if a.TTL > 0 {
-		opts = append(opts, client.TTL(a.TTL))
+	if spec.ttl > 0 {
+		opts = append(opts, client.TTL(spec.ttl))
 	}
-	if a.MaxHold > 0 {
-		opts = append(opts, client.MaxHold(a.MaxHold))
+	if spec.maxHold > 0 {
+		opts = append(opts, client.MaxHold(spec.maxHold))
 	}
-	if a.RequestID != "" {
-		opts = append(opts, client.RequestID(a.RequestID))
+	if spec.requestID != "" {
+		opts = append(opts, client.RequestID(spec.requestID))
 	}
-	ctx, cancel := s.opCtx(g, a.Wait)
-	defer cancel()
 	caught := make(chan os.Signal, 1)
 	stop, watcher := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -138,21 +153,21 @@ func (a *acquireCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*cl
 	}()
 	var lease *client.Lease
 	var err error
-	if a.Wait > 0 {
-		lease, err = s.c.Acquire(ctx, a.Resource, append(opts, client.Wait(a.Wait))...)
+	if spec.wait > 0 {
+		lease, err = s.c.Acquire(ctx, spec.resource, append(opts, client.Wait(spec.wait))...)
 	} else {
-		lease, err = s.c.TryAcquire(ctx, a.Resource, opts...)
+		lease, err = s.c.TryAcquire(ctx, spec.resource, opts...)
 	}
 	close(stop)
 	<-watcher
 	select {
 	case sig := <-caught:
 		if lease != nil {
-			rctx, rcancel := context.WithTimeout(context.Background(), g.Timeout)
+			rctx, rcancel := context.WithTimeout(context.Background(), releaseTimeout)
 			defer rcancel()
 			_ = lease.Release(rctx)
 		}
-		return nil, kindf(signalExit(sig), codeInterrupted, "%s while acquiring %s; the request was cancelled", signalName(sig), a.Resource)
+		return nil, kindf(signalExit(sig), codeInterrupted, "%s while acquiring %s; %s", signalName(sig), spec.resource, after)
 	default:
 	}
 	if err != nil {
