@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -378,10 +379,17 @@ const requestInfoHeader = "Nats-Request-Info"
 // header is the server's word, not the caller's). Within the service's own
 // account nothing is stamped: there only the service's users may publish
 // requests (see deploy/).
+//
+// A connection's header is the same on each of its requests (until the
+// server updates its round-trip time), so the origins of the last headers
+// seen are kept (origins) rather than decoded on every request.
 func (s *Service) requestOrigin(h micro.Headers) origin {
 	info := nats.Header(h).Get(requestInfoHeader)
 	if info == "" {
 		return origin{}
+	}
+	if o, ok := s.origins.get(info); ok {
+		return o
 	}
 	var ci struct {
 		Account string `json:"acc"`
@@ -392,7 +400,34 @@ func (s *Service) requestOrigin(h micro.Headers) origin {
 	}
 	o := origin{account: ci.Account, user: ci.User}
 	o.operator = s.isOperator(o)
+	s.origins.put(info, o)
 	return o
+}
+
+// originCache maps Nats-Request-Info headers to what they say. It holds at
+// most maxOrigins headers: when full it starts again empty, so a flood of
+// new connections costs decoding, never memory.
+type originCache struct {
+	mu sync.RWMutex
+	m  map[string]origin
+}
+
+const maxOrigins = 4096
+
+func (c *originCache) get(info string) (origin, bool) {
+	c.mu.RLock()
+	o, ok := c.m[info]
+	c.mu.RUnlock()
+	return o, ok
+}
+
+func (c *originCache) put(info string, o origin) {
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= maxOrigins {
+		c.m = make(map[string]origin)
+	}
+	c.m[info] = o
+	c.mu.Unlock()
 }
 
 // isOperator reports whether o is on the operator list.

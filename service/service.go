@@ -55,6 +55,7 @@ type Service struct {
 	wakes      *wakes
 	gate       *gate
 	limits     *limits
+	origins    originCache
 	deadlines  *deadlines
 	workers    *workers
 	inflight   sync.WaitGroup
