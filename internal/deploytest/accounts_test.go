@@ -282,11 +282,13 @@ func TestAccountSetup(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer x.Release(ctx)
+		// The grant's revision, read before the renewal is sent: read
+		// after it, it could already be the renewal's.
+		_, xSeq := leaseRecord(t, ctx, inspector, "x")
 		body, _ := json.Marshal(streams.RenewRequest{Resource: "x", LeaseID: x.ID()})
 		if err := orders.PublishRequest(streams.Subject(streams.DefaultPrefix, streams.OpRenew), onVictim, body); err != nil {
 			t.Fatal(err)
 		}
-		_, xSeq := leaseRecord(t, ctx, inspector, "x")
 		testenv.Eventually(t, 5*time.Second, func() bool {
 			_, s := leaseRecord(t, ctx, inspector, "x")
 			return s != xSeq
