@@ -169,10 +169,10 @@ type conn struct {
 // inboxes are the inbox prefixes of each role: the service's users have
 // theirs, each caller its own (accounts.conf).
 var inboxes = map[string]string{
-	"service":  streams.ServiceInboxPrefix,
-	"store":    streams.StoreInboxPrefix,
-	"orders":   "_INBOX_orders",
-	"billing":  "_INBOX_billing",
+	"service":   streams.ServiceInboxPrefix,
+	"store":     streams.StoreInboxPrefix,
+	"orders":    "_INBOX_orders",
+	"billing":   "_INBOX_billing",
 	"operator":  "_INBOX",
 	"inspector": "_INBOX",
 }
