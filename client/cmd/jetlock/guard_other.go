@@ -12,6 +12,9 @@ import (
 // command is killed on any of them.
 var forwardedSignals = []os.Signal{os.Interrupt}
 
+// guardCommand is false: the guard runs inside jetlock on this platform.
+func guardCommand([]string) (int, bool) { return 0, false }
+
 // startGuarded runs the guard inside jetlock, as a goroutine, over the
 // same pipes as on Unix: this platform has no process groups to hand to a
 // guard process, so the command is a child of jetlock and dies alone, and

@@ -22,12 +22,15 @@ import (
 // nanoseconds (jetlock moves it over the pipe from then on).
 const guardArg = "__jetlock_guard"
 
-// The guard is jetlock re-executed. It is recognized before main parses
-// any flag, so that it starts fast and shares nothing with the commands.
-func init() {
-	if len(os.Args) > 1 && os.Args[1] == guardArg {
-		os.Exit(guardMain(os.Args[2:]))
+// guardCommand runs the guard when args (jetlock's, less its name) ask
+// for it, and returns its exit code and true. The guard is jetlock
+// re-executed; main asks before it parses any flag, so that the guard
+// starts fast and shares nothing with the commands.
+func guardCommand(args []string) (int, bool) {
+	if len(args) == 0 || args[0] != guardArg {
+		return 0, false
 	}
+	return guardMain(args[1:]), true
 }
 
 // forwardedSignals reach `jetlock run` and are passed on to the command's

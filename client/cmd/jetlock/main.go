@@ -77,6 +77,9 @@ Examples:
 Every command has --help with an example.`
 
 func main() {
+	if code, ok := guardCommand(os.Args[1:]); ok {
+		os.Exit(code)
+	}
 	os.Exit(realMain(os.Args[1:]))
 }
 
