@@ -106,3 +106,28 @@ func TestTimeFormatMatchesTimePackage(t *testing.T) {
 		check(s)
 	}
 }
+
+// A waiter record is read in its own form, and in the lease record's form
+// that releases before Waiter wrote; either way the service holds it as a
+// Record with the ticket as Token and the liveness window as TTLms.
+func TestParseWaiterBothForms(t *testing.T) {
+	const root = "jetlock.wake."
+	w := &streams.Waiter{Owner: "o", Tenant: "CALLERS/caller", RequestID: "r1", Ticket: 7, QueuedAt: "2026-12-03T08:00:00.000Z",
+		LivenessMs: 6000, RefreshedAt: "2026-12-03T08:00:02.000Z", ExpiresAt: "2026-12-03T08:00:08.000Z", Wake: root + "i.h", LeaseTTLms: 30000}
+	old := `{"owner":"o","request_id":"r1","ttl_ms":6000,"token":7,"granted_at":"2026-12-03T08:00:00.000Z","renewed_at":"2026-12-03T08:00:02.000Z","expires_at":"2026-12-03T08:00:08.000Z","wake":"jetlock.wake.i.h","lease_ttl_ms":30000}`
+	for name, body := range map[string][]byte{"own form": w.AppendJSON(nil), "lease form": []byte(old)} {
+		r, err := streams.ParseWaiter(body, 9, root)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if r.Token != 7 || r.TTLms != 6000 || r.GrantedAt != w.QueuedAt || r.RenewedAt != w.RefreshedAt || r.Wake != w.Wake || r.LeaseTTLms != 30000 || r.RequestID != "r1" {
+			t.Errorf("%s: %+v", name, r)
+		}
+	}
+	if !strings.Contains(string(w.AppendJSON(nil)), `"ticket":7,"queued_at":`) {
+		t.Errorf("own form %s", w.AppendJSON(nil))
+	}
+	if _, err := streams.ParseWaiter([]byte(`{"request_id":"r1","ticket":1,"wake":"jetlock.wake.i.h"}`), 9, root); err == nil {
+		t.Error("a waiter without a liveness window was read")
+	}
+}
