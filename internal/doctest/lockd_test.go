@@ -12,11 +12,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/internal/testenv"
 )
 
 // natsCLI is the nats CLI the test installs when none is on PATH: the
@@ -191,20 +191,5 @@ func tryLockd(t *testing.T, tl *tools) (*lockd, error) {
 	return l, nil
 }
 
-// syncBuffer is a buffer that a process writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is what a process writes while the test reads it.
+type syncBuffer = testenv.SyncBuffer

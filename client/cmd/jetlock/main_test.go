@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/client/fence"
 	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
 )
@@ -144,22 +144,8 @@ type proc struct {
 	res            result
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is what a process writes while the test reads it.
+type syncBuffer = testenv.SyncBuffer
 
 // start runs jetlock with args as a caller (no credentials) and env
 // added to the environment.
