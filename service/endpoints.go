@@ -80,6 +80,14 @@ func (s *Service) dispatch(op string, r micro.Request) {
 	s.dispatched.Add(1)
 	s.inflight.Add(1)
 	req := request{op: op, r: r, who: s.requestOrigin(r.Headers())}
+	if n := len(req.who.tenant()); n > streams.MaxTenantLen {
+		// Records carry the tenant, and a record with a longer one would
+		// read as foreign: nobody's lease, its key blocked.
+		s.inflight.Done()
+		s.replyError(r, newOpError(streams.CodeInvalidRequest, "the sender's account and user name take %d bytes: at most %d", n, streams.MaxTenantLen))
+		s.report.request(op, streams.CodeInvalidRequest, time.Since(received))
+		return
+	}
 	urgent, due := s.urgency(&req)
 	s.gate.enter(pending{
 		at:     received,

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/jetlock/jetlock/streams"
 )
@@ -170,5 +172,42 @@ func TestKeyLocksBoundWaitingAndRespectDeadlines(t *testing.T) {
 		if err := <-waiting; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// stampedRequest is a request as micro hands it over, with the header the
+// NATS server stamps and a reply subject.
+type stampedRequest struct {
+	testRequest
+	info, reply string
+}
+
+func (r stampedRequest) Headers() micro.Headers {
+	return micro.Headers{requestInfoHeader: []string{r.info}}
+}
+func (r stampedRequest) Reply() string { return r.reply }
+
+// A sender whose account and user names are longer than a record may hold
+// is refused before any work: a record with that tenant would read as
+// foreign, nobody's lease, and block its key.
+func TestOverlongTenantIsRefused(t *testing.T) {
+	cl := startCluster(t)
+	s, _ := startInstance(t, cl, DefaultConfig(), 0)
+	sub, err := s.nc.SubscribeSync(streams.ServiceInboxPrefix + ".long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(streams.AcquireRequest{Resource: "long/1", RequestID: "r1"})
+	info := fmt.Sprintf(`{"acc":"CALLERS","user":%q}`, strings.Repeat("u", streams.MaxTenantLen))
+	s.dispatch(streams.OpAcquire, stampedRequest{testRequest: testRequest{data: data}, info: info, reply: sub.Subject})
+	m, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := m.Header.Get(micro.ErrorCodeHeader); code != "400" || !strings.Contains(string(m.Data), "at most 512") {
+		t.Fatalf("acquire of an overlong tenant: %s %s", code, m.Data)
+	}
+	if o, ok := s.tracker.get(streams.LeaseKey("long/1")); ok && o.held() {
+		t.Fatal("an acquire of an overlong tenant was granted")
 	}
 }

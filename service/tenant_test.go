@@ -162,8 +162,8 @@ func TestRevokeNeedsAStampedOperator(t *testing.T) {
 	if mark.Why != streams.EndRevoke || mark.Reason != "stuck job" || mark.RequestID != "h" {
 		t.Fatalf("end mark %+v, want why revoke, the reason and the request", mark)
 	}
-	if n := testenv.Metric(t, reg, "jetlock_requests_total", map[string]string{"op": "admin.revoke", "code": "forbidden"}); n < 1 {
-		t.Logf("jetlock_requests_total{op=admin.revoke,code=forbidden} = %v", n)
+	if n := testenv.Metric(t, reg, "jetlock_requests_total", map[string]string{"op": "admin.revoke", "code": "forbidden"}); n != 1 {
+		t.Errorf("jetlock_requests_total{op=admin.revoke,code=forbidden} = %v, want 1", n)
 	}
 }
 
