@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/conf"
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/jetlock/jetlock/internal/testca"
@@ -52,6 +53,7 @@ func TestServerConfigsParse(t *testing.T) {
 			o := parse(t, filepath.Join(d, s.name+".conf"))
 			checkServer(t, o, s.name, s.zone)
 			checkAccounts(t, o, ks)
+			checkRequestSubjects(t, filepath.Join(d, s.name+".conf"))
 		})
 	}
 	// A server without an identity in its environment does not start.
@@ -138,6 +140,11 @@ func checkAccounts(t *testing.T, o *server.Options, ks keys) {
 				t.Errorf("caller %s may publish %q", role, s)
 			}
 		}
+		for _, op := range streams.Operations {
+			if subj := streams.Subject(streams.DefaultPrefix, op); !isAdmin(op) && !slices.Contains(pubAllow(role), subj) {
+				t.Errorf("caller %s may not publish %s", role, subj)
+			}
+		}
 		if want := []string{"_INBOX_" + role + ".>"}; !slices.Equal(subAllow(role), want) {
 			t.Errorf("caller %s may subscribe %v, want %v", role, subAllow(role), want)
 		}
@@ -187,5 +194,83 @@ func checkAccounts(t *testing.T, o *server.Options, ks keys) {
 	}
 	if want := []string{"jetlock.v1.>"}; !slices.Equal(pubAllow("operator"), want) {
 		t.Errorf("the operator may publish %v, want %v (through the imports)", pubAllow("operator"), want)
+	}
+}
+
+// isAdmin reports whether op is kept to operators (it lies under "admin.").
+func isAdmin(op string) bool { return strings.HasPrefix(op, "admin.") }
+
+// checkRequestSubjects checks the exports and imports of every operation of
+// the contract as the configuration file writes them (nats-server keeps
+// both where a test cannot read them): account JETLOCK exports each to
+// CALLERS and OPERATORS (admin operations to OPERATORS only), and CALLERS
+// (all but admin) and OPERATORS (all) import each with share: true, so
+// that the server stamps the sender's identity (Nats-Request-Info) on
+// every request, which the service authorises, audits and rate-limits by.
+func checkRequestSubjects(t *testing.T, file string) {
+	t.Helper()
+	top, err := conf.ParseFile(file)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	accounts, _ := top["accounts"].(map[string]any)
+	list := func(account, key string) []map[string]any {
+		a, _ := accounts[account].(map[string]any)
+		items, _ := a[key].([]any)
+		var out []map[string]any
+		for _, it := range items {
+			if m, ok := it.(map[string]any); ok {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	strs := func(v any) []string {
+		items, _ := v.([]any)
+		var out []string
+		for _, it := range items {
+			s, _ := it.(string)
+			out = append(out, s)
+		}
+		return out
+	}
+	exports := map[string][]string{}
+	for _, e := range list("JETLOCK", "exports") {
+		if subj, ok := e["service"].(string); ok {
+			exports[subj] = strs(e["accounts"])
+		}
+	}
+	imported := func(account, subj string) (found, shared bool) {
+		for _, i := range list(account, "imports") {
+			svc, _ := i["service"].(map[string]any)
+			if svc["account"] == "JETLOCK" && svc["subject"] == subj {
+				shared, _ := i["share"].(bool)
+				return true, shared
+			}
+		}
+		return false, false
+	}
+	for _, op := range streams.Operations {
+		subj := streams.Subject(streams.DefaultPrefix, op)
+		want := []string{"CALLERS", "OPERATORS"}
+		if isAdmin(op) {
+			want = []string{"OPERATORS"}
+		}
+		if got, ok := exports[subj]; !ok || !slices.Equal(got, want) {
+			t.Errorf("%s exported to %v (exported: %v), want %v", subj, got, ok, want)
+		}
+		for _, account := range []string{"CALLERS", "OPERATORS"} {
+			found, shared := imported(account, subj)
+			switch {
+			case account == "CALLERS" && isAdmin(op):
+				if found {
+					t.Errorf("%s imports %s", account, subj)
+				}
+			case !found:
+				t.Errorf("%s does not import %s", account, subj)
+			case !shared:
+				t.Errorf("%s imports %s without share: true (no Nats-Request-Info)", account, subj)
+			}
+		}
 	}
 }

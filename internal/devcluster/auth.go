@@ -131,8 +131,9 @@ func randomPassword() string {
 	return hex.EncodeToString(b[:])
 }
 
-// callerOps are the operations callers may request through the import.
-var callerOps = []string{"acquire", "renew", "release", "cancel", "status", "list"}
+// adminOp reports whether op is kept to operators: the operations under
+// "admin." (streams.OpRevoke), exported to OperatorsAccount alone.
+func adminOp(op string) bool { return strings.HasPrefix(op, "admin.") }
 
 // authConfig renders the accounts section of a node's configuration for
 // the request subjects under prefix.
@@ -144,26 +145,30 @@ func authConfig(prefix string, creds credentials) string {
 		}
 		return "[" + strings.Join(out, ", ") + "]"
 	}
+	// Every operation of the contract (sessions included) is exported and
+	// imported with share: true, so that the server stamps the sender on
+	// each request; callers import all but admin's, operators all.
 	var exports, imports, callerPub, opImports, opPub []string
-	for _, op := range callerOps {
-		subj := prefix + ".v1." + op
+	for _, op := range streams.Operations {
+		subj := streams.Subject(prefix, op)
+		imp := fmt.Sprintf("{service: {account: %s, subject: %q}, share: true}", Account, subj)
+		opImports = append(opImports, imp)
+		opPub = append(opPub, subj)
+		if adminOp(op) {
+			exports = append(exports, fmt.Sprintf("{service: %q, accounts: [%s]}", subj, OperatorsAccount))
+			continue
+		}
 		// The server forgets an import's reply route after its response
 		// threshold (2 minutes by default); a waiting acquire answers
 		// after up to MaxWait (5 minutes) plus its request budget.
 		threshold := ""
-		if op == "acquire" {
+		if op == streams.OpAcquire {
 			threshold = `, response_threshold: "6m"`
 		}
 		exports = append(exports, fmt.Sprintf("{service: %q%s}", subj, threshold))
-		imports = append(imports, fmt.Sprintf("{service: {account: %s, subject: %q}, share: true}", Account, subj))
+		imports = append(imports, imp)
 		callerPub = append(callerPub, subj)
 	}
-	// The operators import every operation, admin.revoke too, which is
-	// exported to them alone.
-	revoke := prefix + ".v1.admin.revoke"
-	exports = append(exports, fmt.Sprintf("{service: %q, accounts: [%s]}", revoke, OperatorsAccount))
-	opImports = append(append(opImports, imports...), fmt.Sprintf("{service: {account: %s, subject: %q}, share: true}", Account, revoke))
-	opPub = append(append(opPub, callerPub...), revoke)
 	readOnlyJS := []string{
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
 		"$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>",

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/streams"
 )
 
 // TestMain lets the test binary serve as a node, as StartProcs re-executes
@@ -52,14 +53,17 @@ func connect(t *testing.T, url string, opts ...nats.Option) *nats.Conn {
 }
 
 // The node processes run the accounts of auth.go: a caller without
-// credentials reaches the service's request subjects through the import,
-// and nothing of JetStream; the store user places an R3 stream with one
-// replica per zone.
+// credentials reaches every request subject but admin's through the
+// import, an operator every one, each request stamped with the sender's
+// identity (Nats-Request-Info), and nothing of JetStream; the store user
+// places an R3 stream with one replica per zone.
 func TestProcClusterRunsTheLeastPrivilegeModel(t *testing.T) {
 	c := startProcs(t, devcluster.ProcOptions{})
 	svc := connect(t, c.URLs(), c.ConnectOptions(devcluster.Service)...)
-	if _, err := svc.QueueSubscribe("jetlock.v1.status", "jetlock", func(m *nats.Msg) {
-		_ = m.Respond([]byte(`{"held":false}`))
+	// The stand-in service answers with the subject and whether the
+	// server stamped the request.
+	if _, err := svc.QueueSubscribe(streams.DefaultPrefix+"."+streams.APIVersion+".>", streams.QueueGroup, func(m *nats.Msg) {
+		_ = m.Respond([]byte(fmt.Sprintf("%s %t", m.Subject, m.Header.Get("Nats-Request-Info") != "")))
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -68,9 +72,26 @@ func TestProcClusterRunsTheLeastPrivilegeModel(t *testing.T) {
 	}
 	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 	caller := connect(t, c.URLs(), append(c.ConnectOptions(devcluster.Caller), quiet)...)
-	reply, err := caller.Request("jetlock.v1.status", []byte(`{"resource":"r"}`), 5*time.Second)
-	if err != nil || string(reply.Data) != `{"held":false}` {
-		t.Fatalf("caller through the import: %v %v", reply, err)
+	operator := connect(t, c.URLs(), append(c.ConnectOptions(devcluster.Operator), quiet)...)
+	for _, op := range streams.Operations {
+		subj := streams.Subject(streams.DefaultPrefix, op)
+		for _, who := range []struct {
+			name string
+			nc   *nats.Conn
+		}{{"caller", caller}, {"operator", operator}} {
+			if who.name == "caller" && strings.HasPrefix(op, "admin.") {
+				if reply, err := who.nc.Request(subj, []byte(`{}`), time.Second); err == nil {
+					t.Errorf("a caller reached %s: %q", subj, reply.Data)
+				}
+				continue
+			}
+			reply, err := who.nc.Request(subj, []byte(`{}`), 5*time.Second)
+			if err != nil {
+				t.Errorf("%s through the import: %s: %v", who.name, subj, err)
+			} else if want := subj + " true"; string(reply.Data) != want {
+				t.Errorf("%s through the import: %s: the service saw %q, want %q (stamped)", who.name, subj, reply.Data, want)
+			}
+		}
 	}
 	if _, err := caller.Request("$JS.API.INFO", nil, time.Second); err == nil {
 		t.Fatal("a caller reached the JetStream API")
