@@ -80,6 +80,11 @@ type Config struct {
 	// instance knows them; beyond it acquire answers too_many_waiters.
 	// Zero means no cap. The default is 0.
 	MaxLeasesPerTenant int
+	// MaxPerSession caps the leases and waits of one session together,
+	// and MaxSessionsPerTenant the sessions one tenant keeps open, as this
+	// instance knows them; beyond them acquire (or session.open) answers
+	// too_many_waiters. The defaults are 10000 and 10000.
+	MaxPerSession, MaxSessionsPerTenant int
 	// MaxWaiting caps the waiting acquires one instance serves at once
 	// (waits do not count toward MaxInFlight); keep MaxWaitersPerTenant
 	// well below it, so that no one tenant can take every place. The
@@ -198,6 +203,8 @@ func DefaultConfig() Config {
 		Reservation:           2 * time.Second,
 		MaxWaitersPerResource: 1000,
 		MaxWaitersPerTenant:   1000,
+		MaxPerSession:         10000,
+		MaxSessionsPerTenant:  10000,
 		MaxWaiting:            10000,
 		MaxPerKey:             64,
 		Operators:             []string{"OPERATORS"},
@@ -246,6 +253,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerTenant < 1 || c.MaxWaiting < 1 || c.MaxPerKey < 1 {
 		return bad("waiter caps and max per key must be at least 1")
+	}
+	if c.MaxPerSession < 1 || c.MaxSessionsPerTenant < 1 {
+		return bad("max leases and waits per session (%d) and sessions per tenant (%d) must be at least 1", c.MaxPerSession, c.MaxSessionsPerTenant)
 	}
 	if c.MaxLeasesPerTenant < 0 {
 		return bad("max leases per tenant %d is negative", c.MaxLeasesPerTenant)

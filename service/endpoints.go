@@ -135,12 +135,13 @@ func (s *Service) dispatch(op string, r micro.Request) {
 // early (to rank it by its lease's expiry) and whether the lease it names
 // is current as this instance knows it.
 type request struct {
-	op      string
-	r       micro.Request
-	who     origin
-	renew   *streams.RenewRequest
-	release *streams.ReleaseRequest
-	known   bool
+	op        string
+	r         micro.Request
+	who       origin
+	renew     *streams.RenewRequest
+	release   *streams.ReleaseRequest
+	keepalive *streams.SessionKeepaliveRequest
+	known     bool
 }
 
 // urgency ranks a request for the gate: a renewal or release of a lease
@@ -167,6 +168,19 @@ func (s *Service) urgency(req *request) (bool, time.Time) {
 			return false, time.Time{}
 		}
 		resource, leaseID = req.release.Resource, req.release.LeaseID
+	case streams.OpSessionKeepalive:
+		req.keepalive = new(streams.SessionKeepaliveRequest)
+		if decode(req.r.Data(), req.keepalive) != nil {
+			req.keepalive = nil
+			return false, time.Time{}
+		}
+		hash, secret, _ := streams.SplitSessionID(req.keepalive.SessionID)
+		o, ok := s.tracker.get(streams.SessionKey(hash))
+		if !ok || !holds(o, secret, req.who) {
+			return false, time.Time{}
+		}
+		req.known = true
+		return true, s.tracker.deadline(&o)
 	default:
 		return false, time.Time{}
 	}
@@ -274,6 +288,49 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 			return nil, err
 		}
 		return s.locks.revoke(ctx, body.Resource, body.Reason, who)
+	case streams.OpSessionOpen:
+		var body streams.SessionOpenRequest
+		if err := decode(data, &body); err != nil {
+			return nil, err
+		}
+		ttl, err := s.ttl(body.TTLms)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.limits.allow(body.Owner, who, opCost(req.op, false, 0)); err != nil {
+			return nil, err
+		}
+		return s.locks.openSession(ctx, newSessionReq(body.RequestID, body.Owner, ttl, who))
+	case streams.OpSessionKeepalive:
+		body := req.keepalive
+		if body == nil {
+			body = new(streams.SessionKeepaliveRequest)
+			if err := decode(data, body); err != nil {
+				return nil, err
+			}
+		}
+		var ttl time.Duration
+		if body.TTLms != 0 {
+			var err error
+			if ttl, err = s.ttl(body.TTLms); err != nil {
+				return nil, err
+			}
+		}
+		if !req.known {
+			if err := s.limits.allow("", who, opCost(req.op, false, 0)); err != nil {
+				return nil, err
+			}
+		}
+		return s.locks.keepalive(ctx, body.SessionID, ttl, who)
+	case streams.OpSessionClose:
+		var body streams.SessionCloseRequest
+		if err := decode(data, &body); err != nil {
+			return nil, err
+		}
+		if err := s.limits.allow("", who, opCost(req.op, false, 0)); err != nil {
+			return nil, err
+		}
+		return s.locks.closeSession(ctx, body.SessionID, who)
 	}
 	return nil, fmt.Errorf("unknown operation %q", req.op)
 }
@@ -282,18 +339,20 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 // replicated writes or leader reads: an acquire one (two when it waits: a
 // waiter record, and its refreshes), a cancel two (a tombstone and the
 // reads of the lease and waiter keys), the renewal or release of a lease
-// the instance does not know as current two (a read from the stream leader
-// and the write that proves it before the negative answer; one it knows
-// costs nothing, see handle), a list page one and one more per ten leases
-// asked for (encoding a reply of a thousand leases costs the service about
-// what a hundred writes cost it), everything else one.
+// (or keepalive of a session) the instance does not know as current two (a
+// read from the stream leader and the write that proves it before the
+// negative answer; one it knows costs nothing, see handle), closing a
+// session two (its end, and the batches that end its leases), a list page
+// one and one more per ten leases asked for (encoding a reply of a
+// thousand leases costs the service about what a hundred writes cost it),
+// everything else one.
 func opCost(op string, waits bool, listLimit int) float64 {
 	switch op {
 	case streams.OpAcquire:
 		if waits {
 			return 2
 		}
-	case streams.OpCancel, streams.OpRenew, streams.OpRelease:
+	case streams.OpCancel, streams.OpRenew, streams.OpRelease, streams.OpSessionKeepalive, streams.OpSessionClose:
 		return 2
 	case streams.OpList:
 		if listLimit == 0 {
@@ -346,6 +405,10 @@ func (s *Service) acquireRequest(data []byte, who origin) (*grantReq, time.Durat
 	g := &grantReq{resource: req.Resource, requestID: req.RequestID, owner: req.Owner,
 		key: streams.LeaseKey(req.Resource), hash: requestHash(req.Resource, req.RequestID, tenant),
 		ttl: ttl, maxHold: hold, who: who, tenant: tenant}
+	if req.SessionID != "" {
+		// Validate has checked its form, and that no ttl_ms came with it.
+		g.session, g.secret, _ = streams.SplitSessionID(req.SessionID)
+	}
 	return g, time.Duration(req.WaitMs) * time.Millisecond, nil
 }
 

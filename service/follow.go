@@ -61,6 +61,10 @@ type follower struct {
 	peerSeen  chan struct{}
 	linger    time.Duration
 	following atomic.Bool
+	// delivered is the revision of the last write the watcher delivered
+	// (writes reach it in commit order): once it is at or past a
+	// revision, the tracker knows every write before it.
+	delivered atomic.Uint64
 	// synced is set once the watcher has delivered every existing record:
 	// from then on a key the tracker does not know was never written (or
 	// is being written just now, or by an instance not yet heard of, which
@@ -200,7 +204,7 @@ func (f *follower) setFollowing(on bool) {
 // tracker, so that any instance expires leases granted by instances that
 // died. It calls synced once it has delivered every existing record.
 func (f *follower) watch(ctx context.Context, synced func()) error {
-	w, err := f.kv.WatchFiltered(ctx, []string{streams.LeaseKeyPrefix + ">", streams.WaitKeyPrefix + ">"})
+	w, err := f.kv.WatchFiltered(ctx, []string{streams.LeaseKeyPrefix + ">", streams.WaitKeyPrefix + ">", streams.SessionKeyPrefix + ">"})
 	if err != nil {
 		return err
 	}
@@ -220,15 +224,18 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 			if kve == nil {
 				if initial {
 					initial = false
+					f.tracker.orphansDue(time.Now())
 					synced()
 				}
 				continue
 			}
-			if o, ok := f.tracker.get(kve.Key()); ok && o.rev >= kve.Revision() {
-				continue // this instance's own write, already observed
+			if o, ok := f.tracker.get(kve.Key()); !ok || o.rev < kve.Revision() {
+				deleted := kve.Operation() != jetstream.KeyValuePut
+				f.tracker.observe(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
+			} // else: this instance's own write, already observed
+			if !initial {
+				f.delivered.Store(kve.Revision())
 			}
-			deleted := kve.Operation() != jetstream.KeyValuePut
-			f.tracker.observe(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
 		}
 	}
 }

@@ -103,12 +103,18 @@ func (l *locks) end(ctx context.Context, resource, key string, o observation, wh
 			l.dropWaiter(ctx, streams.WaitKey(resource, w.hash), w.rev)
 			continue
 		case errors.Is(err, errConflict):
-			// The lease or the waiter's record moved on: see which.
+			// The lease, the waiter's record or its session moved on: see
+			// which.
 			if cur, rerr := l.current(ctx, key, true); rerr != nil || cur.rev != o.rev {
 				return errConflict
 			}
 			if _, rerr := l.current(ctx, streams.WaitKey(resource, w.hash), true); rerr != nil {
 				return rerr
+			}
+			if w.session != "" {
+				if _, rerr := l.current(ctx, streams.SessionKey(w.session), true); rerr != nil {
+					return rerr
+				}
 			}
 			continue
 		default:
@@ -150,15 +156,38 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 	// The waiter's caller may have gone meanwhile: a short TTL frees the
 	// resource soon then, and the holder's first renewal extends it.
 	rec := newLease(now, w.requestID, w.owner, w.tenant, min(ttl, l.cfg.HandoverTTL), l.holdLimit(now, w.maxHold))
+	var sess check
+	if w.session != "" {
+		// A waiter of a session is granted only while its session lives,
+		// and its caller's liveness is its session's.
+		var err error
+		if sess, err = l.sessionCheck(ctx, w.session); err != nil {
+			return err
+		}
+		sessionLease(rec, now, w.session, l.holdLimit(now, w.maxHold))
+	}
 	wkey := streams.WaitKey(resource, w.hash)
-	token, err := l.store.handOver(ctx, key, rec, o.rev, grantMsgID(w.hash), wkey, w.rev)
+	if w.session != "" {
+		gate, err := l.sessionGate(ctx, w.session)
+		if err != nil {
+			return err
+		}
+		defer gate.unlock()
+	}
+	token, err := l.store.handOver(ctx, key, rec, o.rev, grantMsgID(w.hash), wkey, w.rev, sess)
 	if err != nil {
 		return err
 	}
 	l.tracker.observe(key, entry{rev: token, rec: rec})
 	l.tracker.observe(wkey, entry{rev: token + 1})
 	l.report.granted(resource, token, w.owner, origin{}, "handover")
-	l.wakes.send(w.wake, leaseResponse(resource, token, rec))
+	resp := leaseResponse(resource, token, rec)
+	if w.session != "" {
+		if so, ok := l.tracker.get(sess.key); ok && so.held() {
+			resp = sessionLeaseResponse(resource, token, rec, so.rec)
+		}
+	}
+	l.wakes.send(w.wake, resp)
 	return nil
 }
 
@@ -198,16 +227,33 @@ func (l *locks) expire(ctx context.Context, it dueItem) {
 	}
 	defer st.unlock()
 	o, ok := l.tracker.get(it.key)
-	if !ok || o.rev != it.rev || !l.tracker.expired(o, time.Now()) {
+	if !ok || o.rev != it.rev {
 		return // renewed, released or forgotten meanwhile
+	}
+	if !l.tracker.expired(o, time.Now()) {
+		if !o.held() || o.rec.Session == "" {
+			return
+		}
+		// A session's lease made due (tracker.orphansDue) while the
+		// tracker does not know its session: end it if the session's
+		// record is gone.
+		if gone, err := l.sessionGone(ctx, o.rec.Session); err != nil || !gone {
+			return
+		}
 	}
 	enc := resourceOf(it.key)
 	res := decodedResource(enc)
 	switch {
+	case o.held() && isSessionKey(it.key):
+		err = l.expireSession(ctx, it.key, o)
 	case o.held() && it.key == streams.LeaseKeyPrefix+enc:
-		err = l.end(ctx, res, it.key, o, endExpiry, "")
+		why := endExpiry
+		if o.rec.Session != "" && l.tracker.sessionLeaseEnded(o.rec) {
+			why = endSessionExpiry // left by whoever ended its session
+		}
+		err = l.end(ctx, res, it.key, o, why, "")
 		if err == nil {
-			l.report.ended(endExpiry, res, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", origin{})
+			l.report.ended(why, res, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", origin{})
 		}
 	default:
 		// A waiter whose instance stopped refreshing it, or a foreign

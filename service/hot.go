@@ -93,6 +93,7 @@ type hotCollector struct {
 	waiters  *prometheus.Desc
 	leases   *prometheus.Desc
 	queued   *prometheus.Desc
+	sessions *prometheus.Desc
 }
 
 func newHotCollector(h *hot, t *tracker) *hotCollector {
@@ -101,6 +102,7 @@ func newHotCollector(h *hot, t *tracker) *hotCollector {
 		waiters:  prometheus.NewDesc("jetlock_hot_resource_waiters", "Waiters queued on the resources with the longest queues (the top 10, by rank).", []string{"rank", "resource"}, nil),
 		leases:   prometheus.NewDesc("jetlock_leases_active", "Leases held, as this instance knows them.", nil, nil),
 		queued:   prometheus.NewDesc("jetlock_waiters", "Waiters queued, as this instance knows them.", nil, nil),
+		sessions: prometheus.NewDesc("jetlock_sessions_open", "Sessions open, as this instance knows them.", nil, nil),
 	}
 }
 
@@ -109,6 +111,7 @@ func (c *hotCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.waiters
 	ch <- c.leases
 	ch <- c.queued
+	ch <- c.sessions
 }
 
 func (c *hotCollector) Collect(ch chan<- prometheus.Metric) {
@@ -121,4 +124,6 @@ func (c *hotCollector) Collect(ch chan<- prometheus.Metric) {
 	leases, waiters := c.tracker.counts()
 	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(leases))
 	ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(waiters))
+	_, sessions := c.tracker.sessionCounts("")
+	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(sessions))
 }

@@ -38,6 +38,9 @@ type locks struct {
 	// every existing record once.
 	following func() bool
 	synced    *atomic.Bool
+	// delivered is the revision the watcher last delivered (see
+	// follower.delivered).
+	delivered func() uint64
 }
 
 // origin is who sent a request, as the NATS server vouched for it on an
@@ -81,6 +84,10 @@ type grantReq struct {
 	maxHold                    time.Duration // zero: the deployment's cap
 	who                        origin
 	tenant                     string // who.tenant()
+	// session and secret name the session the lease (or wait) is made
+	// in: its key hash and the secret of its id; empty for a lease of its
+	// own (see sessions.go).
+	session, secret string
 }
 
 // mine reports whether rec, a lease or waiter record, is this request's:
@@ -208,20 +215,34 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 	if l.tracker.hasEnded(g.key, g.requestID, g.tenant) {
 		return nil, leaseEnded(g.requestID)
 	}
+	var sess observation
 	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if g.session != "" {
+			var err error
+			if sess, err = l.session(ctx, g, fresh); err != nil {
+				return nil, err
+			}
+		}
 		o, err := l.current(ctx, g.key, fresh)
 		if err != nil {
 			return nil, err
 		}
+		orphan := false
+		if fresh && o.held() && o.rec.Session != "" && !l.tracker.expired(o, time.Now()) {
+			// Decide on the holder's session as the stream leader has it.
+			if orphan, err = l.sessionGone(ctx, o.rec.Session); err != nil {
+				return nil, err
+			}
+		}
 		if o.held() && g.mine(o.rec) {
-			resp, err := l.sameRequest(ctx, g, o)
+			resp, err := l.sameRequest(ctx, g, o, sess.rec)
 			if errors.Is(err, errConflict) {
 				fresh = true
 				continue
 			}
 			return resp, err
 		}
-		if refuse, err := l.mustRefuse(g, o, fresh); refuse {
+		if refuse, err := l.mustRefuse(g, o, fresh, orphan); refuse {
 			return nil, err
 		} else if err != nil {
 			fresh = true // decide on a read
@@ -230,7 +251,12 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 		if err := l.guard.grants(); err != nil {
 			return nil, err
 		}
-		resp, err := l.grant(ctx, g, o)
+		if g.session != "" {
+			if err := l.sessionRoom(g.session); err != nil {
+				return nil, err
+			}
+		}
+		resp, err := l.grant(ctx, g, o, sess)
 		if errors.Is(err, errConflict) {
 			l.report.conflict()
 			fresh = true
@@ -247,9 +273,11 @@ var errReadFirst = errors.New("decide on a read")
 // mustRefuse decides whether the key observed in o is someone else's: it
 // returns true and the answer (locked, reserved for waiters, lease_lost)
 // when it is, and errReadFirst when that must be decided on a read first.
-func (l *locks) mustRefuse(g *grantReq, o observation, fresh bool) (bool, error) {
+// orphan says that o is a lease of a session whose record a fresh read
+// did not find (see sessionGone).
+func (l *locks) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (bool, error) {
 	switch {
-	case (o.held() || o.foreign) && !l.tracker.expired(o, time.Now()):
+	case (o.held() || o.foreign) && !orphan && !l.tracker.expired(o, time.Now()):
 		if !fresh && (o.foreign || l.following()) {
 			// Another instance may have ended the lease since the watcher
 			// last delivered (it lags by milliseconds under load, by
@@ -273,11 +301,15 @@ func (l *locks) mustRefuse(g *grantReq, o observation, fresh bool) (bool, error)
 
 // sameRequest answers a retry of the acquire that holds the lease o: the
 // same lease, renewed, because the caller counts its deadline from this
-// request; or locked when the retry names another owner (another caller
-// reusing the request id).
-func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
-	if o.rec.Owner != g.owner {
+// request; or locked when the retry names another owner or another
+// session (another caller reusing the request id). A lease of a session
+// is not renewed: its session is what is kept alive (sess, its record).
+func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation, sess *streams.Record) (*streams.LeaseResponse, error) {
+	if o.rec.Owner != g.owner || o.rec.Session != g.session {
 		return nil, lockedError(o, g.who)
+	}
+	if g.session != "" {
+		return sessionLeaseResponse(g.resource, o.rec.TokenAt(o.rev), o.rec, sess), nil
 	}
 	resp, err := l.extend(ctx, g.resource, g.key, o, g.ttl)
 	if errors.Is(err, errHoldOver) {
@@ -286,11 +318,32 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*s
 	return resp, err
 }
 
-// grant writes a new lease for g over the revision observed in o.
-func (l *locks) grant(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
+// grant writes a new lease for g over the revision observed in o; a lease
+// of a session commits with the check that the session observed in sess
+// has not moved on (see store.grantMsgs).
+func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess observation) (*streams.LeaseResponse, error) {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, g.requestID, g.owner, g.tenant, g.ttl, l.holdLimit(now, g.maxHold))
-	seq, dup, err := l.store.put(ctx, g.key, rec, o.rev, grantMsgID(g.hash))
+	var seq uint64
+	var dup bool
+	var err error
+	if g.session == "" {
+		seq, dup, err = l.store.put(ctx, g.key, rec, o.rev, grantMsgID(g.hash))
+	} else {
+		sessionLease(rec, now, g.session, l.holdLimit(now, g.maxHold))
+		gate, gerr := l.sessionGate(ctx, g.session)
+		if gerr != nil {
+			return nil, gerr
+		}
+		seq, err = l.store.grantInSession(ctx, g.key, rec, o.rev, grantMsgID(g.hash), check{key: streams.SessionKey(g.session), rev: sess.rev})
+		gate.unlock()
+		switch {
+		case errors.Is(err, errDuplicate):
+			seq, dup, err = 0, true, nil
+		case errors.Is(err, errConflict):
+			conflictPause(ctx) // perhaps another instance's write to the session
+		}
+	}
 	if err != nil {
 		if !errors.Is(err, errConflict) {
 			l.tracker.forget(g.key)
@@ -298,27 +351,31 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation) (*streams
 		return nil, err
 	}
 	if dup {
-		return l.earlierGrant(ctx, g, seq)
+		return l.earlierGrant(ctx, g, seq, sess.rec)
 	}
 	l.tracker.observe(g.key, entry{rev: seq, rec: rec})
 	l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
+	if g.session != "" {
+		return sessionLeaseResponse(g.resource, seq, rec, sess.rec), nil
+	}
 	return leaseResponse(g.resource, seq, rec), nil
 }
 
 // earlierGrant answers an acquire whose granting write JetStream reported
 // as a duplicate of an earlier write at seq (an earlier attempt of the same
-// request_id, or its cancel tombstone): the same lease if it is still
-// current, otherwise lease_lost, never a second lease.
-func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64) (*streams.LeaseResponse, error) {
+// request_id, or its cancel tombstone; 0 when an atomic batch does not
+// say): the same lease if it is still current, otherwise lease_lost, never
+// a second lease.
+func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64, sess *streams.Record) (*streams.LeaseResponse, error) {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := l.current(ctx, g.key, true)
 		if err != nil {
 			return nil, err
 		}
-		if !o.held() || !g.mine(o.rec) || o.rec.TokenAt(o.rev) != seq {
-			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before (revision %d) or cancelled, and that lease is no longer current", g.requestID, seq)
+		if !o.held() || !g.mine(o.rec) || seq != 0 && o.rec.TokenAt(o.rev) != seq {
+			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", g.requestID)
 		}
-		resp, err := l.sameRequest(ctx, g, o)
+		resp, err := l.sameRequest(ctx, g, o, sess)
 		if errors.Is(err, errConflict) {
 			continue
 		}
@@ -354,6 +411,9 @@ func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Du
 			}
 			l.report.renewRefused(resource, "not_current", who)
 			return nil, newOpError(streams.CodeLeaseLost, "lease is no longer current")
+		}
+		if o.rec.Session != "" {
+			return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
 		}
 		resp, err := l.extend(ctx, resource, key, o, ttl)
 		switch {
@@ -423,12 +483,20 @@ func (l *locks) status(ctx context.Context, resource string, who origin) (*strea
 	}
 	resp := &streams.StatusResponse{Resource: resource}
 	resp.Waiters, _ = l.tracker.waiterCounts(streams.EncodeResource(resource), "")
-	if o.held() {
+	if o.held() && o.rec.Session != "" {
+		// Decide on the session as the stream leader has it: a lease of
+		// an ended session is no one's.
+		if _, err := l.current(ctx, streams.SessionKey(o.rec.Session), true); err != nil {
+			return nil, err
+		}
+	}
+	if o.held() && !l.tracker.sessionLeaseEnded(o.rec) {
 		resp.Held = true
 		resp.Owner = ownerFor(o.rec, who)
 		resp.Token = o.rec.TokenAt(o.rev)
 		resp.ExpiresAt = o.rec.ExpiresAt
 		resp.HoldUntil = o.rec.HoldUntil
+		resp.InSession, resp.SessionOwner = l.sessionOf(o.rec, who)
 	}
 	return resp, nil
 }
@@ -447,8 +515,10 @@ func (l *locks) list(req *streams.ListRequest, who origin) *streams.ListResponse
 		if l.tracker.expired(it.o, now) {
 			continue // about to be swept
 		}
-		resp.Leases = append(resp.Leases, streams.LeaseInfo{Resource: it.resource, Owner: ownerFor(it.o.rec, who),
-			Token: it.o.rec.TokenAt(it.o.rev), ExpiresAt: it.o.rec.ExpiresAt, Waiters: it.waiters, HoldUntil: it.o.rec.HoldUntil})
+		info := streams.LeaseInfo{Resource: it.resource, Owner: ownerFor(it.o.rec, who),
+			Token: it.o.rec.TokenAt(it.o.rev), ExpiresAt: it.o.rec.ExpiresAt, Waiters: it.waiters, HoldUntil: it.o.rec.HoldUntil}
+		info.InSession, info.SessionOwner = l.sessionOf(it.o.rec, who)
+		resp.Leases = append(resp.Leases, info)
 	}
 	if more && len(page) > 0 {
 		resp.Next = page[len(page)-1].resource

@@ -10,7 +10,7 @@ import (
 )
 
 var resultCodes = []string{"ok", streams.CodeInvalidRequest, streams.CodeLocked, streams.CodeLeaseLost,
-	streams.CodeTooManyWaiters, streams.CodeUnavailable, streams.CodeInternal}
+	streams.CodeTooManyWaiters, streams.CodeForbidden, streams.CodeUnavailable, streams.CodeInternal}
 
 // metrics are the service's Prometheus metrics, plus per-endpoint result
 // counts that `nats micro stats jetlock` shows as endpoint data. Every
@@ -38,6 +38,8 @@ type metrics struct {
 	ready         prometheus.Gauge
 	belowHW       prometheus.Gauge
 	permission    *prometheus.CounterVec
+	sessionEvents *prometheus.CounterVec
+	sessionLeases prometheus.Histogram
 
 	counts map[string][]atomic.Int64 // op -> index in resultCodes
 }
@@ -108,6 +110,13 @@ func newMetrics() *metrics {
 		permission: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetlock_permission_errors_total", Help: "Permission violations the NATS server reported to the service, by connection: requests or store.",
 		}, []string{"conn"}),
+		sessionEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "jetlock_session_events_total", Help: "Sessions opened, closed and expired, by event: opened, session_close, session_expiry.",
+		}, []string{"event"}),
+		sessionLeases: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "jetlock_session_leases", Help: "Leases a session held, observed at each of its keepalives.",
+			Buckets: []float64{0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000},
+		}),
 		counts: map[string][]atomic.Int64{},
 	}
 	for _, op := range streams.Operations {
@@ -121,7 +130,7 @@ func newMetrics() *metrics {
 func (m *metrics) register(reg prometheus.Registerer, more ...prometheus.Collector) error {
 	for _, c := range append([]prometheus.Collector{m.requests, m.latency, m.shedCount, m.queued, m.refused, m.rateLimited,
 		m.expired, m.renewFailures, m.handovers, m.handoverTime, m.revokes, m.commitTime, m.conflicts, m.wakes, m.following,
-		m.foreign, m.leaderChanges, m.leaderless, m.ready, m.belowHW, m.permission}, more...) {
+		m.foreign, m.leaderChanges, m.leaderless, m.ready, m.belowHW, m.permission, m.sessionEvents, m.sessionLeases}, more...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -46,6 +46,8 @@ func decodeEntry(key string, rev uint64, deleted bool, data []byte, wakeRoot str
 		e.rec, err = streams.ParseLease(data, rev)
 	case strings.HasPrefix(key, streams.WaitKeyPrefix):
 		e.rec, err = streams.ParseWaiter(data, rev, wakeRoot)
+	case strings.HasPrefix(key, streams.SessionKeyPrefix):
+		e.rec, err = streams.ParseSession(data, rev)
 	default:
 		err = fmt.Errorf("%w: key outside the lease and wait prefixes", streams.ErrForeign)
 	}

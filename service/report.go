@@ -67,6 +67,16 @@ func (r *reporter) ended(why endReason, resource string, token uint64, owner, ou
 	r.record(string(why), resource, token, owner, outcome, who, attrs...)
 }
 
+// session: a session was opened, closed (session_close) or expired
+// (session_expiry). The audit record names its owner, never its id.
+func (r *reporter) session(event, owner string, who origin) {
+	r.m.sessionEvents.WithLabelValues(event).Inc()
+	r.record("session_"+event, "", 0, owner, "ok", who)
+}
+
+// keptAlive: a session was kept alive, holding leases leases.
+func (r *reporter) keptAlive(leases int) { r.m.sessionLeases.Observe(float64(leases)) }
+
 // handedOver: a lease ended with its resource granted to the head waiter.
 func (r *reporter) handedOver(resource string, d time.Duration) {
 	r.m.handovers.Inc()

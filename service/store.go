@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,7 +50,20 @@ const (
 	// codeBatchDuplicate: an atomic batch carries a message id already
 	// stored within the duplicate window.
 	codeBatchDuplicate jetstream.ErrorCode = 10201
+	// codeBatchInflight: the stream already assembles as many atomic
+	// batches as it allows at once (50 by default); the batch was refused
+	// whole on its first message, and its commit then answers
+	// codeBatchIncomplete. Nothing of it was written: send it again.
+	codeBatchInflight   jetstream.ErrorCode = 10210
+	codeBatchIncomplete jetstream.ErrorCode = 10176
 )
+
+// errBatchRefused: an atomic batch was refused before any of it was
+// proposed (see codeBatchInflight); it may be sent again as it is.
+var errBatchRefused = errors.New("atomic batch refused: too many in flight")
+
+// batchRetries bounds the resends of a refused batch.
+const batchRetries = 20
 
 // Header names nats.go does not export: the KV operation of a delete
 // marker, and those of an atomic batch publish (nats-server 2.12 and
@@ -178,9 +192,12 @@ func isDeleteOp(hdrs []byte) bool {
 // subject), which is written in the waiter's own form (streams.Waiter).
 func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string) (seq uint64, dup bool, err error) {
 	var buf *encoded
-	if rec.Wake != "" {
+	switch {
+	case rec.Wake != "":
 		buf = encode(streams.WaiterOf(rec))
-	} else {
+	case strings.HasPrefix(key, streams.SessionKeyPrefix):
+		buf = encode(streams.SessionOf(rec))
+	default:
 		buf = encode(rec)
 	}
 	defer buf.free()
@@ -199,8 +216,12 @@ func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect
 // (Nats-TTL), so that markers of ended leases never pile up in the bucket;
 // after it a key reads as never written, and its next grant still gets a
 // larger revision.
-func (s *store) deleteMsg(key string, expect uint64, end []byte) *nats.Msg {
-	m := newWrite(s.subjPfx + key)
+func (s *store) deleteMsg(key string, expect uint64, end []byte) *batchMsg {
+	return &batchMsg{Msg: s.deleteWrite(nats.NewMsg(s.subjPfx+key), expect, end)}
+}
+
+// deleteWrite makes m the delete marker deleteMsg describes.
+func (s *store) deleteWrite(m *nats.Msg, expect uint64, end []byte) *nats.Msg {
 	m.Data = end
 	m.Header.Set(kvOperationHeader, "DEL")
 	m.Header.Set(jetstream.MsgTTLHeader, s.ttlHeader)
@@ -217,7 +238,7 @@ func (s *store) del(ctx context.Context, key string, expect uint64, end *streams
 		defer buf.free()
 		body = buf.b
 	}
-	m := s.deleteMsg(key, expect, body)
+	m := s.deleteWrite(newWrite(s.subjPfx+key), expect, body)
 	defer freeWrite(m)
 	seq, _, err := s.publish(ctx, "delete", m)
 	return seq, err
@@ -231,10 +252,7 @@ func (s *store) del(ctx context.Context, key string, expect uint64, end *streams
 // with a quorum. It returns errConflict when key has moved on. The
 // "confirm" key holds one message however often it is written.
 func (s *store) confirm(ctx context.Context, key string, rev uint64) error {
-	m := nats.NewMsg(s.subjPfx + "confirm")
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
-	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subjPfx+key)
-	_, _, err := s.publish(ctx, "confirm", m)
+	_, _, err := s.publish(ctx, "confirm", s.checkMsg(key, rev))
 	return err
 }
 
@@ -259,32 +277,124 @@ func (s *store) tombstone(ctx context.Context, hash, leaseKey string, leaseRev u
 // waiter at leaseKey over the lease revision leaseRev, and the removal of
 // the waiter's record at waitKey, revision waitRev. The grant carries
 // msgID, the waiter's grant message id, so a cancelled waiter is never
-// granted (errDuplicate). It returns the grant's revision, its token.
-func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Record, leaseRev uint64, msgID, waitKey string, waitRev uint64) (uint64, error) {
+// granted (errDuplicate). A grant to a waiter of a session also checks
+// the session (see grantMsgs). It returns the grant's revision, its token.
+func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Record, leaseRev uint64, msgID, waitKey string, waitRev uint64, session check) (uint64, error) {
 	buf := encode(rec)
 	defer buf.free()
-	batch := nuid.Next()
-	grant := nats.NewMsg(s.subjPfx + leaseKey)
-	grant.Data = buf.b
-	grant.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(leaseRev, 10))
-	grant.Header.Set(jetstream.MsgIDHeader, msgID)
-	grant.Header.Set(batchIDHeader, batch)
-	grant.Header.Set(batchSeqHeader, "1")
-	remove := s.deleteMsg(waitKey, waitRev, nil)
-	remove.Header.Set(batchIDHeader, batch)
-	remove.Header.Set(batchSeqHeader, "2")
-	remove.Header.Set(batchCommitHeader, "1")
-	// Both go out on one connection, in order; only the commit is
-	// answered, for the whole batch.
-	if err := s.nc.PublishMsg(grant); err != nil {
-		return 0, classify(err)
+	msgs := s.grantMsgs(leaseKey, buf.b, leaseRev, msgID, session)
+	msgs = append(msgs, s.deleteMsg(waitKey, waitRev, nil))
+	if _, err := s.batch(ctx, "handover", msgs); err != nil {
+		return 0, err
 	}
-	seq, _, err := s.publish(ctx, "handover", remove)
-	freeWrite(remove)
+	return msgs[0].seq, nil
+}
+
+// grantInSession writes the grant rec of a session's lease at key over
+// revision expect, with message id msgID, in one atomic batch with the
+// check that the session record is still at its revision (grantMsgs). It
+// returns the grant's revision, its token.
+func (s *store) grantInSession(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string, session check) (uint64, error) {
+	buf := encode(rec)
+	defer buf.free()
+	msgs := s.grantMsgs(key, buf.b, expect, msgID, session)
+	if _, err := s.batch(ctx, "grant", msgs); err != nil {
+		return 0, err
+	}
+	return msgs[0].seq, nil
+}
+
+// check names a key whose last revision a write must find unchanged: the
+// session record a session's grant depends on. The zero check checks
+// nothing.
+type check struct {
+	key string
+	rev uint64
+}
+
+// grantMsgs returns the messages of a grant of body at key over revision
+// expect, with message id msgID, and, when session names a key, the check
+// that the session record is still at its revision. Written as one atomic
+// batch, the grant commits only if the session has not moved on since it
+// was read: had it ended (its record deleted by a close or an expiry),
+// the batch fails whole. So a grant never follows its session's end in
+// the stream, which is what lets whoever ends a session find every lease
+// it holds (see endSession).
+func (s *store) grantMsgs(key string, body []byte, expect uint64, msgID string, session check) []*batchMsg {
+	grant := nats.NewMsg(s.subjPfx + key)
+	grant.Data = body
+	grant.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	if msgID != "" {
+		grant.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	msgs := []*batchMsg{{Msg: grant}}
+	if session.key != "" {
+		msgs = append(msgs, &batchMsg{Msg: s.checkMsg(session.key, session.rev)})
+	}
+	return msgs
+}
+
+// checkMsg is a write that commits only if key's last revision is rev: a
+// small record on the "confirm" key carrying rev as the expected last
+// sequence of key. The "confirm" key holds one message however often it
+// is written.
+func (s *store) checkMsg(key string, rev uint64) *nats.Msg {
+	m := nats.NewMsg(s.subjPfx + "confirm")
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subjPfx+key)
+	return m
+}
+
+// batchMsg is one message of an atomic batch and, once committed, its
+// revision.
+type batchMsg struct {
+	*nats.Msg
+	seq uint64
+}
+
+// batch writes msgs as one atomic batch: one replicated commit, all or
+// nothing. Every message goes out on one connection, in order; only the
+// commit is answered, for the whole batch, and the batch's messages commit
+// at consecutive revisions, which batch sets in each. A compare-and-set
+// of any message that fails fails the batch (errConflict); a message id
+// already seen fails it as errDuplicate.
+func (s *store) batch(ctx context.Context, op string, msgs []*batchMsg) (uint64, error) {
+	for try := 0; ; try++ {
+		seq, err := s.batchOnce(ctx, op, msgs)
+		if !errors.Is(err, errBatchRefused) || try == batchRetries {
+			return seq, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, classify(ctx.Err())
+		case <-time.After(time.Duration(1+rand.IntN(2<<min(try, 4))) * time.Millisecond):
+		}
+	}
+}
+
+// batchOnce sends msgs as one batch of a new id.
+func (s *store) batchOnce(ctx context.Context, op string, msgs []*batchMsg) (uint64, error) {
+	id := nuid.Next()
+	last := len(msgs) - 1
+	for i, m := range msgs {
+		m.Header.Set(batchIDHeader, id)
+		m.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
+		if i == last {
+			m.Header.Set(batchCommitHeader, "1")
+			break
+		}
+		if err := s.nc.PublishMsg(m.Msg); err != nil {
+			return 0, classify(err)
+		}
+	}
+	seq, _, err := s.publish(ctx, op, msgs[last].Msg)
 	if err != nil {
 		return 0, err
 	}
-	return seq - 1, nil // the batch commits consecutive revisions
+	for i, m := range msgs {
+		m.seq = seq - uint64(last-i)
+	}
+	return seq, nil
 }
 
 // writePool holds the messages of the writes made on every request:
@@ -373,7 +483,7 @@ func (s *store) publish(ctx context.Context, op string, m *nats.Msg) (uint64, bo
 	seq, dup, err := s.parseAck(msg.Data)
 	if err == nil && !dup && seq <= floor {
 		s.regressed(seq, floor)
-		if op == "handover" || m.Header.Get(jetstream.MsgIDHeader) != "" {
+		if op == "handover" || op == "grant" || m.Header.Get(jetstream.MsgIDHeader) != "" {
 			// A grant whose token went backwards is never handed out.
 			return 0, false, fmt.Errorf("%w: the stream committed at %d, at or below the token high-water mark %d: it was recreated or restored", errUnavailable, seq, floor)
 		}
@@ -437,6 +547,8 @@ func classify(err error) error {
 			return fmt.Errorf("%w: %w", errConflict, err)
 		case codeBatchDuplicate:
 			return fmt.Errorf("%w: %w", errDuplicate, err)
+		case codeBatchInflight, codeBatchIncomplete:
+			return fmt.Errorf("%w: %w: %w", errUnavailable, errBatchRefused, err)
 		}
 		if apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 500 || apiErr.Code == 429 {
 			return fmt.Errorf("%w: %w", errUnavailable, err)

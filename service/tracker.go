@@ -72,6 +72,13 @@ type tracker struct {
 	// left is when a waiter last left each queue (monotonic reading).
 	left map[string]time.Time
 
+	// sessions indexes the lease and waiter keys of each session (by its
+	// key hash); tenantSessions counts the live sessions of each tenant,
+	// nSessions all of them. See session_index.go.
+	sessions       map[string]*sessionMembers
+	tenantSessions map[string]int
+	nSessions      int
+
 	// ended remembers, for the retry window, the request ids whose leases
 	// ended (keyed by lease key and request id), so that a retry is
 	// answered lease_lost even when JetStream has forgotten the grant's
@@ -143,6 +150,7 @@ type waiterInfo struct {
 	wake      string
 	leaseTTL  time.Duration // what its acquire asked for
 	maxHold   time.Duration
+	session   string // the key hash of its session, if any
 }
 
 type observation struct {
@@ -179,6 +187,7 @@ func (t *tracker) resetLocked() {
 	t.tenantWaits, t.tenantLeases = make(map[string]int), make(map[string]int)
 	t.left = make(map[string]time.Time)
 	t.nWaiters = 0
+	t.sessions, t.tenantSessions, t.nSessions = make(map[string]*sessionMembers), make(map[string]int), 0
 }
 
 // reset forgets every observation, keeping the highest revision seen: after
@@ -216,8 +225,9 @@ func (t *tracker) observe(key string, e entry) observation {
 	}
 	wasHeld, due := o.held(), o.due
 	var wasTenant string
+	var wasRec *streams.Record
 	if wasHeld {
-		wasTenant = o.rec.Tenant
+		wasTenant, wasRec = o.rec.Tenant, o.rec
 	}
 	if o.key != "" {
 		key = o.key
@@ -239,15 +249,20 @@ func (t *tracker) observe(key string, e entry) observation {
 		delete(t.keys, key)
 		t.gone.push(id, at)
 	}
-	if strings.HasPrefix(key, streams.WaitKeyPrefix) {
+	switch {
+	case isSessionKey(key):
+		t.sessionChanged(key, wasHeld, wasTenant, e, now)
+	case strings.HasPrefix(key, streams.WaitKeyPrefix):
 		t.indexWaiter(key, e)
-	} else {
+		t.indexSessionMember(key, wasRec, e.rec)
+	default:
 		if wasHeld != e.held() {
 			// The list index changes only when a lease begins or ends,
 			// not with each renewal.
 			t.indexLease(key, e.held())
 		}
 		t.countTenantLease(wasHeld, wasTenant, e)
+		t.indexSessionMember(key, wasRec, e.rec)
 	}
 	t.forgetGone(now, 16)
 	return o
@@ -273,7 +288,7 @@ func (t *tracker) countTenantLease(wasHeld bool, wasTenant string, e entry) {
 // due, if it has one no later than o's deadline (popDue puts it back at
 // the deadline when it comes up), or a new one. The caller holds t.mu.
 func (t *tracker) schedule(o *observation, due time.Duration) {
-	d := t.deadline(o).Sub(t.epoch)
+	d := t.deadlineLocked(o).Sub(t.epoch)
 	if due != 0 && due <= d {
 		o.due = due
 		return
@@ -353,14 +368,35 @@ func (t *tracker) hasEnded(key, requestID, tenant string) bool {
 	return ok && time.Since(t.epoch)-at <= t.window
 }
 
-// deadline is when o expires by observation: a lease after its TTL plus
-// grace, a foreign value after the longest TTL plus grace.
+// deadline is when o is due to be swept: a lease after its TTL plus
+// grace, a foreign value after the longest TTL plus grace, and a lease or
+// waiter of a session that has ended soon after the session's end (see
+// sessionTakeover).
 func (t *tracker) deadline(o *observation) time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.deadlineLocked(o)
+}
+
+// ownDeadline is when o expires by observation of its own key: after its
+// TTL plus grace (a foreign value: the longest TTL plus grace).
+func (t *tracker) ownDeadline(o *observation) time.Time {
 	ttl := t.foreignTTL
 	if o.rec != nil {
 		ttl = time.Duration(o.rec.TTLms) * time.Millisecond
 	}
 	return o.seen.Add(ttl + t.grace)
+}
+
+// deadlineLocked is deadline; the caller holds t.mu.
+func (t *tracker) deadlineLocked(o *observation) time.Time {
+	d := t.ownDeadline(o)
+	if o.rec != nil && o.rec.Session != "" {
+		if end, ended := t.sessionEndedLocked(o.rec.Session); ended && end.Add(sessionTakeover).Before(d) {
+			d = end.Add(sessionTakeover)
+		}
+	}
+	return d
 }
 
 // maxHeldChanges bounds the list index changes kept between lists, for an
@@ -445,7 +481,8 @@ func (t *tracker) indexWaiter(key string, e entry) {
 		t.waiters[enc] = q
 	}
 	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), rev: e.rev, owner: e.rec.Owner, tenant: e.rec.Tenant, requestID: e.rec.RequestID,
-		wake: e.rec.Wake, leaseTTL: time.Duration(e.rec.LeaseTTLms) * time.Millisecond, maxHold: time.Duration(e.rec.MaxHoldMs) * time.Millisecond}
+		wake: e.rec.Wake, leaseTTL: time.Duration(e.rec.LeaseTTLms) * time.Millisecond, maxHold: time.Duration(e.rec.MaxHoldMs) * time.Millisecond,
+		session: e.rec.Session}
 	t.nWaiters++
 	t.tenantWaits[e.rec.Tenant]++
 }
@@ -600,20 +637,36 @@ func (t *tracker) forget(key string) {
 	defer t.mu.Unlock()
 	delete(t.deleted, t.keyID(key))
 	if o, ok := t.keys[key]; ok {
-		if strings.HasPrefix(key, streams.WaitKeyPrefix) {
+		switch {
+		case isSessionKey(key):
+			if o.held() {
+				// Not an end: the outcome of a write is unknown.
+				if t.tenantSessions[o.rec.Tenant]--; t.tenantSessions[o.rec.Tenant] <= 0 {
+					delete(t.tenantSessions, o.rec.Tenant)
+				}
+				t.nSessions--
+			}
+		case strings.HasPrefix(key, streams.WaitKeyPrefix):
 			t.indexWaiter(key, entry{})
-		} else if o.held() {
+			t.indexSessionMember(key, o.rec, nil)
+		case o.held():
 			t.indexLease(key, false)
 			t.countTenantLease(true, o.rec.Tenant, entry{})
+			t.indexSessionMember(key, o.rec, nil)
 		}
 		delete(t.keys, key)
 	}
 }
 
 // expired reports whether o, the current observation of its key, has passed
-// its TTL plus grace at now (a foreign value: the longest TTL plus grace).
+// its TTL plus grace at now (a foreign value: the longest TTL plus grace),
+// or belongs to a session the tracker knows to have ended: a session's
+// lease is valid only while its session is.
 func (t *tracker) expired(o observation, now time.Time) bool {
-	return (o.held() || o.foreign) && !now.Before(t.deadline(&o))
+	if !o.held() && !o.foreign {
+		return false
+	}
+	return !now.Before(t.ownDeadline(&o)) || t.sessionLeaseEnded(o.rec)
 }
 
 // popDue removes and returns the items of keys, held or foreign, that
@@ -634,7 +687,7 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 		if !ok || o.due != it.at || !(o.held() || o.foreign) {
 			continue
 		}
-		if d := t.deadline(&o).Sub(t.epoch); d > since {
+		if d := t.deadlineLocked(&o).Sub(t.epoch); d > since {
 			o.due, it.at = d, d
 			t.due.push(it)
 		} else {

@@ -197,7 +197,7 @@ func (w *waiter) record(o observation) (*streams.Record, error) {
 	rec := &streams.Record{
 		Owner: w.g.owner, Tenant: w.g.tenant, RequestID: w.g.requestID, TTLms: cfg.WaiterLiveness.Milliseconds(),
 		GrantedAt: streams.FormatTime(now), Wake: w.wake,
-		LeaseTTLms: w.g.ttl.Milliseconds(), MaxHoldMs: w.g.maxHold.Milliseconds(),
+		LeaseTTLms: w.g.ttl.Milliseconds(), MaxHoldMs: w.g.maxHold.Milliseconds(), Session: w.g.session,
 	}
 	if o.held() {
 		rec.Token = o.rec.TokenAt(o.rev) // keep the ticket
@@ -209,6 +209,11 @@ func (w *waiter) record(o observation) (*streams.Record, error) {
 		}
 		if owned >= cfg.MaxWaitersPerTenant {
 			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d waiting acquires, the cap", owned)
+		}
+		if w.g.session != "" {
+			if err := w.l.sessionRoom(w.g.session); err != nil {
+				return nil, err
+			}
 		}
 	}
 	rec.RenewedAt = streams.FormatTime(now)

@@ -66,6 +66,9 @@ func (r *Record) AppendJSON(b []byte) []byte {
 	if r.MaxHoldMs != 0 {
 		b = strconv.AppendInt(append(b, `,"max_hold_ms":`...), r.MaxHoldMs, 10)
 	}
+	if r.Session != "" {
+		b = appendField(b, `,"session":`, r.Session)
+	}
 	return append(b, '}')
 }
 

@@ -154,7 +154,7 @@ func flatInt(data []byte, i int) (int64, int, bool) {
 }
 
 var (
-	acquireNames = []string{"resource", "request_id", "owner", "ttl_ms", "wait_ms", "max_hold_ms"}
+	acquireNames = []string{"resource", "request_id", "owner", "ttl_ms", "wait_ms", "max_hold_ms", "session_id"}
 	renewNames   = []string{"resource", "lease_id", "ttl_ms"}
 	releaseNames = []string{"resource", "lease_id"}
 )
@@ -162,7 +162,7 @@ var (
 func (r *AcquireRequest) flatNames() []string { return acquireNames }
 
 func (r *AcquireRequest) setFlat(i int, s string, n int64, isNum bool) bool {
-	if isNum != (i >= 3) {
+	if isNum != (i >= 3 && i <= 5) {
 		return false
 	}
 	switch i {
@@ -176,8 +176,10 @@ func (r *AcquireRequest) setFlat(i int, s string, n int64, isNum bool) bool {
 		r.TTLms = n
 	case 4:
 		r.WaitMs = n
-	default:
+	case 5:
 		r.MaxHoldMs = n
+	default:
+		r.SessionID = s
 	}
 	return true
 }

@@ -74,6 +74,9 @@ type AcquireRequest struct {
 	// MaxHoldMs bounds how long the lease may be held in total, renewals
 	// included; the deployment's cap applies when it is absent or larger.
 	MaxHoldMs int64 `json:"max_hold_ms,omitempty"`
+	// SessionID, instead of TTLms, binds the lease (or the wait) to a
+	// session: it lives as long as the session does.
+	SessionID string `json:"session_id,omitempty"`
 }
 
 // RenewRequest is the body of a renew request.
@@ -160,6 +163,10 @@ type StatusResponse struct {
 	ExpiresAt string `json:"expires_at"`
 	Waiters   int    `json:"waiters"`
 	HoldUntil string `json:"hold_until,omitempty"`
+	// InSession marks a lease held by a session; SessionOwner is that
+	// session's owner, shown as Owner is.
+	InSession    bool   `json:"in_session,omitempty"`
+	SessionOwner string `json:"session_owner,omitempty"`
 }
 
 // LeaseInfo is one held lease in a list reply. It never carries the lease
@@ -172,6 +179,9 @@ type LeaseInfo struct {
 	ExpiresAt string `json:"expires_at"`
 	Waiters   int    `json:"waiters"`
 	HoldUntil string `json:"hold_until,omitempty"`
+	// InSession and SessionOwner are as in StatusResponse.
+	InSession    bool   `json:"in_session,omitempty"`
+	SessionOwner string `json:"session_owner,omitempty"`
 }
 
 // ListResponse answers a list request. Next, when set, is the After of
@@ -242,6 +252,9 @@ type Record struct {
 	Wake       string `json:"wake,omitempty"`
 	LeaseTTLms int64  `json:"lease_ttl_ms,omitzero"`
 	MaxHoldMs  int64  `json:"max_hold_ms,omitzero"`
+	// Session is the key hash of the session that holds the lease or made
+	// the wait (see SessionKey), empty for a lease of its own.
+	Session string `json:"session,omitempty"`
 }
 
 // EndMark is the body of the delete marker that ends a lease (release,

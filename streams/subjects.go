@@ -28,7 +28,8 @@ const (
 )
 
 // Operations lists every operation of the contract in a fixed order.
-var Operations = []string{OpAcquire, OpRenew, OpRelease, OpCancel, OpStatus, OpList, OpRevoke}
+var Operations = []string{OpAcquire, OpRenew, OpRelease, OpCancel, OpStatus, OpList, OpRevoke,
+	OpSessionOpen, OpSessionKeepalive, OpSessionClose}
 
 // Subject returns the request subject of op under prefix, for example
 // Subject("jetlock", OpAcquire) == "jetlock.v1.acquire".

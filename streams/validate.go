@@ -213,6 +213,14 @@ func firstError(errs ...error) error {
 // deployment: resource, request id, owner, and numbers not negative. The
 // service checks ttl_ms, wait_ms and max_hold_ms against its bounds.
 func (r *AcquireRequest) Validate() error {
+	if r.SessionID != "" {
+		if r.TTLms != 0 {
+			return invalidf("ttl_ms and session_id together: a session's lease lives as long as its session")
+		}
+		if err := ValidateSessionID(r.SessionID); err != nil {
+			return err
+		}
+	}
 	return firstError(ValidateResource(r.Resource), ValidateRequestID(r.RequestID), ValidateOwner(r.Owner),
 		nonNegative("ttl_ms", r.TTLms), nonNegative("wait_ms", r.WaitMs), nonNegative("max_hold_ms", r.MaxHoldMs))
 }

@@ -26,20 +26,22 @@ type Waiter struct {
 	Wake        string `json:"wake"`
 	LeaseTTLms  int64  `json:"lease_ttl_ms,omitzero"`
 	MaxHoldMs   int64  `json:"max_hold_ms,omitzero"`
+	// Session is the key hash of the session whose wait this is.
+	Session string `json:"session,omitempty"`
 }
 
 // WaiterOf returns the bucket form of r, a waiter held as a Record.
 func WaiterOf(r *Record) *Waiter {
 	return &Waiter{Owner: r.Owner, Tenant: r.Tenant, RequestID: r.RequestID, Ticket: r.Token, QueuedAt: r.GrantedAt,
 		LivenessMs: r.TTLms, RefreshedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt, Wake: r.Wake,
-		LeaseTTLms: r.LeaseTTLms, MaxHoldMs: r.MaxHoldMs}
+		LeaseTTLms: r.LeaseTTLms, MaxHoldMs: r.MaxHoldMs, Session: r.Session}
 }
 
 // Record returns w as the service holds a waiter in memory.
 func (w *Waiter) Record() *Record {
 	return &Record{Owner: w.Owner, Tenant: w.Tenant, RequestID: w.RequestID, Token: w.Ticket, GrantedAt: w.QueuedAt,
 		TTLms: w.LivenessMs, RenewedAt: w.RefreshedAt, ExpiresAt: w.ExpiresAt, Wake: w.Wake,
-		LeaseTTLms: w.LeaseTTLms, MaxHoldMs: w.MaxHoldMs}
+		LeaseTTLms: w.LeaseTTLms, MaxHoldMs: w.MaxHoldMs, Session: w.Session}
 }
 
 // AppendJSON appends w encoded as JSON to b.
@@ -66,6 +68,9 @@ func (w *Waiter) AppendJSON(b []byte) []byte {
 	}
 	if w.MaxHoldMs != 0 {
 		b = strconv.AppendInt(append(b, `,"max_hold_ms":`...), w.MaxHoldMs, 10)
+	}
+	if w.Session != "" {
+		b = appendField(b, `,"session":`, w.Session)
 	}
 	return append(b, '}')
 }

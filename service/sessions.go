@@ -1,0 +1,605 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Sessions. A session is a record at streams.SessionKey(hash) that lives
+// as a lease does: a keepalive rewrites it by compare-and-set, and it
+// expires once its revision has stood for its TTL plus grace on the
+// observing instance's monotonic clock (never by JetStream's per-key TTL,
+// whose marker could erase an acknowledged keepalive). Its hash derives
+// from the tenant and the open's request id, so a retried open finds it;
+// the session id is that hash and a secret of 128 random bits kept in the
+// record, which only the session's holder (and whoever reads the bucket)
+// knows.
+//
+// A lease or wait made with a session id names the session's hash in its
+// record and has no TTL of its own (only its hold limit). It is valid only
+// while its session is:
+//
+//   - Every grant to a session commits in one atomic batch with a check
+//     that the session record is still at the revision read (store.grantMsgs),
+//     so no grant can follow its session's end in the stream: an acquire
+//     racing a close or an expiry either fails that check (lease_lost) or
+//     commits first, and is then ended by it.
+//   - Ending a session is one compare-and-set delete of its record (so a
+//     keepalive that landed first wins), after which its leases count as
+//     ended everywhere (tracker.expired): anyone may take them over by
+//     compare-and-set on their revisions. The instance that ended it waits
+//     until its watcher has delivered the delete — and with it every grant
+//     committed before — and then ends every lease (handing it to the next
+//     waiter, or deleting it in atomic batches of many keys) and every
+//     wait of the session that its index lists. Other instances make the
+//     same leases due a little later, in case it died meanwhile.
+
+// sessionBatch bounds the lease keys one atomic batch deletes when a
+// session ends: well under JetStream's largest atomic batch (1,000
+// messages), so that one batch is one short commit, and a conflict on one
+// key falls back to one write per key for no more than this many.
+const sessionBatch = 64
+
+// sessionParallel bounds the writes in flight at once while a session's
+// leases and waits are ended.
+const sessionParallel = 16
+
+// Why a session ended, in its end mark, and why its leases did, in
+// theirs.
+const (
+	endSessionClose  endReason = "session_close"
+	endSessionExpiry endReason = "session_expiry"
+)
+
+// sessionGate serialises, within this instance, the writes that commit
+// with a check of session hash's record or rewrite it: grants to the
+// session, its keepalives and its end. JetStream refuses a second write
+// whose check names a key while one is being proposed (it answers a
+// conflict), so without the gate the concurrent acquires of one session
+// would fail each other. Between instances such conflicts remain; they
+// are retried after a pause (conflictPause). The gate is always the last
+// lock taken (after the session's key and a lease key), so it cannot
+// deadlock.
+func (l *locks) sessionGate(ctx context.Context, hash string) (*keyLock, error) {
+	return l.keys.lock(ctx, "gate."+hash)
+}
+
+// conflictPause waits a moment before a write that lost to a write still
+// being proposed is decided again: a commit's time, jittered.
+func conflictPause(ctx context.Context) {
+	t := time.NewTimer(time.Duration(500+rand.IntN(2500)) * time.Microsecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// sessionReq is a validated session.open.
+type sessionReq struct {
+	requestID, owner string
+	ttl              time.Duration
+	who              origin
+	tenant           string
+	hash, key        string
+}
+
+// newSessionReq returns the open of requestID by who.
+func newSessionReq(requestID, owner string, ttl time.Duration, who origin) *sessionReq {
+	tenant := who.tenant()
+	hash := sessionHash(requestID, tenant)
+	return &sessionReq{requestID: requestID, owner: owner, ttl: ttl, who: who, tenant: tenant, hash: hash, key: streams.SessionKey(hash)}
+}
+
+// sessionHash is the key hash of the session opened by requestID of
+// tenant: a request hash of no resource (no resource is empty), so it
+// never meets a lease's.
+func sessionHash(requestID, tenant string) string { return requestHash("", requestID, tenant) }
+
+// sessionID is the id handed to the session's holder.
+func sessionID(hash string, rec *streams.Record) string { return hash + rec.LeaseID }
+
+// holds reports whether who, presenting secret, holds the session observed
+// in o: a live record of who's tenant carrying that secret.
+func holds(o observation, secret string, who origin) bool {
+	return o.held() && o.rec.Tenant == who.tenant() && sameLease(o.rec.LeaseID, secret)
+}
+
+// errNoSession is the answer about a session that has ended, never
+// existed, or is another caller's: they are not told apart.
+func errNoSession() *opError {
+	return newOpError(streams.CodeLeaseLost, "session has ended (or is not this caller's): open a new one")
+}
+
+// openSession opens the session of r, or answers a retry of the same open
+// with the same session while it lives (as a keepalive), and lease_lost
+// once it has ended.
+func (l *locks) openSession(ctx context.Context, r *sessionReq) (*streams.SessionResponse, error) {
+	st, err := l.lock(ctx, r.key)
+	if err != nil {
+		return nil, err
+	}
+	defer st.unlock()
+	if l.tracker.hasEnded(r.key, r.requestID, r.tenant) {
+		return nil, leaseEnded(r.requestID)
+	}
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, r.key, fresh)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case o.foreign:
+			return nil, newOpError(streams.CodeUnavailable, "the session's key holds a value jetlock did not write; it is removed once it has stood for the longest TTL")
+		case o.held():
+			// The hash is the tenant's and the request id's: this is the
+			// same open, retried.
+			if o.rec.Owner != r.owner {
+				return nil, newOpError(streams.CodeInvalidRequest, "request_id %q opened a session for another owner", r.requestID)
+			}
+			resp, err := l.extend(ctx, "", r.key, o, r.ttl)
+			if errors.Is(err, errConflict) {
+				fresh = true
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			return &streams.SessionResponse{SessionID: sessionID(r.hash, o.rec), TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt}, nil
+		case o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window):
+			return nil, leaseEnded(r.requestID)
+		}
+		if n, _ := l.tracker.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
+			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n)
+		}
+		now := l.cfg.Clock.Now()
+		rec := &streams.Record{LeaseID: newLeaseID(), Owner: r.owner, Tenant: r.tenant, RequestID: r.requestID, GrantedAt: streams.FormatTime(now)}
+		setExpiry(rec, now, r.ttl, time.Time{})
+		seq, dup, err := l.store.put(ctx, r.key, rec, o.rev, "sess-"+r.hash)
+		if errors.Is(err, errConflict) {
+			fresh = true
+			continue
+		}
+		if err != nil {
+			l.tracker.forget(r.key)
+			return nil, err
+		}
+		if dup {
+			// Opened before (and since ended, or the read above was
+			// stale): decide on a fresh read.
+			if fresh {
+				return nil, leaseEnded(r.requestID)
+			}
+			fresh = true
+			continue
+		}
+		l.tracker.observe(r.key, entry{rev: seq, rec: rec})
+		l.report.session("opened", r.owner, r.who)
+		return &streams.SessionResponse{SessionID: sessionID(r.hash, rec), TTLms: rec.TTLms, ExpiresAt: rec.ExpiresAt}, nil
+	}
+	return nil, tooManyConflicts()
+}
+
+// ownedSession returns the session of id as its holder who sees it, read
+// fresh when the tracker does not show it held by who; a negative answer
+// rests on a read proven by a conditional write. The caller holds the
+// session key's lock.
+func (l *locks) ownedSession(ctx context.Context, key, secret string, who origin, fresh bool) (observation, bool, error) {
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, key, fresh)
+		if err != nil {
+			return observation{}, false, err
+		}
+		if holds(o, secret, who) {
+			return o, true, nil
+		}
+		if !fresh {
+			fresh = true
+			continue
+		}
+		if err := l.confirmSession(ctx, sessionHashOf(key), o); errors.Is(err, errConflict) {
+			continue
+		} else if err != nil {
+			return observation{}, false, err
+		}
+		return o, false, nil
+	}
+	return observation{}, false, tooManyConflicts()
+}
+
+// keepalive extends the session id by ttl (zero: its TTL so far).
+func (l *locks) keepalive(ctx context.Context, id string, ttl time.Duration, who origin) (*streams.KeepaliveResponse, error) {
+	hash, secret, err := streams.SplitSessionID(id)
+	if err != nil {
+		return nil, err
+	}
+	key := streams.SessionKey(hash)
+	st, err := l.lock(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer st.unlock()
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, ok, err := l.ownedSession(ctx, key, secret, who, fresh)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, errNoSession()
+		}
+		t := ttl
+		if t == 0 {
+			t = time.Duration(o.rec.TTLms) * time.Millisecond
+		}
+		gate, err := l.sessionGate(ctx, hash)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := l.extend(ctx, "", key, o, t)
+		gate.unlock()
+		if errors.Is(err, errConflict) {
+			l.report.conflict()
+			conflictPause(ctx)
+			fresh = true
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		leases, _ := l.tracker.memberCount(hash)
+		l.report.keptAlive(leases)
+		return &streams.KeepaliveResponse{SessionID: id, TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt, Leases: leases}, nil
+	}
+	return nil, tooManyConflicts()
+}
+
+// closeSession ends the session id: every lease it holds and every wait
+// it made end with it. Closing a session that has ended already (or is
+// not the caller's) answers closed:false.
+func (l *locks) closeSession(ctx context.Context, id string, who origin) (*streams.SessionCloseResponse, error) {
+	hash, secret, err := streams.SplitSessionID(id)
+	if err != nil {
+		return nil, err
+	}
+	key := streams.SessionKey(hash)
+	st, err := l.lock(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer st.unlock()
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, ok, err := l.ownedSession(ctx, key, secret, who, fresh)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return &streams.SessionCloseResponse{}, nil
+		}
+		n, err := l.endSession(ctx, key, o, endSessionClose, who)
+		if errors.Is(err, errConflict) {
+			l.report.conflict()
+			conflictPause(ctx)
+			fresh = true
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &streams.SessionCloseResponse{Closed: true, Released: n}, nil
+	}
+	return nil, tooManyConflicts()
+}
+
+// endSession ends the session observed in o at key: one compare-and-set
+// delete of its record (errConflict: it moved on, decide again), then the
+// end of its leases and waits. It returns the number of leases the session
+// held. The caller holds the session key's lock.
+func (l *locks) endSession(ctx context.Context, key string, o observation, why endReason, who origin) (int, error) {
+	hash := sessionHashOf(key)
+	end := &streams.EndMark{RequestID: o.rec.RequestID, Tenant: o.rec.Tenant, EndedAt: streams.FormatTime(l.cfg.Clock.Now()), Why: string(why)}
+	gate, err := l.sessionGate(ctx, hash)
+	if err != nil {
+		return 0, err
+	}
+	seq, err := l.store.del(ctx, key, o.rev, end)
+	gate.unlock()
+	if err != nil {
+		if !errors.Is(err, errConflict) {
+			l.tracker.forget(key)
+		}
+		return 0, err
+	}
+	l.tracker.observe(key, entry{rev: seq, end: end})
+	l.report.session(string(why), o.rec.Owner, who)
+	// Every grant to the session committed before seq (see store.grantMsgs);
+	// once the watcher has delivered seq, the index lists them all. A lone
+	// instance, which follows no watcher, made them itself (and what an
+	// instance it had not heard of yet granted is ended by the instances
+	// that follow the bucket, or by the hold limit).
+	l.awaitDelivered(ctx, seq)
+	return l.endMembers(ctx, hash, why), nil
+}
+
+// awaitDelivered waits, within ctx and OpTimeout, until the watcher has
+// delivered revision seq, when the instance follows the bucket.
+func (l *locks) awaitDelivered(ctx context.Context, seq uint64) {
+	if !l.following() || l.delivered == nil {
+		return
+	}
+	give := time.NewTimer(l.cfg.OpTimeout)
+	defer give.Stop()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for l.delivered() < seq {
+		select {
+		case <-ctx.Done():
+			return
+		case <-give.C:
+			l.log.Warn("ending a session before the watcher delivered its end; the other instances end what is missed", "revision", seq)
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// endMembers ends every lease and wait of the ended session hash that the
+// index lists, and returns the number of leases. Leases with a waiter are
+// handed over one by one; the others are deleted in atomic batches of up
+// to sessionBatch keys. At most sessionParallel writes are in flight, so
+// a session of many leases never holds up other work for long.
+func (l *locks) endMembers(ctx context.Context, hash string, why endReason) int {
+	leases, waits := l.tracker.members(hash)
+	sem := make(chan struct{}, sessionParallel)
+	var wg sync.WaitGroup
+	run := func(f func()) {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f()
+		}()
+	}
+	for _, wkey := range waits {
+		run(func() { l.endSessionWait(ctx, wkey, hash) })
+	}
+	var group []string
+	for _, key := range leases {
+		if _, queued := l.tracker.head(resourceOf(key)); queued {
+			run(func() { l.endSessionLease(ctx, key, hash, why) })
+			continue
+		}
+		if group = append(group, key); len(group) == sessionBatch {
+			g := group
+			run(func() { l.removeSessionLeases(ctx, g, hash, why) })
+			group = nil
+		}
+	}
+	if len(group) > 0 {
+		run(func() { l.removeSessionLeases(ctx, group, hash, why) })
+	}
+	wg.Wait()
+	return len(leases)
+}
+
+// endSessionLease ends the lease at key if it is still the ended session
+// hash's, handing the resource to the next waiter.
+func (l *locks) endSessionLease(ctx context.Context, key, hash string, why endReason) {
+	st, err := l.lock(ctx, key)
+	if err != nil {
+		return // the sweep ends it (tracker.membersDue)
+	}
+	defer st.unlock()
+	res := decodedResource(resourceOf(key))
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, key, fresh)
+		if err != nil || !o.held() || o.rec.Session != hash {
+			return
+		}
+		err = l.end(ctx, res, key, o, why, "")
+		if errors.Is(err, errConflict) {
+			fresh = true
+			continue
+		}
+		if err == nil {
+			l.report.ended(why, res, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", origin{})
+		}
+		return
+	}
+}
+
+// removeSessionLeases deletes the leases at keys that are still the ended
+// session hash's, in one atomic batch (one commit for them all); if any
+// moved on meanwhile, the batch fails whole and each is ended on its own.
+func (l *locks) removeSessionLeases(ctx context.Context, keys []string, hash string, why endReason) {
+	type member struct {
+		key string
+		o   observation
+		end *streams.EndMark
+	}
+	now := streams.FormatTime(l.cfg.Clock.Now())
+	var ms []member
+	var msgs []*batchMsg
+	for _, key := range keys {
+		o, ok := l.tracker.get(key)
+		if !ok || !o.held() || o.rec.Session != hash {
+			continue
+		}
+		end := &streams.EndMark{RequestID: o.rec.RequestID, Tenant: o.rec.Tenant, EndedAt: now, Why: string(why)}
+		ms = append(ms, member{key: key, o: o, end: end})
+		msgs = append(msgs, l.store.deleteMsg(key, o.rev, end.AppendJSON(nil)))
+	}
+	if len(ms) == 0 {
+		return
+	}
+	if _, err := l.store.batch(ctx, "delete", msgs); err != nil {
+		for _, m := range ms {
+			if !errors.Is(err, errConflict) {
+				l.tracker.forget(m.key)
+			}
+			l.endSessionLease(ctx, m.key, hash, why)
+		}
+		return
+	}
+	for i, m := range ms {
+		l.tracker.observe(m.key, entry{rev: msgs[i].seq, end: m.end})
+		res := decodedResource(resourceOf(m.key))
+		l.report.ended(why, res, m.o.rec.TokenAt(m.o.rev), m.o.rec.Owner, "ended", origin{})
+		l.wakeHead(resourceOf(m.key)) // a waiter that queued meanwhile
+	}
+}
+
+// endSessionWait removes the waiter record at wkey if it is still the
+// ended session hash's, and tells its waiting request at once.
+func (l *locks) endSessionWait(ctx context.Context, wkey, hash string) {
+	o, ok := l.tracker.get(wkey)
+	if !ok || !o.held() || o.rec.Session != hash {
+		return
+	}
+	enc := resourceOf(wkey)
+	st, err := l.lock(ctx, streams.LeaseKeyPrefix+enc)
+	if err != nil {
+		return
+	}
+	defer st.unlock()
+	if _, err := l.dequeue(ctx, decodedResource(enc), wkey); err != nil {
+		l.log.Debug("end a wait of an ended session", "key", wkey, "err", err)
+	}
+}
+
+// expireSession ends the session observed in o, whose revision has stood
+// for its TTL plus grace: by compare-and-set on that revision, so a
+// keepalive that landed meanwhile wins. The caller holds the key's lock.
+func (l *locks) expireSession(ctx context.Context, key string, o observation) error {
+	_, err := l.endSession(ctx, key, o, endSessionExpiry, origin{})
+	return err
+}
+
+// session returns the live session g is made in, as g's caller holds it:
+// from the tracker, or read fresh when the tracker does not show it live
+// (or fresh is set). A session that has ended, is expiring, or is not the
+// caller's is lease_lost, on a read proven by a conditional write.
+func (l *locks) session(ctx context.Context, g *grantReq, fresh bool) (observation, error) {
+	key := streams.SessionKey(g.session)
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, key, fresh)
+		if err != nil {
+			return observation{}, err
+		}
+		if holds(o, g.secret, g.who) && !l.tracker.expired(o, time.Now()) {
+			return o, nil
+		}
+		if !fresh {
+			fresh = true
+			continue
+		}
+		if err := l.confirmSession(ctx, g.session, o); errors.Is(err, errConflict) {
+			continue
+		} else if err != nil {
+			return observation{}, err
+		}
+		return observation{}, errNoSession()
+	}
+	return observation{}, tooManyConflicts()
+}
+
+// confirmSession proves the fresh read o of session hash's record before a
+// negative answer (see confirmNegative), through the session's gate: the
+// confirming write checks the session's key, as its grants do. A conflict
+// is decided again after a pause.
+func (l *locks) confirmSession(ctx context.Context, hash string, o observation) error {
+	gate, err := l.sessionGate(ctx, hash)
+	if err != nil {
+		return err
+	}
+	err = l.confirmNegative(ctx, streams.SessionKey(hash), o)
+	gate.unlock()
+	if errors.Is(err, errConflict) {
+		conflictPause(ctx)
+	}
+	return err
+}
+
+// sessionOf says whether rec, a lease record, belongs to a session, and
+// that session's owner as who may see it (as the lease's owner).
+func (l *locks) sessionOf(rec *streams.Record, who origin) (bool, string) {
+	if rec.Session == "" {
+		return false, ""
+	}
+	if !who.sees(rec) {
+		return true, ""
+	}
+	return true, l.tracker.sessionOwner(rec.Session)
+}
+
+// sessionGone reports whether a fresh read finds session hash ended or
+// absent. A lease whose session's record is absent (its end mark has left
+// the bucket after the retry window, as when the instance that ended it
+// died before ending the lease and no instance followed the bucket then)
+// is nobody's.
+func (l *locks) sessionGone(ctx context.Context, hash string) (bool, error) {
+	o, err := l.current(ctx, streams.SessionKey(hash), true)
+	if err != nil {
+		return false, err
+	}
+	return !o.held(), nil
+}
+
+// sessionRoom refuses a new lease or wait of session hash when it holds
+// MaxPerSession already.
+func (l *locks) sessionRoom(hash string) error {
+	if _, n := l.tracker.memberCount(hash); n >= l.cfg.MaxPerSession {
+		return newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, the cap", n)
+	}
+	return nil
+}
+
+// sessionCheck returns the check a grant to a waiter of session hash
+// commits with: that the session record is still at the revision the
+// tracker (or a fresh read) has. A session that has ended is errDuplicate:
+// its waiter can never be granted.
+func (l *locks) sessionCheck(ctx context.Context, hash string) (check, error) {
+	key := streams.SessionKey(hash)
+	o, known := l.tracker.get(key)
+	if !known {
+		var err error
+		if o, err = l.current(ctx, key, true); err != nil {
+			return check{}, err
+		}
+	}
+	if !o.held() {
+		return check{}, errDuplicate
+	}
+	return check{key: key, rev: o.rev}, nil
+}
+
+// sessionLease makes rec, a lease granted at now, a lease of session hash:
+// it carries no TTL of its own but its hold limit (at most the longest a
+// record may carry); its session's end ends it.
+func sessionLease(rec *streams.Record, now time.Time, hash string, holdLimit time.Time) {
+	rec.Session = hash
+	setExpiry(rec, now, streams.MaxRecordTTL, holdLimit)
+}
+
+// sessionLeaseResponse is the grant of the lease rec of a session, whose
+// record was observed in sess: the session's TTL and expiry stand for the
+// lease's (the lease lives as long as the session).
+func sessionLeaseResponse(resource string, token uint64, rec *streams.Record, sess *streams.Record) *streams.LeaseResponse {
+	resp := leaseResponse(resource, token, rec)
+	if sess != nil {
+		resp.TTLms, resp.ExpiresAt = sess.TTLms, sess.ExpiresAt
+	}
+	return resp
+}
