@@ -102,6 +102,64 @@ func TestAccountSetup(t *testing.T) {
 		}
 	})
 
+	t.Run("callers and operators use sessions through the imports", func(t *testing.T) {
+		req := func(cc *conn, op string, body any) *nats.Msg {
+			t.Helper()
+			b, err := json.Marshal(body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := cc.RequestWithContext(ctx, streams.Subject(streams.DefaultPrefix, op), b)
+			if err != nil {
+				t.Fatalf("%s as %s: %v", op, cc.role, err)
+			}
+			return m
+		}
+		decode := func(m *nats.Msg, v any) {
+			t.Helper()
+			if code := m.Header.Get("Nats-Service-Error-Code"); code != "" {
+				t.Fatalf("%s: error %s %s", m.Subject, code, msgData(m))
+			}
+			if err := json.Unmarshal(m.Data, v); err != nil {
+				t.Fatalf("%s: %v", msgData(m), err)
+			}
+		}
+		var open streams.SessionResponse
+		decode(req(orders, streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: "deploy-s1", Owner: "orders-worker"}), &open)
+		var grant streams.LeaseResponse
+		decode(req(orders, streams.OpAcquire, streams.AcquireRequest{Resource: "deploy/session", RequestID: "deploy-s1-r1", SessionID: open.SessionID}), &grant)
+		var kept streams.KeepaliveResponse
+		decode(req(orders, streams.OpSessionKeepalive, streams.SessionKeepaliveRequest{SessionID: open.SessionID}), &kept)
+		if kept.Leases != 1 {
+			t.Fatalf("keepalive %+v, want 1 lease", kept)
+		}
+		// The server stamps who sends: another caller holding the id
+		// cannot keep the session alive or close it.
+		if m := req(billing, streams.OpSessionKeepalive, streams.SessionKeepaliveRequest{SessionID: open.SessionID}); m.Header.Get("Nats-Service-Error-Code") != "410" {
+			t.Fatalf("billing kept orders' session alive: %s", msgData(m))
+		}
+		var closed streams.SessionCloseResponse
+		decode(req(billing, streams.OpSessionClose, streams.SessionCloseRequest{SessionID: open.SessionID}), &closed)
+		if closed.Closed {
+			t.Fatal("billing closed orders' session")
+		}
+		var st streams.StatusResponse
+		decode(req(orders, streams.OpStatus, streams.StatusRequest{Resource: "deploy/session"}), &st)
+		if !st.Held || st.Token != grant.Token || !st.InSession || st.SessionOwner != "orders-worker" {
+			t.Fatalf("status %+v, want held in orders' session with token %d", st, grant.Token)
+		}
+		decode(req(orders, streams.OpSessionClose, streams.SessionCloseRequest{SessionID: open.SessionID}), &closed)
+		if !closed.Closed || closed.Released != 1 {
+			t.Fatalf("close %+v, want closed with 1 lease released", closed)
+		}
+		// An operator reaches the session subjects through its own imports.
+		decode(req(operator, streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: "deploy-s2"}), &open)
+		decode(req(operator, streams.OpSessionClose, streams.SessionCloseRequest{SessionID: open.SessionID}), &closed)
+		if !closed.Closed {
+			t.Fatalf("operator's close %+v", closed)
+		}
+	})
+
 	t.Run("caller cannot reach the bucket or the JetStream API", func(t *testing.T) {
 		cc := c.connect("orders", "")
 		victim := kvPrefix + streams.LeaseKey("deploy/1")
