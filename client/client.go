@@ -74,6 +74,12 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts ...AcquireOp
 	if err != nil {
 		return nil, err
 	}
+	return c.acquire(ctx, resource, ao)
+}
+
+// acquire is Acquire with its options read: a sequence of waiting
+// acquires with the same request id, within ctx and the Wait bound.
+func (c *Client) acquire(ctx context.Context, resource string, ao acquireOptions) (*Lease, error) {
 	var until time.Time
 	if ao.wait > 0 {
 		until = time.Now().Add(ao.wait)
@@ -132,6 +138,9 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		WaitMs:    wait.Milliseconds(),
 		MaxHoldMs: ao.maxHold.Milliseconds(),
 	}
+	if ao.session != nil {
+		req.SessionID = ao.session.id
+	}
 	var resp streams.LeaseResponse
 	var sent time.Time
 	err := c.retry(ctx, func() error {
@@ -150,7 +159,12 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		}
 		return nil, err
 	}
-	l := c.newLease(resource, ao.owner, ao.ttl, &resp, sent)
+	var l *Lease
+	if ao.session != nil {
+		l = ao.session.newLease(resource, ao.owner, ao.maxHold, &resp, sent)
+	} else {
+		l = c.newLease(resource, ao.owner, ao.ttl, &resp, sent)
+	}
 	if err := l.start(ctx, wait > 0); err != nil {
 		// Granted, but not provably held any more: give it back.
 		rctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
@@ -186,6 +200,11 @@ type Status struct {
 	// HoldUntil is when the lease ends at the latest, renewals included,
 	// when a hold cap applies; zero otherwise.
 	HoldUntil time.Time
+	// InSession is true when a session holds the lease (see Session);
+	// SessionOwner is that session's owner, shown as Owner is: to the
+	// NATS user that holds the lease, and to operators.
+	InSession    bool
+	SessionOwner string
 }
 
 // Status returns the state of resource. A resource nobody holds answers
@@ -199,7 +218,8 @@ func (c *Client) Status(ctx context.Context, resource string) (*Status, error) {
 		return nil, err
 	}
 	return &Status{Resource: resp.Resource, Held: resp.Held, Owner: resp.Owner, Token: resp.Token,
-		ExpiresAt: parseTime(resp.ExpiresAt), Waiters: resp.Waiters, HoldUntil: parseTime(resp.HoldUntil)}, nil
+		ExpiresAt: parseTime(resp.ExpiresAt), Waiters: resp.Waiters, HoldUntil: parseTime(resp.HoldUntil),
+		InSession: resp.InSession, SessionOwner: resp.SessionOwner}, nil
 }
 
 func parseTime(s string) time.Time {

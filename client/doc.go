@@ -35,6 +35,16 @@
 // may take over; fencing decides whether an old holder's work is still
 // accepted.
 //
+// # Sessions
+//
+// A Session (Client.NewSession) keeps many leases alive with one
+// keepalive, like etcd's concurrency.Session. Its leases (Session.Acquire)
+// do not renew themselves: they live as long as the session, and end with
+// it when it is closed or not kept alive for its TTL. The client's
+// deadline for the session, and for each of its leases, follows the rule
+// above: the send time of the last keepalive that succeeded, plus the TTL,
+// minus the safety margin.
+//
 // # Retries and idempotency
 //
 // Every acquire carries a request id (random unless RequestID is given).

@@ -12,7 +12,8 @@ import (
 )
 
 // Lease is a granted lock on a resource. It renews itself in the
-// background at a third of its TTL until Release or loss.
+// background at a third of its TTL until Release or loss; a lease of a
+// Session does not renew itself, its session's keepalives keep it.
 //
 // The lost channel can close at any moment: it is NOT safe to assume that
 // the lease is still held because Lost has not closed yet. Pass Token to
@@ -28,51 +29,36 @@ type Lease struct {
 	id       string
 	token    uint64
 
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	lost   chan struct{}
-
 	// want is the TTL asked for on renewal (zero: the service's default).
 	// A lease granted after waiting starts with a shorter TTL, which the
 	// first renewal extends.
 	want time.Duration
 
+	// life is the client's deadline and loss signal of the lease. For a
+	// lease of a session its deadline is the hold limit alone (zero when
+	// none): the session's life is the rest (see Expires).
+	life *life
+
+	// sess is the session that holds the lease, nil for a lease of its
+	// own; unwatch stops passing the session's end on to the lease.
+	sess    *Session
+	unwatch func() bool
+
 	mu       sync.Mutex
-	ttl      time.Duration
-	deadline time.Time
 	released bool
-	lostOnce sync.Once
-
-	// renewed is closed, and replaced, each time deadline moves (see
-	// Renewed); guarded by mu.
-	renewed chan struct{}
-
-	// holdLimit is the client's own end of the hold cap (zero when none):
-	// the send time of the acquire plus the hold the service granted,
-	// minus the safety margin. No deadline lies beyond it.
-	holdLimit time.Time
 
 	// reply is the service's reply to the last successful acquire or
 	// renew (see Reply); guarded by mu.
 	reply streams.LeaseResponse
-
-	stopCtx context.Context // cancelled to stop the renewer
-	stop    context.CancelFunc
-	done    chan struct{} // closed when the renewer has returned
 }
 
 func (c *Client) newLease(resource, owner string, want time.Duration, resp *streams.LeaseResponse, sent time.Time) *Lease {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	stopCtx, stop := context.WithCancel(context.Background())
-	l := &Lease{
-		c: c, resource: resource, owner: owner, id: resp.LeaseID, token: resp.Token, want: want,
-		ctx: ctx, cancel: cancel, lost: make(chan struct{}),
-		stopCtx: stopCtx, stop: stop, done: make(chan struct{}),
-	}
+	l := &Lease{c: c, resource: resource, owner: owner, id: resp.LeaseID, token: resp.Token, want: want,
+		life: newLife("renewal", c.opts.safetyMargin)}
 	if hold, ok := holdLeft(resp); ok {
-		l.holdLimit = sent.Add(hold - min(c.opts.safetyMargin, hold/4))
+		l.life.holdLimit = sent.Add(hold - min(c.opts.safetyMargin, hold/4))
 	}
-	l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+	l.life.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
 	l.recordReply(resp)
 	return l
 }
@@ -97,19 +83,23 @@ func holdLeft(resp *streams.LeaseResponse) (time.Duration, bool) {
 // counts from when it sent the acquire, before the wait, so it may already
 // have passed; and the grant's TTL is the short hand-over TTL.
 func (l *Lease) start(ctx context.Context, waited bool) error {
+	if l.sess != nil {
+		return l.startInSession()
+	}
 	if waited {
-		l.mu.Lock()
-		short := l.want > l.ttl || time.Until(l.deadline) < l.ttl*2/3
-		l.mu.Unlock()
+		l.life.mu.Lock()
+		short := l.want > l.life.ttl || time.Until(l.life.deadline) < l.life.ttl*2/3
+		l.life.mu.Unlock()
 		if short {
 			if err := l.renewOnce(ctx); err != nil {
-				close(l.done)
-				l.markLost(err)
+				close(l.life.done)
+				l.life.markLost(err)
 				return err
 			}
 		}
 	}
-	go l.renewLoop()
+	l.life.arm()
+	go l.life.keep(l.renew)
 	return nil
 }
 
@@ -118,7 +108,20 @@ func (l *Lease) sendRenew(ctx context.Context, resp *streams.LeaseResponse) erro
 	return l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds()}, resp, 0)
 }
 
-// renewOnce sends one renewal and moves the deadline on success.
+// renew sends one renewal, sent at sent, and moves the deadline on
+// success: what life.keep calls.
+func (l *Lease) renew(ctx context.Context, sent time.Time) error {
+	var resp streams.LeaseResponse
+	if err := l.sendRenew(ctx, &resp); err != nil {
+		return err
+	}
+	l.life.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+	l.recordReply(&resp)
+	return nil
+}
+
+// renewOnce sends one renewal, retried while its outcome is unknown, and
+// moves the deadline on success.
 func (l *Lease) renewOnce(ctx context.Context) error {
 	sent := time.Now()
 	var resp streams.LeaseResponse
@@ -126,7 +129,7 @@ func (l *Lease) renewOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+	l.life.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
 	l.recordReply(&resp)
 	return nil
 }
@@ -143,131 +146,66 @@ func (l *Lease) Token() uint64 { return l.token }
 
 // Expires returns the client's own deadline: the send time of the last
 // successful acquire or renew, plus the TTL, minus the safety margin. At
-// that moment, without a newer renewal, Lost closes.
+// that moment, without a newer renewal, Lost closes. For a lease of a
+// session it is the session's deadline (Session.Expires), or the lease's
+// hold limit if that comes first.
 func (l *Lease) Expires() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
+	d := l.life.expires()
+	if l.sess != nil {
+		if s := l.sess.Expires(); d.IsZero() || s.Before(d) {
+			d = s
+		}
+	}
+	return d
 }
 
 // Lost returns a channel closed exactly once, when the client can no
 // longer prove that it holds the lease: a renewal was refused, renewals
-// failed until the client's deadline, or the lease was released.
-func (l *Lease) Lost() <-chan struct{} { return l.lost }
+// failed until the client's deadline, or the lease was released; for a
+// lease of a session, also when the session is lost or closed. Once the
+// deadline has passed, the channel Lost returns is closed, even if the
+// process was paused through the deadline and its timer has not fired yet.
+func (l *Lease) Lost() <-chan struct{} {
+	l.checkLost()
+	return l.life.lost
+}
 
 // Context returns a context cancelled when Lost closes. Its cause
 // (context.Cause) is an error wrapping ErrLeaseLost, or ErrReleased after
-// Release.
-func (l *Lease) Context() context.Context { return l.ctx }
+// Release (for a lease of a session closed by Session.Close, an error
+// matching both ErrReleased and ErrSessionClosed). Its Done and Err check
+// the deadline as Lost does.
+func (l *Lease) Context() context.Context {
+	l.checkLost()
+	return checkedContext{l.life.ctx, l}
+}
 
-func (l *Lease) setDeadline(sent time.Time, ttl time.Duration) {
-	margin := min(l.c.opts.safetyMargin, ttl/4)
-	l.mu.Lock()
-	l.ttl = ttl
-	l.deadline = sent.Add(ttl - margin)
-	if !l.holdLimit.IsZero() && l.deadline.After(l.holdLimit) {
-		l.deadline = l.holdLimit
+// checkLost closes Lost if the lease is past its deadline, or its session
+// is lost or closed.
+func (l *Lease) checkLost() {
+	if l.sess != nil && l.sess.life.check() {
+		l.life.markLost(sessionLeaseCause(context.Cause(l.sess.life.ctx)))
 	}
-	if l.renewed != nil {
-		close(l.renewed)
-	}
-	l.renewed = make(chan struct{})
-	l.mu.Unlock()
+	l.life.check()
 }
 
 // Renewed returns a channel that is closed when the client's deadline
-// (Expires) next moves, after a successful renewal. Each call returns the
-// channel of the next renewal: to follow the lease, call Renewed again and
-// read Expires whenever it closes. It does not close when the lease is
-// lost; select on Lost as well.
+// (Expires) next moves, after a successful renewal (for a lease of a
+// session, a successful keepalive). Each call returns the channel of the
+// next renewal: to follow the lease, call Renewed again and read Expires
+// whenever it closes. It does not close when the lease is lost; select on
+// Lost as well.
 func (l *Lease) Renewed() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.renewed
+	if l.sess != nil {
+		return l.sess.Renewed()
+	}
+	return l.life.renewedChan()
 }
 
 // HoldLimit returns the client's end of the lease's hold cap (see
 // MaxHold), or the zero time when no cap applies. Lost closes then at the
 // latest.
-func (l *Lease) HoldLimit() time.Time { return l.holdLimit }
-
-func (l *Lease) markLost(cause error) {
-	l.lostOnce.Do(func() {
-		l.cancel(cause)
-		close(l.lost)
-	})
-}
-
-// renewLoop renews at a third of the TTL, with jitter. A renewal whose
-// outcome is unknown is retried quickly until the client's deadline; a
-// refused renewal, or the deadline passing, closes Lost.
-func (l *Lease) renewLoop() {
-	defer close(l.done)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		l.mu.Lock()
-		ttl, deadline := l.ttl, l.deadline
-		l.mu.Unlock()
-		if !l.holdLimit.IsZero() && !deadline.Before(l.holdLimit) {
-			// No renewal can extend the lease any more: it ends at the
-			// hold limit.
-			timer.Reset(time.Until(l.holdLimit))
-			select {
-			case <-l.stopCtx.Done():
-				return
-			case <-timer.C:
-			}
-			l.markLost(fmt.Errorf("%w: held for the longest the hold cap allows (until %s)", ErrLeaseLost, l.holdLimit.Format(time.RFC3339Nano)))
-			return
-		}
-		// A third of the TTL, ±10%, and never later than halfway to the
-		// deadline, so that a failed renewal leaves time to retry.
-		wait := ttl/3 - ttl/30 + mrand.N(ttl/15+1)
-		timer.Reset(max(0, min(wait, time.Until(deadline)/2)))
-		select {
-		case <-l.stopCtx.Done():
-			return
-		case <-timer.C:
-		}
-		if err := l.renewUntilDeadline(); err != nil {
-			l.markLost(err)
-			return
-		}
-	}
-}
-
-func (l *Lease) renewUntilDeadline() error {
-	backoff := 50 * time.Millisecond
-	for {
-		l.mu.Lock()
-		deadline := l.deadline
-		l.mu.Unlock()
-		sent := time.Now()
-		if !sent.Before(deadline) {
-			return fmt.Errorf("%w: no renewal confirmed before the client's deadline %s", ErrLeaseLost, deadline.Format(time.RFC3339Nano))
-		}
-		ctx, cancel := context.WithDeadline(l.stopCtx, deadline)
-		var resp streams.LeaseResponse
-		err := l.sendRenew(ctx, &resp)
-		cancel()
-		switch {
-		case err == nil:
-			l.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
-			l.recordReply(&resp)
-			return nil
-		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrInvalidRequest):
-			return wrapErr(ErrLeaseLost, fmt.Errorf("renewal refused: %w", err))
-		}
-		// Outcome unknown: try again soon, until the deadline.
-		select {
-		case <-l.stopCtx.Done():
-			return nil
-		case <-time.After(min(jitter(backoff), time.Until(deadline))):
-		}
-		backoff = min(backoff*2, 500*time.Millisecond)
-	}
-}
+func (l *Lease) HoldLimit() time.Time { return l.life.holdLimit }
 
 // Release stops renewing and releases the lease. Lost closes and Context
 // is cancelled (with cause ErrReleased) as soon as renewing has stopped,
@@ -287,7 +225,8 @@ func (l *Lease) renewUntilDeadline() error {
 // expiry grace. A Release that the deadline cuts short returns an error
 // wrapping ErrUnavailable; one called after the deadline sends nothing and
 // returns nil (the lease is not held by this client either way, and Lost
-// has closed).
+// has closed). Nor does the Release of a lease whose session is lost or
+// closed send anything: the lease ends with its session.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.released {
@@ -295,11 +234,17 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	l.mu.Unlock()
-	l.stop()
-	<-l.done
+	l.life.stop()
+	<-l.life.done
 	// Signal the end first, clean up second: a release that fails must
 	// not leave the caller believing it still holds the lease.
-	l.markLost(ErrReleased)
+	l.life.markLost(ErrReleased)
+	if l.sess != nil {
+		l.unwatch()
+		if l.sess.life.check() {
+			return nil
+		}
+	}
 
 	// A release that cannot get through before the lease ends by itself
 	// only delays the caller (issue 32): retry until the deadline at most.
@@ -323,4 +268,232 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.released = true
 	l.mu.Unlock()
 	return nil
+}
+
+// life is how long the client can prove that it holds something the
+// service grants for a TTL and that it keeps alive: a lease, or a session.
+// Its deadline is the send time of the last request that succeeded in
+// keeping it alive, plus the TTL, minus the safety margin: the service
+// acted after the request was sent, so this comes before the service can
+// end it. Lease and Session share it: the deadline, the loop that keeps it
+// alive, and the loss signal (Lost, Context).
+//
+// Loss is signalled at the deadline however the process fares: a timer
+// fires at the deadline independently of the keepalive loop, and every
+// look at the lost signal checks the (monotonic) clock first, so that a
+// process paused through the deadline sees the loss before anything else
+// once it wakes up, even before the timer has run.
+type life struct {
+	// what keeps it alive ("renewal", "keepalive"), for error texts.
+	what   string
+	margin time.Duration
+
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	lost     chan struct{}
+	lostOnce sync.Once
+
+	mu       sync.Mutex
+	ttl      time.Duration
+	deadline time.Time
+	isLost   bool
+	// expiry fires at the deadline (nil until armed, see arm).
+	expiry *time.Timer
+	// renewed is closed, and replaced, each time deadline moves (see
+	// Lease.Renewed).
+	renewed chan struct{}
+
+	// holdLimit is the client's own end of a hold cap (zero when none):
+	// the send time of the acquire plus the hold the service granted,
+	// minus the safety margin. No deadline lies beyond it. Set before the
+	// deadline is first set, never changed after.
+	holdLimit time.Time
+
+	stopCtx context.Context // cancelled to stop the keepalive loop
+	stop    context.CancelFunc
+	done    chan struct{} // closed when the keepalive loop has returned
+}
+
+func newLife(what string, margin time.Duration) *life {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	stopCtx, stop := context.WithCancel(context.Background())
+	return &life{what: what, margin: margin, ctx: ctx, cancel: cancel, lost: make(chan struct{}),
+		renewed: make(chan struct{}), stopCtx: stopCtx, stop: stop, done: make(chan struct{})}
+}
+
+// setDeadline moves the deadline after a request sent at sent kept it
+// alive for ttl. The margin is capped at a quarter of the TTL.
+func (lf *life) setDeadline(sent time.Time, ttl time.Duration) {
+	lf.setDeadlineAt(sent.Add(ttl-min(lf.margin, ttl/4)), ttl)
+}
+
+// setDeadlineAt sets the deadline to d (capped at the hold limit) and the
+// TTL to ttl, unless it is lost already: a loss is final.
+func (lf *life) setDeadlineAt(d time.Time, ttl time.Duration) {
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	if lf.isLost {
+		return
+	}
+	lf.ttl = ttl
+	if !lf.holdLimit.IsZero() && d.After(lf.holdLimit) {
+		d = lf.holdLimit
+	}
+	lf.deadline = d
+	if lf.expiry != nil {
+		lf.expiry.Reset(time.Until(d))
+	}
+	close(lf.renewed)
+	lf.renewed = make(chan struct{})
+}
+
+// arm starts the expiry timer, once the caller is about to get what it
+// keeps alive: before, a deadline counted from a request sent before a
+// wait in the queue may have passed, and is moved by a first renewal (see
+// Lease.start).
+func (lf *life) arm() {
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	if lf.isLost || lf.expiry != nil || lf.deadline.IsZero() {
+		return
+	}
+	lf.expiry = time.AfterFunc(time.Until(lf.deadline), func() { lf.check() })
+}
+
+// expires returns the deadline (zero when there is none).
+func (lf *life) expires() time.Time {
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	return lf.deadline
+}
+
+func (lf *life) renewedChan() <-chan struct{} {
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	return lf.renewed
+}
+
+// check marks it lost if the deadline has passed, and reports whether it
+// is lost.
+func (lf *life) check() bool {
+	lf.mu.Lock()
+	lost, d := lf.isLost, lf.deadline
+	lf.mu.Unlock()
+	if lost {
+		return true
+	}
+	if d.IsZero() || time.Now().Before(d) {
+		return false
+	}
+	lf.markLost(lf.expiredCause(d))
+	return true
+}
+
+// expiredCause is the cause of a loss at the deadline d.
+func (lf *life) expiredCause(d time.Time) error {
+	if !lf.holdLimit.IsZero() && !d.Before(lf.holdLimit) {
+		return fmt.Errorf("%w: held for the longest the hold cap allows (until %s)", ErrLeaseLost, lf.holdLimit.Format(time.RFC3339Nano))
+	}
+	return fmt.Errorf("%w: no %s confirmed before the client's deadline %s", ErrLeaseLost, lf.what, d.Format(time.RFC3339Nano))
+}
+
+func (lf *life) markLost(cause error) {
+	lf.lostOnce.Do(func() {
+		lf.mu.Lock()
+		lf.isLost = true
+		if lf.expiry != nil {
+			lf.expiry.Stop()
+		}
+		lf.mu.Unlock()
+		lf.cancel(cause)
+		close(lf.lost)
+	})
+}
+
+// keep keeps it alive until stopped or lost: renew sends one request,
+// sent at the time it is given, and on success moves the deadline. It
+// runs at a third of the TTL, with jitter. A request whose outcome is
+// unknown is retried quickly until the deadline; a refused one closes
+// Lost at once, and so does the deadline passing (the expiry timer).
+func (lf *life) keep(renew func(ctx context.Context, sent time.Time) error) {
+	defer close(lf.done)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		lf.mu.Lock()
+		ttl, deadline := lf.ttl, lf.deadline
+		lf.mu.Unlock()
+		if !lf.holdLimit.IsZero() && !deadline.Before(lf.holdLimit) {
+			// No renewal can extend it any more: it ends at the hold
+			// limit, when the expiry timer fires.
+			select {
+			case <-lf.stopCtx.Done():
+			case <-lf.lost:
+			}
+			return
+		}
+		// A third of the TTL, ±10%, and never later than halfway to the
+		// deadline, so that a failed request leaves time to retry.
+		wait := ttl/3 - ttl/30 + mrand.N(ttl/15+1)
+		timer.Reset(max(0, min(wait, time.Until(deadline)/2)))
+		select {
+		case <-lf.stopCtx.Done():
+			return
+		case <-lf.lost:
+			return
+		case <-timer.C:
+		}
+		if err := lf.renewUntilDeadline(renew); err != nil {
+			lf.markLost(err)
+			return
+		}
+	}
+}
+
+func (lf *life) renewUntilDeadline(renew func(ctx context.Context, sent time.Time) error) error {
+	backoff := 50 * time.Millisecond
+	for {
+		if lf.check() {
+			return nil // lost at the deadline: the cause is set
+		}
+		deadline := lf.expires()
+		sent := time.Now()
+		ctx, cancel := context.WithDeadline(lf.stopCtx, deadline)
+		err := renew(ctx, sent)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrInvalidRequest):
+			return wrapErr(ErrLeaseLost, fmt.Errorf("%s refused: %w", lf.what, err))
+		}
+		// Outcome unknown: try again soon, until the deadline.
+		select {
+		case <-lf.stopCtx.Done():
+			return nil
+		case <-lf.lost:
+			return nil
+		case <-time.After(min(jitter(backoff), time.Until(deadline))):
+		}
+		backoff = min(backoff*2, 500*time.Millisecond)
+	}
+}
+
+// checkedContext is a context whose Done and Err check first whether
+// what it belongs to is lost (see life): a holder that was paused through
+// its deadline finds the context cancelled when it next asks, whether or
+// not the timer has run since it woke up.
+type checkedContext struct {
+	context.Context
+	of interface{ checkLost() } // a *Lease or a *Session: comparable
+}
+
+func (c checkedContext) Done() <-chan struct{} {
+	c.of.checkLost()
+	return c.Context.Done()
+}
+
+func (c checkedContext) Err() error {
+	c.of.checkLost()
+	return c.Context.Err()
 }

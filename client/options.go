@@ -84,6 +84,9 @@ type acquireOptions struct {
 	requestID string
 	wait      time.Duration
 	maxHold   time.Duration
+	// session is the session that acquires (Session.Acquire), nil for a
+	// lease of its own.
+	session *Session
 }
 
 // TTL sets the lease's time to live. The default is the service's default
@@ -156,6 +159,58 @@ func Wait(d time.Duration) AcquireOption {
 			return fmt.Errorf("%w: wait %v", ErrInvalidOption, d)
 		}
 		o.wait = d
+		return nil
+	}
+}
+
+// SessionOption configures NewSession.
+type SessionOption func(*sessionOptions) error
+
+type sessionOptions struct {
+	ttl       time.Duration
+	owner     string
+	requestID string
+}
+
+// SessionTTL sets the session's time to live: how long the service keeps
+// the session, and its leases, without a keepalive. The default is the
+// service's default (30s unless configured otherwise); the service's
+// bounds for a lease's TTL apply. The client sends a keepalive at a third
+// of it.
+func SessionTTL(d time.Duration) SessionOption {
+	return func(o *sessionOptions) error {
+		if d < time.Millisecond {
+			return fmt.Errorf("%w: session ttl %v", ErrInvalidOption, d)
+		}
+		o.ttl = d
+		return nil
+	}
+}
+
+// SessionOwner sets free text naming the session's holder, shown in
+// status and list replies next to each of its leases (to the NATS user
+// that holds them and to operators). The default is empty.
+func SessionOwner(s string) SessionOption {
+	return func(o *sessionOptions) error {
+		if err := streams.ValidateOwner(s); err != nil {
+			return wrapErr(ErrInvalidOption, err)
+		}
+		o.owner = s
+		return nil
+	}
+}
+
+// SessionRequestID sets the id of the open. The default is a random id.
+// An open retried with the same id (and owner) from the same NATS user
+// gets the same session while it lives, and ErrLeaseLost once it has
+// ended: a process that restarts may take its session back. As with
+// RequestID, two processes that open with the same id share one session.
+func SessionRequestID(id string) SessionOption {
+	return func(o *sessionOptions) error {
+		if err := streams.ValidateRequestID(id); err != nil {
+			return wrapErr(ErrInvalidOption, err)
+		}
+		o.requestID = id
 		return nil
 	}
 }
