@@ -19,8 +19,10 @@ type lsCmd struct {
 // Help is the long help of `jetlock ls`.
 func (c *lsCmd) Help() string {
 	return `Lists the held locks whose resource starts with PREFIX, in resource order:
-resource, owner, token, expires in (by this machine's clock) and how many
-wait. Never shows lease ids.
+resource, owner, token, expires in (by this machine's clock), how many
+wait, and the session that holds the lease: its owner, "session" when the
+owner is not shown (a session of another NATS user, or without an owner),
+"-" for a lease of its own. Never shows lease ids or session ids.
 
 Example:
   jetlock ls lock:backup:`
@@ -43,7 +45,8 @@ func (c *lsCmd) Run(g *globals) error {
 				return err
 			}
 			all.Leases = append(all.Leases, streams.LeaseInfo{Resource: st.Resource, Owner: st.Owner, Token: st.Token,
-				ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil)})
+				ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil),
+				InSession: st.InSession, SessionOwner: st.SessionOwner})
 			if len(all.Leases) >= 100_000 {
 				break // bounded: a listing this long is not for a terminal
 			}
@@ -57,12 +60,27 @@ func (c *lsCmd) Run(g *globals) error {
 		return printJSON(all)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "RESOURCE\tOWNER\tTOKEN\tEXPIRES IN\tWAITERS")
+	fmt.Fprintln(w, "RESOURCE\tOWNER\tTOKEN\tEXPIRES IN\tWAITERS\tSESSION")
 	for _, l := range all.Leases {
 		st := parseWire(l.ExpiresAt)
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\n", l.Resource, dash(l.Owner), strconv.FormatUint(l.Token, 10), expiresIn(st), l.Waiters)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", l.Resource, dash(l.Owner), strconv.FormatUint(l.Token, 10), expiresIn(st), l.Waiters,
+			dash(sessionLabel(l.InSession, l.SessionOwner)))
 	}
 	return w.Flush()
+}
+
+// sessionLabel names the session that holds a lease: its owner, or
+// "session" when the owner is not shown; "" for a lease of its own. The
+// session id is never shown.
+func sessionLabel(inSession bool, owner string) string {
+	switch {
+	case !inSession:
+		return ""
+	case owner == "":
+		return "session"
+	default:
+		return owner
+	}
 }
 
 func dash(s string) string {

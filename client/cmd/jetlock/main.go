@@ -58,7 +58,7 @@ type cli struct {
 	Renew   renewCmd   `cmd:"" help:"Renew a lease acquired with 'jetlock acquire'."`
 	Release releaseCmd `cmd:"" help:"Release a lease acquired with 'jetlock acquire'."`
 	Status  statusCmd  `cmd:"" help:"Show who holds a resource."`
-	Ls      lsCmd      `cmd:"" help:"List held locks (resource, owner, token, expires in, waiters)."`
+	Ls      lsCmd      `cmd:"" help:"List held locks (resource, owner, token, expires in, waiters, session)."`
 	Revoke  revokeCmd  `cmd:"" help:"End a lease, whoever holds it (operators only)."`
 	Watch   watchCmd   `cmd:"" help:"Print grants, releases and expiries as they happen (inspectors only)."`
 }

@@ -95,10 +95,10 @@ func TestRunLockedAndLs(t *testing.T) {
 	ls := jl(t, "ls", "run:lock")
 	wantCode(t, ls, 0)
 	lines := strings.Split(strings.TrimSpace(ls.stdout), "\n")
-	if len(lines) != 2 || !regexp.MustCompile(`^RESOURCE\s+OWNER\s+TOKEN\s+EXPIRES IN\s+WAITERS$`).MatchString(lines[0]) {
+	if len(lines) != 2 || !regexp.MustCompile(`^RESOURCE\s+OWNER\s+TOKEN\s+EXPIRES IN\s+WAITERS\s+SESSION$`).MatchString(lines[0]) {
 		t.Fatalf("ls output:\n%s", ls.stdout)
 	}
-	if !regexp.MustCompile(`^run:locked\s+backup\s+` + strconv.FormatUint(token, 10) + `\s+\d[\d.]*(ms|s)\s+1$`).MatchString(lines[1]) {
+	if !regexp.MustCompile(`^run:locked\s+backup\s+` + strconv.FormatUint(token, 10) + `\s+\d[\d.]*(ms|s)\s+1\s+-$`).MatchString(lines[1]) {
 		t.Fatalf("ls row %q does not show the holder and one waiter", lines[1])
 	}
 	if exists(waiterRan) {

@@ -316,7 +316,8 @@ type statusCmd struct {
 // Help is the long help of `jetlock status`.
 func (c *statusCmd) Help() string {
 	return `Shows who holds RESOURCE (never the lease id), its token, when it expires in the
-service's view, and how many wait.
+service's view, how many wait, and whether a session holds the lease (with
+the session's owner when it is shown to you; never the session id).
 
 Example:
   jetlock status --json lock:backup:user123`
@@ -337,13 +338,21 @@ func (c *statusCmd) Run(g *globals) error {
 	}
 	if c.JSON {
 		return printJSON(streams.StatusResponse{Resource: st.Resource, Held: st.Held, Owner: st.Owner, Token: st.Token,
-			ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil)})
+			ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil),
+			InSession: st.InSession, SessionOwner: st.SessionOwner})
 	}
 	if !st.Held {
 		fmt.Printf("%s: free, %d waiting\n", st.Resource, st.Waiters)
 		return nil
 	}
-	fmt.Printf("%s: held by %s, token %d, expires in %s, %d waiting\n", st.Resource, ownerText(st.Owner), st.Token,
+	in := ""
+	if st.InSession {
+		in = " in a session"
+		if st.SessionOwner != "" {
+			in = " in session " + strconv.Quote(st.SessionOwner)
+		}
+	}
+	fmt.Printf("%s: held by %s%s, token %d, expires in %s, %d waiting\n", st.Resource, ownerText(st.Owner), in, st.Token,
 		expiresIn(st.ExpiresAt), st.Waiters)
 	return nil
 }

@@ -225,6 +225,9 @@ type watchLine struct {
 	Token     uint64 `json:"token"`
 	ExpiresAt string `json:"expires_at"`
 	Reason    string `json:"reason"`
+	// A session's lease (see TestLsAndWatchShowSessions).
+	InSession    bool   `json:"in_session"`
+	SessionOwner string `json:"session_owner"`
 }
 
 // watch prints what is held, then grants, releases, expiries, revokes

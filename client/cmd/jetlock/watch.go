@@ -32,8 +32,11 @@ credentials (read access to the bucket), without them exit 77. How a lease
 ended: "released", "expired", "revoked" (with the operator's reason),
 "cancelled" (its acquire was cancelled), or "handed-over" (a release,
 expiry or revoke that gave the resource to the next waiter in the same
-write, whose "granted" follows). Never prints lease ids. Stops on Ctrl-C or
-after --for.
+write, whose "granted" follows). A lease held by a session shows the
+session's owner (session=OWNER; "session" when it has none or has ended
+already); its leases end "released" when the session is closed, "expired"
+when it was not kept alive. Never prints lease ids or session ids. Stops on
+Ctrl-C or after --for.
 
 Example:
   jetlock --user inspector --password inspector watch --for 1h lock:backup:`
@@ -60,6 +63,11 @@ type watchEvent struct {
 	ExpiresAt string `json:"expires_at,omitempty"`
 	// Reason is a revoke's reason.
 	Reason string `json:"reason,omitempty"`
+	// InSession marks a lease held by a session, SessionOwner names the
+	// session's owner (empty when it has none, or ended before it was
+	// read), as the list reply does.
+	InSession    bool   `json:"in_session,omitempty"`
+	SessionOwner string `json:"session_owner,omitempty"`
 }
 
 // Run watches until Ctrl-C or --for.
@@ -96,6 +104,7 @@ func (c *watchCmd) Run(g *globals) error {
 	defer w.Stop() //nolint:errcheck // ending anyway
 	last := map[string]*streams.Record{}
 	initial := true
+	owners := sessionOwners{kv: kv, timeout: g.Timeout, known: map[string]string{}}
 	for {
 		select {
 		case <-ctx.Done():
@@ -111,7 +120,7 @@ func (c *watchCmd) Run(g *globals) error {
 				initial = false
 				continue
 			}
-			for _, ev := range c.events(e, last, initial) {
+			for _, ev := range c.events(ctx, e, last, initial, owners.of) {
 				c.print(ev)
 			}
 		}
@@ -119,8 +128,10 @@ func (c *watchCmd) Run(g *globals) error {
 }
 
 // events turns one bucket entry into the events it means, keeping last,
-// the current record of every key.
-func (c *watchCmd) events(e jetstream.KeyValueEntry, last map[string]*streams.Record, initial bool) []watchEvent {
+// the current record of every key. sessionOwner names the owner of a
+// lease's session.
+func (c *watchCmd) events(ctx context.Context, e jetstream.KeyValueEntry, last map[string]*streams.Record, initial bool,
+	sessionOwner func(ctx context.Context, hash string) string) []watchEvent {
 	resource, err := streams.DecodeResource(strings.TrimPrefix(e.Key(), streams.LeaseKeyPrefix))
 	if err != nil || !strings.HasPrefix(resource, c.Prefix) {
 		return nil
@@ -128,9 +139,15 @@ func (c *watchCmd) events(e jetstream.KeyValueEntry, last map[string]*streams.Re
 	at := streams.FormatTime(e.Created())
 	prev := last[e.Key()]
 	var out []watchEvent
+	inSession := func(ev watchEvent, rec *streams.Record) watchEvent {
+		if rec.Session != "" {
+			ev.InSession, ev.SessionOwner = true, sessionOwner(ctx, rec.Session)
+		}
+		return ev
+	}
 	ended := func(how, reason string) {
 		if prev != nil {
-			out = append(out, watchEvent{Time: at, Event: how, Resource: resource, Owner: prev.Owner, Token: prev.Token, Reason: reason})
+			out = append(out, inSession(watchEvent{Time: at, Event: how, Resource: resource, Owner: prev.Owner, Token: prev.Token, Reason: reason}, prev))
 		}
 	}
 	switch e.Operation() {
@@ -142,7 +159,7 @@ func (c *watchCmd) events(e jetstream.KeyValueEntry, last map[string]*streams.Re
 		fresh := rec.Token == 0
 		rec.Token = rec.TokenAt(e.Revision())
 		last[e.Key()] = rec
-		ev := watchEvent{Time: at, Resource: resource, Owner: rec.Owner, Token: rec.Token, ExpiresAt: rec.ExpiresAt}
+		ev := inSession(watchEvent{Time: at, Resource: resource, Owner: rec.Owner, Token: rec.Token, ExpiresAt: rec.ExpiresAt}, rec)
 		switch {
 		case initial:
 			ev.Event = "held"
@@ -164,7 +181,7 @@ func (c *watchCmd) events(e jetstream.KeyValueEntry, last map[string]*streams.Re
 		switch {
 		case m == nil:
 			ended(endHow(prev, at), "")
-		case m.Why != "":
+		case endWords[m.Why] != "":
 			ended(endWords[m.Why], m.Reason)
 		default: // a mark of a release before end marks said why
 			ended(endHow(prev, m.EndedAt), "")
@@ -173,9 +190,50 @@ func (c *watchCmd) events(e jetstream.KeyValueEntry, last map[string]*streams.Re
 	return out
 }
 
-// endWords names the events of an end mark's why.
+// endWords names the events of an end mark's why. A session's leases end
+// with its close ("session_close") or its expiry ("session_expiry"); a why
+// not known here is told by endHow.
 var endWords = map[string]string{
 	streams.EndRelease: "released", streams.EndExpiry: "expired", streams.EndRevoke: "revoked", streams.EndCancel: "cancelled",
+	"session_close": "released", "session_expiry": "expired",
+}
+
+// sessionOwners reads the owners of sessions from their records in the
+// bucket, once per session. A lease record names its session by the key
+// hash of the session's record, never by the session id.
+type sessionOwners struct {
+	kv      jetstream.KeyValue
+	timeout time.Duration
+	known   map[string]string // key hash -> owner ("" once ended or unreadable)
+}
+
+// maxKnownSessions bounds the owners remembered: a watch may run for
+// long, through many sessions.
+const maxKnownSessions = 10_000
+
+// of returns the owner of the session whose key hash is hash, "" when it
+// has none or has ended already.
+func (o *sessionOwners) of(ctx context.Context, hash string) string {
+	if owner, ok := o.known[hash]; ok {
+		return owner
+	}
+	gctx, cancel := context.WithTimeout(ctx, o.timeout)
+	e, err := o.kv.Get(gctx, streams.SessionKey(hash))
+	cancel()
+	owner := ""
+	switch {
+	case err == nil:
+		if rec, err := streams.ParseSession(e.Value(), e.Revision()); err == nil {
+			owner = rec.Owner
+		}
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return "" // not known now; asked again at the next event
+	}
+	if len(o.known) >= maxKnownSessions {
+		clear(o.known)
+	}
+	o.known[hash] = owner
+	return owner
 }
 
 // endHow guesses how prev ended at endedAt (a wire time), for a mark that
@@ -200,6 +258,9 @@ func (c *watchCmd) print(ev watchEvent) {
 	line := fmt.Sprintf("%s  %-8s %s  owner=%s token=%d", ev.Time, ev.Event, ev.Resource, dash(ev.Owner), ev.Token)
 	if ev.ExpiresAt != "" {
 		line += " expires=" + ev.ExpiresAt
+	}
+	if ev.InSession {
+		line += " session=" + sessionLabel(true, ev.SessionOwner)
 	}
 	if ev.Reason != "" {
 		line += " reason=" + strconv.Quote(ev.Reason)
