@@ -237,7 +237,13 @@ func (l *locks) expire(ctx context.Context, it dueItem) {
 		// A session's lease made due (tracker.orphansDue) while the
 		// tracker does not know its session: end it if the session's
 		// record is gone.
-		if gone, err := l.sessionGone(ctx, o.rec.Session); err != nil || !gone {
+		gone, err := l.sessionGone(ctx, o.rec.Session)
+		if err != nil {
+			l.tracker.retryAt(it, time.Now().Add(time.Second))
+			return
+		}
+		if !gone {
+			l.tracker.retryAt(it, l.tracker.deadline(&o))
 			return
 		}
 	}

@@ -61,6 +61,7 @@ func (t *tracker) indexSessionMember(key string, old, rec *streams.Record) {
 		}
 		if m.size() == 0 {
 			delete(t.sessions, from)
+			delete(t.orphans, from)
 		}
 	}
 	if to == "" {
@@ -82,6 +83,7 @@ func (t *tracker) indexSessionMember(key string, old, rec *streams.Record) {
 // held it (if wasHeld) to the tenant of e (if held), and when the session
 // ended, makes its members due. The caller holds t.mu.
 func (t *tracker) sessionChanged(key string, wasHeld bool, wasTenant string, e entry, now time.Time) {
+	delete(t.orphans, sessionHashOf(key))
 	if wasHeld && e.held() && e.rec.Tenant == wasTenant {
 		return // a keepalive
 	}
@@ -131,9 +133,21 @@ func (t *tracker) orphansDue(now time.Time) {
 	defer t.mu.Unlock()
 	for hash := range t.sessions {
 		if _, known := t.lookup(streams.SessionKey(hash)); !known {
+			t.orphans[hash] = struct{}{}
 			t.membersDue(hash, now)
 		}
 	}
+}
+
+// orphanedLocked reports whether rec, a lease or waiter record, belongs
+// to a session the tracker suspects gone (see orphansDue). The caller
+// holds t.mu.
+func (t *tracker) orphanedLocked(rec *streams.Record) bool {
+	if rec == nil || rec.Session == "" {
+		return false
+	}
+	_, ok := t.orphans[rec.Session]
+	return ok
 }
 
 // sessionEnded reports whether the tracker knows session hash to have
@@ -196,14 +210,15 @@ func (t *tracker) sessionCounts(tenant string) (ofTenant, all int) {
 	return t.tenantSessions[tenant], t.nSessions
 }
 
-// sessionOwner returns the owner of session hash as the tracker knows it.
-func (t *tracker) sessionOwner(hash string) string {
+// sessionInfo returns the owner and expiry of session hash as the
+// tracker knows it, and whether it knows it live.
+func (t *tracker) sessionInfo(hash string) (owner, expires string, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if o, ok := t.keys[streams.SessionKey(hash)]; ok && o.held() {
-		return o.rec.Owner
+		return o.rec.Owner, o.rec.ExpiresAt, true
 	}
-	return ""
+	return "", "", false
 }
 
 // sessionSizes returns the number of leases of every session that holds

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/streams"
@@ -89,6 +92,13 @@ func TestSessionCloseEndsEverything(t *testing.T) {
 		if !st.Held || st.Token != held[i].Token || !st.InSession || st.SessionOwner != "sess-s1" {
 			t.Fatalf("status of a kept session lease: %+v", st)
 		}
+		// Its expiry is its session's, not its hold limit's.
+		if at, err := streams.ParseTime(st.ExpiresAt); err != nil || time.Until(at) > 10*time.Second {
+			t.Fatalf("a session lease's expires_at %q: want its session's, within its TTL", st.ExpiresAt)
+		}
+	}
+	if r := c.send(streams.OpStatus, streams.StatusRequest{Resource: "sc/none"}); strings.Contains(string(r.raw), "in_session") {
+		t.Fatalf("status of a free resource names in_session: %s", r.raw)
 	}
 	// A renewal of a session lease is refused and changes nothing.
 	if _, r := c.renew("sc/0", held[0].LeaseID, 30000); r.errCode != streams.CodeInvalidRequest || !strings.Contains(r.err.Message, "keep the session alive") {
@@ -356,5 +366,184 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return !c.status("rs/1").Held }, "the lease of a session no longer kept alive is freed")
 	if _, r := c.keepalive(id); r.errCode != streams.CodeLeaseLost {
 		t.Fatalf("keepalive after expiry: %q", r.errCode)
+	}
+}
+
+// Acquires racing the expiry of their session never leave a live lease on
+// it: what was granted before the end ends with it, and nothing is
+// granted after.
+func TestSessionAcquireRacesExpiry(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	for round := range 4 {
+		id := c.mustOpen(fmt.Sprintf("exp-race-%d", round), 1000)
+		// No keepalive: the session ends 1.5 s after it was seen. Acquire
+		// through that moment.
+		deadline := time.Now().Add(2500 * time.Millisecond)
+		var wg sync.WaitGroup
+		for w := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; time.Now().Before(deadline); i++ {
+					res := fmt.Sprintf("er/%d/%d/%d", round, w, i)
+					_, r := c.acquire(streams.AcquireRequest{Resource: res, RequestID: "r", SessionID: id})
+					switch r.errCode {
+					case "", streams.CodeLeaseLost:
+					default:
+						t.Errorf("acquire racing expiry: %s %s", r.errCode, r.err.Message)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}()
+		}
+		wg.Wait()
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			for w := range 3 {
+				for i := 0; ; i++ {
+					st := c.status(fmt.Sprintf("er/%d/%d/%d", round, w, i))
+					if st.Held {
+						return false
+					}
+					if i > 150 {
+						break
+					}
+				}
+			}
+			return true
+		}, "round %d: a lease of the expired session is still held", round)
+	}
+}
+
+// A waiter in a session is handed the resource as a lease of its session,
+// which its session's close then releases.
+func TestSessionWaiterHandedOver(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	other := caller{t: t, nc: env.Connect()}
+	id := c.mustOpen("waits", 5000)
+	h := other.mustAcquire("hw/1", "h", 30000)
+	wait := c.acquireAsync(streams.AcquireRequest{Resource: "hw/1", RequestID: "w", SessionID: id, WaitMs: 20000})
+	waitForWaiters(t, c, "hw/1", 1)
+	if ok, _ := other.release("hw/1", h.LeaseID); !ok {
+		t.Fatal("release")
+	}
+	var l streams.LeaseResponse
+	(<-wait).decode(t, &l)
+	if l.Token <= h.Token || l.TTLms != 5000 {
+		t.Fatalf("handed over: %+v, want a token above %d and the session's ttl", l, h.Token)
+	}
+	if st := c.status("hw/1"); !st.InSession || st.Token != l.Token {
+		t.Fatalf("status after the hand-over: %+v", st)
+	}
+	if _, r := c.renew("hw/1", l.LeaseID, 5000); r.errCode != streams.CodeInvalidRequest {
+		t.Fatalf("renew of the handed-over session lease: %q", r.errCode)
+	}
+	if cr := c.closeSession(id); cr.Released != 1 {
+		t.Fatalf("close: %+v", cr)
+	}
+	if st := c.status("hw/1"); st.Held {
+		t.Fatalf("still held after close: %+v", st)
+	}
+}
+
+// Closing a session of many leases ends them in atomic batches of many
+// keys: far fewer commits than leases.
+func TestSessionCloseBatches(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := testenv.Config()
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	env.Serve(cfg)
+	c := caller{t: t, nc: env.Connect()}
+	js, err := jetstream.New(env.ConnectAs(devcluster.Store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := c.mustOpen("many", 30000)
+	const n = 200
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			c.mustAcquireIn(id, fmt.Sprintf("many/%03d", i), "r")
+		}()
+	}
+	wg.Wait()
+	stream, err := js.Stream(t.Context(), streams.StreamName(streams.DefaultBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := stream.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deletes := func() float64 {
+		return testenv.Metric(t, reg, "jetlock_store_commit_duration_seconds", map[string]string{"op": "delete"})
+	}
+	commitsBefore := deletes()
+	if cr := c.closeSession(id); cr.Released != n {
+		t.Fatalf("close: %+v, want %d released", cr, n)
+	}
+	// The session's delete, and the leases' in batches of up to 64.
+	if commits := deletes() - commitsBefore; commits > 1+(n+63)/64 {
+		t.Fatalf("close committed %v deletes for %d leases, want at most %d", commits, n, 1+(n+63)/64)
+	}
+	if m := testenv.Metric(t, reg, "jetlock_session_events_total", map[string]string{"event": "session_close"}); m != 1 {
+		t.Fatalf("session_close events %v, want 1", m)
+	}
+	after, err := stream.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One delete per lease and one for the session, in about n/64 batches.
+	if msgs := after.State.LastSeq - before.State.LastSeq; msgs != n+1 {
+		t.Fatalf("close wrote %d messages, want %d", msgs, n+1)
+	}
+	for i := 0; i < n; i += 37 {
+		if st := c.status(fmt.Sprintf("many/%03d", i)); st.Held {
+			t.Fatalf("many/%03d held after close", i)
+		}
+	}
+}
+
+// A lease whose session's record is gone (as when every instance was down
+// while the session ended and its end mark left the bucket) is nobody's:
+// an instance that starts frees it, and an acquire takes it over.
+func TestSessionOrphanLeaseFreed(t *testing.T) {
+	env := testenv.Start(t)
+	first := env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	if err := first.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(env.ConnectAs(devcluster.Store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(t.Context(), streams.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := strings.Repeat("7", streams.SessionHashLen)
+	for _, res := range []string{"orphan/1", "orphan/2"} {
+		rec := fmt.Sprintf(`{"lease_id":"%s","request_id":"r","ttl_ms":3600000,"token":0,"granted_at":"2026-12-01T00:00:00.000Z","renewed_at":"2026-12-01T00:00:00.000Z","expires_at":"2026-12-01T01:00:00.000Z","session":"%s"}`,
+			strings.Repeat("1", 32), gone)
+		if _, err := kv.Put(t.Context(), streams.LeaseKey(res), []byte(rec)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env.Serve(testenv.Config())
+	testenv.Eventually(t, 10*time.Second, func() bool { return !c.status("orphan/1").Held }, "the orphaned lease is freed")
+	if l, r := c.acquire(streams.AcquireRequest{Resource: "orphan/2", RequestID: "new", TTLms: 5000}); r.errCode != "" {
+		t.Fatalf("acquire over an orphaned lease: %s %s", r.errCode, r.err.Message)
+	} else if l.Token == 0 {
+		t.Fatal("no token")
 	}
 }

@@ -116,6 +116,11 @@ func errNoSession() *opError {
 	return newOpError(streams.CodeLeaseLost, "session has ended (or is not this caller's): open a new one")
 }
 
+// sessionEnded is the answer to a retried open whose session has ended.
+func sessionEnded(requestID string) *opError {
+	return newOpError(streams.CodeLeaseLost, "request_id %q opened a session before, and that session has ended: open a new one with a new request_id", requestID)
+}
+
 // openSession opens the session of r, or answers a retry of the same open
 // with the same session while it lives (as a keepalive), and lease_lost
 // once it has ended.
@@ -126,7 +131,7 @@ func (l *locks) openSession(ctx context.Context, r *sessionReq) (*streams.Sessio
 	}
 	defer st.unlock()
 	if l.tracker.hasEnded(r.key, r.requestID, r.tenant) {
-		return nil, leaseEnded(r.requestID)
+		return nil, sessionEnded(r.requestID)
 	}
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
@@ -153,7 +158,7 @@ func (l *locks) openSession(ctx context.Context, r *sessionReq) (*streams.Sessio
 			}
 			return &streams.SessionResponse{SessionID: sessionID(r.hash, o.rec), TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt}, nil
 		case o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window):
-			return nil, leaseEnded(r.requestID)
+			return nil, sessionEnded(r.requestID)
 		}
 		if n, _ := l.tracker.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
 			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n)
@@ -174,7 +179,7 @@ func (l *locks) openSession(ctx context.Context, r *sessionReq) (*streams.Sessio
 			// Opened before (and since ended, or the read above was
 			// stale): decide on a fresh read.
 			if fresh {
-				return nil, leaseEnded(r.requestID)
+				return nil, sessionEnded(r.requestID)
 			}
 			fresh = true
 			continue
@@ -519,7 +524,15 @@ func (l *locks) session(ctx context.Context, g *grantReq, fresh bool) (observati
 // negative answer (see confirmNegative), through the session's gate: the
 // confirming write checks the session's key, as its grants do. A conflict
 // is decided again after a pause.
+//
+// A read that found the session's record deleted needs no proof: a stale
+// leader answers from a prefix of the stream, in which that delete is
+// committed too, and an ended session never lives again (a new open of
+// the same request id makes a new secret).
 func (l *locks) confirmSession(ctx context.Context, hash string, o observation) error {
+	if o.rev != 0 && !o.held() && !o.foreign {
+		return nil
+	}
 	gate, err := l.sessionGate(ctx, hash)
 	if err != nil {
 		return err
@@ -533,15 +546,21 @@ func (l *locks) confirmSession(ctx context.Context, hash string, o observation) 
 }
 
 // sessionOf says whether rec, a lease record, belongs to a session, and
-// that session's owner as who may see it (as the lease's owner).
-func (l *locks) sessionOf(rec *streams.Record, who origin) (bool, string) {
+// that session's owner as who may see it (as the lease's owner). For a
+// lease of a session it sets *expires to the session's expiry (the
+// lease's own is its hold limit), when the tracker knows the session.
+func (l *locks) sessionOf(rec *streams.Record, who origin, expires *string) (bool, string) {
 	if rec.Session == "" {
 		return false, ""
+	}
+	owner, until, ok := l.tracker.sessionInfo(rec.Session)
+	if ok && until < *expires {
+		*expires = until // both RFC 3339 in UTC with milliseconds
 	}
 	if !who.sees(rec) {
 		return true, ""
 	}
-	return true, l.tracker.sessionOwner(rec.Session)
+	return true, owner
 }
 
 // sessionGone reports whether a fresh read finds session hash ended or

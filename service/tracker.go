@@ -78,6 +78,9 @@ type tracker struct {
 	sessions       map[string]*sessionMembers
 	tenantSessions map[string]int
 	nSessions      int
+	// orphans holds the sessions whose members the tracker knows but whose
+	// records it did not find once synced: their members are due at once.
+	orphans map[string]struct{}
 
 	// ended remembers, for the retry window, the request ids whose leases
 	// ended (keyed by lease key and request id), so that a retry is
@@ -188,6 +191,7 @@ func (t *tracker) resetLocked() {
 	t.left = make(map[string]time.Time)
 	t.nWaiters = 0
 	t.sessions, t.tenantSessions, t.nSessions = make(map[string]*sessionMembers), make(map[string]int), 0
+	t.orphans = make(map[string]struct{})
 }
 
 // reset forgets every observation, keeping the highest revision seen: after
@@ -391,6 +395,9 @@ func (t *tracker) ownDeadline(o *observation) time.Time {
 // deadlineLocked is deadline; the caller holds t.mu.
 func (t *tracker) deadlineLocked(o *observation) time.Time {
 	d := t.ownDeadline(o)
+	if t.orphanedLocked(o.rec) {
+		return o.seen
+	}
 	if o.rec != nil && o.rec.Session != "" {
 		if end, ended := t.sessionEndedLocked(o.rec.Session); ended && end.Add(sessionTakeover).Before(d) {
 			d = end.Add(sessionTakeover)

@@ -164,8 +164,9 @@ type StatusResponse struct {
 	Waiters   int    `json:"waiters"`
 	HoldUntil string `json:"hold_until,omitempty"`
 	// InSession marks a lease held by a session; SessionOwner is that
-	// session's owner, shown as Owner is.
-	InSession    bool   `json:"in_session,omitempty"`
+	// session's owner, shown as Owner is. ExpiresAt of such a lease is its
+	// session's.
+	InSession    bool   `json:"in_session,omitzero"`
 	SessionOwner string `json:"session_owner,omitempty"`
 }
 
@@ -180,7 +181,7 @@ type LeaseInfo struct {
 	Waiters   int    `json:"waiters"`
 	HoldUntil string `json:"hold_until,omitempty"`
 	// InSession and SessionOwner are as in StatusResponse.
-	InSession    bool   `json:"in_session,omitempty"`
+	InSession    bool   `json:"in_session,omitzero"`
 	SessionOwner string `json:"session_owner,omitempty"`
 }
 
