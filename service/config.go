@@ -85,6 +85,11 @@ type Config struct {
 	// instance knows them; beyond them acquire (or session.open) answers
 	// too_many_waiters. The defaults are 10000 and 10000.
 	MaxPerSession, MaxSessionsPerTenant int
+	// MaxSetSize caps the resources of one lock set, between 2 and
+	// streams.MaxSetSize (a set's grant after waiting is one atomic batch
+	// of two writes a resource, within JetStream's 1,000 messages). The
+	// default is 64.
+	MaxSetSize int
 	// MaxWaiting caps the waiting acquires one instance serves at once
 	// (waits do not count toward MaxInFlight); keep MaxWaitersPerTenant
 	// well below it, so that no one tenant can take every place. The
@@ -205,6 +210,7 @@ func DefaultConfig() Config {
 		MaxWaitersPerTenant:   1000,
 		MaxPerSession:         10000,
 		MaxSessionsPerTenant:  10000,
+		MaxSetSize:            streams.DefaultSetSize,
 		MaxWaiting:            10000,
 		MaxPerKey:             64,
 		Operators:             []string{"OPERATORS"},
@@ -253,6 +259,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerTenant < 1 || c.MaxWaiting < 1 || c.MaxPerKey < 1 {
 		return bad("waiter caps and max per key must be at least 1")
+	}
+	if c.MaxSetSize < streams.MinSetSize || c.MaxSetSize > streams.MaxSetSize {
+		return bad("max set size %d outside [%d, %d]", c.MaxSetSize, streams.MinSetSize, streams.MaxSetSize)
 	}
 	if c.MaxPerSession < 1 || c.MaxSessionsPerTenant < 1 {
 		return bad("max leases and waits per session (%d) and sessions per tenant (%d) must be at least 1", c.MaxPerSession, c.MaxSessionsPerTenant)

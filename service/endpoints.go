@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -161,6 +162,9 @@ func (s *Service) urgency(req *request) (bool, time.Time) {
 			return false, time.Time{}
 		}
 		resource, leaseID = req.renew.Resource, req.renew.LeaseID
+		if len(req.renew.Resources) > 0 {
+			resource = req.renew.Resources[0] // every key of a set holds its lease
+		}
 	case streams.OpRelease:
 		req.release = new(streams.ReleaseRequest)
 		if decode(req.r.Data(), req.release) != nil {
@@ -168,6 +172,9 @@ func (s *Service) urgency(req *request) (bool, time.Time) {
 			return false, time.Time{}
 		}
 		resource, leaseID = req.release.Resource, req.release.LeaseID
+		if len(req.release.Resources) > 0 {
+			resource = req.release.Resources[0]
+		}
 	case streams.OpSessionKeepalive:
 		req.keepalive = new(streams.SessionKeepaliveRequest)
 		if decode(req.r.Data(), req.keepalive) != nil {
@@ -208,9 +215,12 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 	who, data := req.who, req.r.Data()
 	switch req.op {
 	case streams.OpAcquire:
-		g, wait, err := s.acquireRequest(data, who)
+		g, set, wait, err := s.acquireRequest(data, who)
 		if err != nil {
 			return nil, err
+		}
+		if set != nil {
+			return s.acquireSet(ctx, set, wait, sl)
 		}
 		if err := s.limits.allow(g.owner, who, opCost(req.op, wait > 0, 0)); err != nil {
 			return nil, err
@@ -240,6 +250,13 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 				return nil, err
 			}
 		}
+		if body.Resources != nil {
+			set, err := s.setOf(body.Resources)
+			if err != nil {
+				return nil, err
+			}
+			return s.locks.renewSet(ctx, set, body.LeaseID, ttl, who)
+		}
 		return s.locks.renew(ctx, body.Resource, body.LeaseID, ttl, who)
 	case streams.OpRelease:
 		body := req.release
@@ -254,6 +271,13 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 				return nil, err
 			}
 		}
+		if body.Resources != nil {
+			set, err := s.setOf(body.Resources)
+			if err != nil {
+				return nil, err
+			}
+			return s.locks.releaseSet(ctx, set, body.LeaseID, who)
+		}
 		return s.locks.release(ctx, body.Resource, body.LeaseID, who)
 	case streams.OpCancel:
 		var body streams.CancelRequest
@@ -262,6 +286,13 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 		}
 		if err := s.limits.allow("", who, opCost(req.op, false, 0)); err != nil {
 			return nil, err
+		}
+		if body.Resources != nil {
+			set, err := s.setOf(body.Resources)
+			if err != nil {
+				return nil, err
+			}
+			return s.locks.cancelSet(ctx, set, body.RequestID, who)
 		}
 		return s.locks.cancel(ctx, body.Resource, body.RequestID, who)
 	case streams.OpStatus:
@@ -384,22 +415,36 @@ func decode(data []byte, req interface{ Validate() error }) error {
 }
 
 // acquireRequest decodes and validates an acquire: every number is
-// bounds-checked before any arithmetic.
-func (s *Service) acquireRequest(data []byte, who origin) (*grantReq, time.Duration, error) {
+// bounds-checked before any arithmetic. An acquire of a lock set comes
+// back as a setReq, any other as a grantReq.
+func (s *Service) acquireRequest(data []byte, who origin) (*grantReq, *setReq, time.Duration, error) {
 	var req streams.AcquireRequest
 	if err := decode(data, &req); err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	ttl, err := s.ttl(req.TTLms)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	if req.WaitMs < 0 || req.WaitMs > s.cfg.MaxWait.Milliseconds() {
-		return nil, 0, fmt.Errorf("%w: wait_ms %d outside [0, %d]", streams.ErrInvalid, req.WaitMs, s.cfg.MaxWait.Milliseconds())
+		return nil, nil, 0, fmt.Errorf("%w: wait_ms %d outside [0, %d]", streams.ErrInvalid, req.WaitMs, s.cfg.MaxWait.Milliseconds())
 	}
 	hold, err := s.maxHold(req.MaxHoldMs)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
+	}
+	wait := time.Duration(req.WaitMs) * time.Millisecond
+	if req.Resources != nil {
+		set, err := s.setOf(req.Resources)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		r := newSetReq(set, req.RequestID, req.Owner, who)
+		r.ttl, r.maxHold = ttl, hold
+		if req.SessionID != "" {
+			r.session, r.secret, _ = streams.SplitSessionID(req.SessionID)
+		}
+		return nil, r, wait, nil
 	}
 	tenant := who.tenant()
 	g := &grantReq{resource: req.Resource, requestID: req.RequestID, owner: req.Owner,
@@ -409,7 +454,38 @@ func (s *Service) acquireRequest(data []byte, who origin) (*grantReq, time.Durat
 		// Validate has checked its form, and that no ttl_ms came with it.
 		g.session, g.secret, _ = streams.SplitSessionID(req.SessionID)
 	}
-	return g, time.Duration(req.WaitMs) * time.Millisecond, nil
+	return g, nil, wait, nil
+}
+
+// setOf checks the resources of a request naming a lock set against the
+// deployment's cap and returns them sorted.
+func (s *Service) setOf(resources []string) ([]string, error) {
+	return streams.NormalizeSet(resources, s.cfg.MaxSetSize)
+}
+
+// acquireSet serves the acquire of a lock set: its fair-use cost (a write
+// per four resources, at least one; twice that when it waits), the
+// tenant's lease cap, then the decision, waiting or not.
+func (s *Service) acquireSet(ctx context.Context, r *setReq, wait time.Duration, sl *slot) (any, error) {
+	cost := float64(1 + (len(r.keys)-1)/4)
+	if wait > 0 {
+		cost *= 2
+	}
+	if err := s.limits.allow(r.owner, r.who, cost); err != nil {
+		return nil, err
+	}
+	if s.cfg.MaxLeasesPerTenant > 0 {
+		if n := s.tracker.tenantLeaseCount(r.tenant); n+len(r.keys) > s.cfg.MaxLeasesPerTenant {
+			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user holds %d leases and the set needs %d more: the cap is %d", n, len(r.keys), s.cfg.MaxLeasesPerTenant)
+		}
+	}
+	for _, res := range r.resources {
+		s.report.touched(res)
+	}
+	if wait > 0 {
+		return s.wait(s.locks.newSetWaiter(r), r.hash, wait, sl)
+	}
+	return s.locks.acquireSet(ctx, r)
 }
 
 // ttl converts a request's ttl_ms, checked against the bounds first.
@@ -538,7 +614,7 @@ func (s *Service) replyJSON(r micro.Request, v any) {
 
 func (s *Service) replyError(r micro.Request, oe *opError) {
 	body, _ := json.Marshal(streams.ErrorResponse{Error: streams.ErrorDetail{Code: oe.code, Message: oe.msg, Holder: oe.holder,
-		RetryAfterMs: oe.retryAfter.Milliseconds()}})
+		Holders: oe.holders, RetryAfterMs: oe.retryAfter.Milliseconds()}})
 	m := &nats.Msg{Subject: r.Reply(), Data: body, Header: nats.Header{}}
 	m.Header.Set(micro.ErrorHeader, oe.msg)
 	m.Header.Set(micro.ErrorCodeHeader, strconv.Itoa(streams.StatusCode(oe.code)))

@@ -18,6 +18,7 @@ type opError struct {
 	code       string
 	msg        string
 	holder     *streams.Holder
+	holders    []streams.Holder // the held resources of a set
 	retryAfter time.Duration
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jetlock/jetlock/streams"
@@ -90,7 +91,9 @@ func (l *locks) end(ctx context.Context, resource, key string, o observation, wh
 	gone := []string{requestHash(resource, o.rec.RequestID, o.rec.Tenant)}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		w, ok := l.tracker.head(enc, gone...)
-		if !ok || l.guard.grants() != nil {
+		if !ok || l.guard.grants() != nil || w.set != "" {
+			// A waiter for a lock set claims all of its resources at once
+			// (sets.go): it is woken to, rather than handed this one.
 			return l.remove(ctx, key, o, why, reason)
 		}
 		err := l.handOver(ctx, resource, key, o, w)
@@ -220,6 +223,10 @@ func (l *locks) wakeHead(enc string) {
 // waiter gets the resource in the same write. Every instance sweeps; the
 // compare-and-set lets exactly one succeed.
 func (l *locks) expire(ctx context.Context, it dueItem) {
+	if o, ok := l.tracker.get(it.key); ok && o.rev == it.rev && o.held() && o.rec.Set != "" && strings.HasPrefix(it.key, streams.LeaseKeyPrefix) && l.tracker.expired(o, time.Now()) {
+		l.expireSet(ctx, it, o) // a set ends whole; it locks every key
+		return
+	}
 	st, err := l.lock(ctx, it.key)
 	if err != nil {
 		l.tracker.retryAt(it, time.Now().Add(time.Second))
@@ -230,6 +237,7 @@ func (l *locks) expire(ctx context.Context, it dueItem) {
 	if !ok || o.rev != it.rev {
 		return // renewed, released or forgotten meanwhile
 	}
+
 	if !l.tracker.expired(o, time.Now()) {
 		if !o.held() || o.rec.Session == "" {
 			return

@@ -23,7 +23,7 @@ func TestCancelBeforeTheWaiterWriteWins(t *testing.T) {
 	s, req := runInternal(t, DefaultConfig())
 	var holder streams.LeaseResponse
 	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "cb", RequestID: "h"}).Data, &holder)
-	g, _, err := s.acquireRequest([]byte(`{"resource":"cb","request_id":"w","wait_ms":30000}`), origin{})
+	g, _, _, err := s.acquireRequest([]byte(`{"resource":"cb","request_id":"w","wait_ms":30000}`), origin{})
 	if err != nil {
 		t.Fatal(err)
 	}

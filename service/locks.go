@@ -497,6 +497,7 @@ func (l *locks) status(ctx context.Context, resource string, who origin) (*strea
 		resp.ExpiresAt = o.rec.ExpiresAt
 		resp.HoldUntil = o.rec.HoldUntil
 		resp.InSession, resp.SessionOwner = l.sessionOf(o.rec, who, &resp.ExpiresAt)
+		resp.SetSize = o.rec.SetSize
 	}
 	return resp, nil
 }
@@ -518,6 +519,7 @@ func (l *locks) list(req *streams.ListRequest, who origin) *streams.ListResponse
 		info := streams.LeaseInfo{Resource: it.resource, Owner: ownerFor(it.o.rec, who),
 			Token: it.o.rec.TokenAt(it.o.rev), ExpiresAt: it.o.rec.ExpiresAt, Waiters: it.waiters, HoldUntil: it.o.rec.HoldUntil}
 		info.InSession, info.SessionOwner = l.sessionOf(it.o.rec, who, &info.ExpiresAt)
+		info.SetSize = it.o.rec.SetSize
 		resp.Leases = append(resp.Leases, info)
 	}
 	if more && len(page) > 0 {

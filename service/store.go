@@ -321,17 +321,23 @@ type check struct {
 // the stream, which is what lets whoever ends a session find every lease
 // it holds (see endSession).
 func (s *store) grantMsgs(key string, body []byte, expect uint64, msgID string, session check) []*batchMsg {
-	grant := nats.NewMsg(s.subjPfx + key)
-	grant.Data = body
-	grant.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
-	if msgID != "" {
-		grant.Header.Set(jetstream.MsgIDHeader, msgID)
-	}
-	msgs := []*batchMsg{{Msg: grant}}
+	msgs := []*batchMsg{s.putMsg(key, body, expect, msgID)}
 	if session.key != "" {
 		msgs = append(msgs, &batchMsg{Msg: s.checkMsg(session.key, session.rev)})
 	}
 	return msgs
+}
+
+// putMsg is the write of body at key if its last revision is still expect,
+// with message id msgID if not empty, for an atomic batch.
+func (s *store) putMsg(key string, body []byte, expect uint64, msgID string) *batchMsg {
+	m := nats.NewMsg(s.subjPfx + key)
+	m.Data = body
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+	if msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
+	return &batchMsg{Msg: m}
 }
 
 // checkMsg is a write that commits only if key's last revision is rev: a

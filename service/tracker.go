@@ -81,6 +81,9 @@ type tracker struct {
 	// orphans holds the sessions whose members the tracker knows but whose
 	// records it did not find once synced: their members are due at once.
 	orphans map[string]struct{}
+	// setLeases indexes the lease keys of each lock set's lease, by its
+	// lease id (see set_index.go).
+	setLeases map[string]map[string]struct{}
 
 	// ended remembers, for the retry window, the request ids whose leases
 	// ended (keyed by lease key and request id), so that a retry is
@@ -154,6 +157,8 @@ type waiterInfo struct {
 	leaseTTL  time.Duration // what its acquire asked for
 	maxHold   time.Duration
 	session   string // the key hash of its session, if any
+	set       string // the hash of its lock set, if it waits for one
+	setSize   int
 }
 
 type observation struct {
@@ -192,6 +197,7 @@ func (t *tracker) resetLocked() {
 	t.nWaiters = 0
 	t.sessions, t.tenantSessions, t.nSessions = make(map[string]*sessionMembers), make(map[string]int), 0
 	t.orphans = make(map[string]struct{})
+	t.setLeases = make(map[string]map[string]struct{})
 }
 
 // reset forgets every observation, keeping the highest revision seen: after
@@ -267,6 +273,7 @@ func (t *tracker) observe(key string, e entry) observation {
 		}
 		t.countTenantLease(wasHeld, wasTenant, e)
 		t.indexSessionMember(key, wasRec, e.rec)
+		t.indexSetMember(key, wasRec, e.rec)
 	}
 	t.forgetGone(now, 16)
 	return o
@@ -489,7 +496,7 @@ func (t *tracker) indexWaiter(key string, e entry) {
 	}
 	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), rev: e.rev, owner: e.rec.Owner, tenant: e.rec.Tenant, requestID: e.rec.RequestID,
 		wake: e.rec.Wake, leaseTTL: time.Duration(e.rec.LeaseTTLms) * time.Millisecond, maxHold: time.Duration(e.rec.MaxHoldMs) * time.Millisecond,
-		session: e.rec.Session}
+		session: e.rec.Session, set: e.rec.Set, setSize: e.rec.SetSize}
 	t.nWaiters++
 	t.tenantWaits[e.rec.Tenant]++
 }
@@ -516,22 +523,23 @@ next:
 }
 
 // ahead returns the number of waiters on the encoded resource with a
-// smaller ticket than the waiter hash, or all of them if hash is not
-// queued there, and when a waiter last left that queue.
-func (t *tracker) ahead(enc, hash string) (n int, left time.Time) {
+// smaller ticket than the waiter hash (all of them if hash is not queued
+// there), how many of those wait for lock sets, and when a waiter last
+// left that queue.
+func (t *tracker) ahead(enc, hash string) (n, sets int, left time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	q := t.waiters[enc]
 	mine, queued := q[hash]
-	if !queued {
-		return len(q), t.left[enc]
-	}
 	for _, w := range q {
-		if w.ticket < mine.ticket {
+		if !queued || w.ticket < mine.ticket {
 			n++
+			if w.set != "" {
+				sets++
+			}
 		}
 	}
-	return n, t.left[enc]
+	return n, sets, t.left[enc]
 }
 
 // waiterCounts returns the number of waiters on the encoded resource and
@@ -660,6 +668,7 @@ func (t *tracker) forget(key string) {
 			t.indexLease(key, false)
 			t.countTenantLease(true, o.rec.Tenant, entry{})
 			t.indexSessionMember(key, o.rec, nil)
+			t.indexSetMember(key, o.rec, nil)
 		}
 		delete(t.keys, key)
 	}

@@ -304,10 +304,19 @@ func (l *locks) deleteRecord(ctx context.Context, key string) (bool, error) {
 // next by one period, and skips keep ticket order too. A request that is
 // not queued counts as behind every waiter. It also returns the number of
 // waiters ahead of hash.
+//
+// A waiter for a lock set holds its place at the head of a free resource
+// while the other resources of its set are still held: it is not skipped
+// while its record lives (its instance refreshes it), or the sets would
+// starve behind single waiters. Its record leaves the queue when its
+// instance dies, and the waiters behind it claim then.
 func (l *locks) mayClaim(enc, hash string, o observation) (bool, int) {
-	ahead, left := l.tracker.ahead(enc, hash)
+	ahead, sets, left := l.tracker.ahead(enc, hash)
 	if ahead == 0 {
 		return true, 0
+	}
+	if sets > 0 {
+		return false, ahead
 	}
 	since := o.seen
 	if o.held() || o.foreign {

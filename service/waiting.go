@@ -13,15 +13,52 @@ import (
 // goroutine: the waiter's steps (waiter.go), between them its wake
 // messages and timers. Waiting costs no store work, so the request gives
 // its in-flight place back once queued.
-func (s *Service) acquireWaiting(g *grantReq, wait time.Duration, sl *slot) (*streams.LeaseResponse, error) {
+func (s *Service) acquireWaiting(g *grantReq, wait time.Duration, sl *slot) (any, error) {
+	return s.wait(singleWait{s.locks.newWaiter(g)}, g.hash, wait, sl)
+}
+
+// waitSteps is a waiting acquire's decisions: a single resource's
+// (waiter) or a set's (setWaiter).
+type waitSteps interface {
+	// step makes one attempt (see waiter.step).
+	step(ctx context.Context, woken bool) (resp any, done bool, err error)
+	// leave ends the wait (see waiter.leave).
+	leave(ctx context.Context, last error) (any, error)
+	// queued reports whether the wait holds its place in the queue.
+	queued() bool
+}
+
+// singleWait is the waitSteps of one resource.
+type singleWait struct{ w *waiter }
+
+func (sw singleWait) step(ctx context.Context, woken bool) (any, bool, error) {
+	resp, done, err := sw.w.step(ctx, woken)
+	if resp == nil {
+		return nil, done, err
+	}
+	return resp, done, err
+}
+
+func (sw singleWait) leave(ctx context.Context, last error) (any, error) {
+	resp, err := sw.w.leave(ctx, last)
+	if resp == nil {
+		return nil, err
+	}
+	return resp, err
+}
+
+func (sw singleWait) queued() bool { return sw.w.queued.rev != 0 }
+
+// wait serves the waiting acquire w, whose wake messages come to hash,
+// for at most wait.
+func (s *Service) wait(w waitSteps, hash string, wait time.Duration, sl *slot) (any, error) {
 	if n := s.nWaiting.Add(1); n > int64(s.cfg.MaxWaiting) {
 		s.nWaiting.Add(-1)
 		return nil, newOpError(streams.CodeTooManyWaiters, "this service instance serves %d waiting acquires, the cap", s.cfg.MaxWaiting)
 	}
 	defer s.nWaiting.Add(-1)
-	w := s.locks.newWaiter(g)
-	wake := s.wakes.register(g.hash)
-	defer s.wakes.unregister(g.hash, wake)
+	wake := s.wakes.register(hash)
+	defer s.wakes.unregister(hash, wake)
 
 	deadline := time.Now().Add(wait)
 	recheck := time.NewTimer(0)
@@ -40,7 +77,7 @@ func (s *Service) acquireWaiting(g *grantReq, wait time.Duration, sl *slot) (*st
 			return resp, err
 		}
 		woken = false
-		if w.queued.rev != 0 {
+		if w.queued() {
 			sl.release()
 		}
 		recheck.Reset(s.cfg.Recheck)
@@ -68,14 +105,14 @@ func (s *Service) acquireWaiting(g *grantReq, wait time.Duration, sl *slot) (*st
 var errStopping = errors.New("service instance stopping")
 
 // waitStep runs one step of w within OpTimeout.
-func (s *Service) waitStep(w *waiter, woken bool) (*streams.LeaseResponse, bool, error) {
+func (s *Service) waitStep(w waitSteps, woken bool) (any, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
 	return w.step(ctx, woken)
 }
 
 // leave ends w's wait within OpTimeout (see waiter.leave).
-func (s *Service) leave(w *waiter, last error) (*streams.LeaseResponse, error) {
+func (s *Service) leave(w waitSteps, last error) (any, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
 	return w.leave(ctx, last)

@@ -69,6 +69,10 @@ func (r *Record) AppendJSON(b []byte) []byte {
 	if r.Session != "" {
 		b = appendField(b, `,"session":`, r.Session)
 	}
+	if r.Set != "" {
+		b = appendField(b, `,"set":`, r.Set)
+		b = strconv.AppendInt(append(b, `,"set_size":`...), int64(r.SetSize), 10)
+	}
 	return append(b, '}')
 }
 

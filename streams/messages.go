@@ -64,13 +64,15 @@ func ParseTime(s string) (time.Time, error) {
 	return time.Parse(TimeFormat, s)
 }
 
-// AcquireRequest is the body of an acquire request.
+// AcquireRequest is the body of an acquire request. Resources, instead of
+// Resource, asks for a lock set (see sets.go).
 type AcquireRequest struct {
-	Resource  string `json:"resource"`
-	RequestID string `json:"request_id"`
-	Owner     string `json:"owner,omitempty"`
-	TTLms     int64  `json:"ttl_ms,omitempty"`
-	WaitMs    int64  `json:"wait_ms,omitempty"`
+	Resource  string   `json:"resource,omitempty"`
+	Resources []string `json:"resources,omitempty"`
+	RequestID string   `json:"request_id"`
+	Owner     string   `json:"owner,omitempty"`
+	TTLms     int64    `json:"ttl_ms,omitempty"`
+	WaitMs    int64    `json:"wait_ms,omitempty"`
 	// MaxHoldMs bounds how long the lease may be held in total, renewals
 	// included; the deployment's cap applies when it is absent or larger.
 	MaxHoldMs int64 `json:"max_hold_ms,omitempty"`
@@ -79,23 +81,28 @@ type AcquireRequest struct {
 	SessionID string `json:"session_id,omitempty"`
 }
 
-// RenewRequest is the body of a renew request.
+// RenewRequest is the body of a renew request; Resources renews a set.
 type RenewRequest struct {
-	Resource string `json:"resource"`
-	LeaseID  string `json:"lease_id"`
-	TTLms    int64  `json:"ttl_ms,omitempty"`
+	Resource  string   `json:"resource,omitempty"`
+	Resources []string `json:"resources,omitempty"`
+	LeaseID   string   `json:"lease_id"`
+	TTLms     int64    `json:"ttl_ms,omitempty"`
 }
 
-// ReleaseRequest is the body of a release request.
+// ReleaseRequest is the body of a release request; Resources releases a
+// set.
 type ReleaseRequest struct {
-	Resource string `json:"resource"`
-	LeaseID  string `json:"lease_id"`
+	Resource  string   `json:"resource,omitempty"`
+	Resources []string `json:"resources,omitempty"`
+	LeaseID   string   `json:"lease_id"`
 }
 
-// CancelRequest is the body of a cancel request.
+// CancelRequest is the body of a cancel request; Resources cancels the
+// acquire of a set.
 type CancelRequest struct {
-	Resource  string `json:"resource"`
-	RequestID string `json:"request_id"`
+	Resource  string   `json:"resource,omitempty"`
+	Resources []string `json:"resources,omitempty"`
+	RequestID string   `json:"request_id"`
 }
 
 // StatusRequest is the body of a status request.
@@ -168,6 +175,9 @@ type StatusResponse struct {
 	// session's.
 	InSession    bool   `json:"in_session,omitzero"`
 	SessionOwner string `json:"session_owner,omitempty"`
+	// SetSize, for a lease of a lock set, is the number of resources the
+	// set holds with this one (under the same lease).
+	SetSize int `json:"set_size,omitzero"`
 }
 
 // LeaseInfo is one held lease in a list reply. It never carries the lease
@@ -180,9 +190,10 @@ type LeaseInfo struct {
 	ExpiresAt string `json:"expires_at"`
 	Waiters   int    `json:"waiters"`
 	HoldUntil string `json:"hold_until,omitempty"`
-	// InSession and SessionOwner are as in StatusResponse.
+	// InSession, SessionOwner and SetSize are as in StatusResponse.
 	InSession    bool   `json:"in_session,omitzero"`
 	SessionOwner string `json:"session_owner,omitempty"`
+	SetSize      int    `json:"set_size,omitzero"`
 }
 
 // ListResponse answers a list request. Next, when set, is the After of
@@ -200,8 +211,10 @@ type RevokeResponse struct {
 	Token    uint64 `json:"token,omitempty"`
 }
 
-// Holder describes the current holder in a "locked" error.
+// Holder describes the current holder in a "locked" error. Resource names
+// the resource it holds in the Holders of a set's "locked" error.
 type Holder struct {
+	Resource string `json:"resource,omitempty"`
 	// Owner is shown as in StatusResponse.
 	Owner     string `json:"owner,omitempty"`
 	Token     uint64 `json:"token"`
@@ -213,6 +226,9 @@ type ErrorDetail struct {
 	Code    string  `json:"code"`
 	Message string  `json:"message"`
 	Holder  *Holder `json:"holder,omitempty"`
+	// Holders, in the "locked" answer to a set, names every resource of
+	// the set that was held, and by whom.
+	Holders []Holder `json:"holders,omitempty"`
 	// RetryAfterMs, on an "unavailable" answer to a caller over its
 	// fair-use rate, is how long to wait before trying again.
 	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
@@ -256,6 +272,11 @@ type Record struct {
 	// Session is the key hash of the session that holds the lease or made
 	// the wait (see SessionKey), empty for a lease of its own.
 	Session string `json:"session,omitempty"`
+	// Set is the hash of the lock set a lease (or wait) is part of, and
+	// SetSize its number of resources; a set's records share their lease
+	// id (waiters: their request id) and end together.
+	Set     string `json:"set,omitempty"`
+	SetSize int    `json:"set_size,omitzero"`
 }
 
 // EndMark is the body of the delete marker that ends a lease (release,

@@ -221,23 +221,23 @@ func (r *AcquireRequest) Validate() error {
 			return err
 		}
 	}
-	return firstError(ValidateResource(r.Resource), ValidateRequestID(r.RequestID), ValidateOwner(r.Owner),
+	return firstError(oneOf(r.Resource, r.Resources), ValidateRequestID(r.RequestID), ValidateOwner(r.Owner),
 		nonNegative("ttl_ms", r.TTLms), nonNegative("wait_ms", r.WaitMs), nonNegative("max_hold_ms", r.MaxHoldMs))
 }
 
 // Validate checks a renew's resource, lease id and ttl_ms sign.
 func (r *RenewRequest) Validate() error {
-	return firstError(ValidateResource(r.Resource), ValidateLeaseID(r.LeaseID), nonNegative("ttl_ms", r.TTLms))
+	return firstError(oneOf(r.Resource, r.Resources), ValidateLeaseID(r.LeaseID), nonNegative("ttl_ms", r.TTLms))
 }
 
 // Validate checks a release's resource and lease id.
 func (r *ReleaseRequest) Validate() error {
-	return firstError(ValidateResource(r.Resource), ValidateLeaseID(r.LeaseID))
+	return firstError(oneOf(r.Resource, r.Resources), ValidateLeaseID(r.LeaseID))
 }
 
 // Validate checks a cancel's resource and request id.
 func (r *CancelRequest) Validate() error {
-	return firstError(ValidateResource(r.Resource), ValidateRequestID(r.RequestID))
+	return firstError(oneOf(r.Resource, r.Resources), ValidateRequestID(r.RequestID))
 }
 
 // Validate checks a status request's resource.

@@ -28,20 +28,23 @@ type Waiter struct {
 	MaxHoldMs   int64  `json:"max_hold_ms,omitzero"`
 	// Session is the key hash of the session whose wait this is.
 	Session string `json:"session,omitempty"`
+	// Set and SetSize are the lock set the wait is for (see Record).
+	Set     string `json:"set,omitempty"`
+	SetSize int    `json:"set_size,omitzero"`
 }
 
 // WaiterOf returns the bucket form of r, a waiter held as a Record.
 func WaiterOf(r *Record) *Waiter {
 	return &Waiter{Owner: r.Owner, Tenant: r.Tenant, RequestID: r.RequestID, Ticket: r.Token, QueuedAt: r.GrantedAt,
 		LivenessMs: r.TTLms, RefreshedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt, Wake: r.Wake,
-		LeaseTTLms: r.LeaseTTLms, MaxHoldMs: r.MaxHoldMs, Session: r.Session}
+		LeaseTTLms: r.LeaseTTLms, MaxHoldMs: r.MaxHoldMs, Session: r.Session, Set: r.Set, SetSize: r.SetSize}
 }
 
 // Record returns w as the service holds a waiter in memory.
 func (w *Waiter) Record() *Record {
 	return &Record{Owner: w.Owner, Tenant: w.Tenant, RequestID: w.RequestID, Token: w.Ticket, GrantedAt: w.QueuedAt,
 		TTLms: w.LivenessMs, RenewedAt: w.RefreshedAt, ExpiresAt: w.ExpiresAt, Wake: w.Wake,
-		LeaseTTLms: w.LeaseTTLms, MaxHoldMs: w.MaxHoldMs, Session: w.Session}
+		LeaseTTLms: w.LeaseTTLms, MaxHoldMs: w.MaxHoldMs, Session: w.Session, Set: w.Set, SetSize: w.SetSize}
 }
 
 // AppendJSON appends w encoded as JSON to b.
@@ -71,6 +74,10 @@ func (w *Waiter) AppendJSON(b []byte) []byte {
 	}
 	if w.Session != "" {
 		b = appendField(b, `,"session":`, w.Session)
+	}
+	if w.Set != "" {
+		b = appendField(b, `,"set":`, w.Set)
+		b = strconv.AppendInt(append(b, `,"set_size":`...), int64(w.SetSize), 10)
 	}
 	return append(b, '}')
 }

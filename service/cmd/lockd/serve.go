@@ -81,6 +81,7 @@ type serveCmd struct {
 	MaxLeasesPerTenant    int                `help:"Leases one tenant (NATS user) may hold at once, as this instance knows them; more are answered too_many_waiters; 0 = no cap." default:"0" env:"JETLOCK_MAX_LEASES_PER_TENANT"`
 	MaxPerSession         int                `help:"Leases and waits one session may hold together; more are answered too_many_waiters." default:"10000" env:"JETLOCK_MAX_PER_SESSION"`
 	MaxSessionsPerTenant  int                `help:"Sessions one tenant (NATS user) may keep open, as this instance knows them; more are answered too_many_waiters." default:"10000" env:"JETLOCK_MAX_SESSIONS_PER_TENANT"`
+	MaxSetSize            int                `help:"Resources one lock set may name (2 to 256); more are answered invalid_request." default:"64" env:"JETLOCK_MAX_SET_SIZE"`
 	MaxBody               int                `help:"Largest request body in bytes; a larger one is answered invalid_request before it is decoded." default:"4096" env:"JETLOCK_MAX_BODY"`
 
 	MaxInFlight int           `help:"Requests processed at once." default:"4096" env:"JETLOCK_MAX_IN_FLIGHT"`
@@ -110,7 +111,7 @@ func (c *serveCmd) config() (service.Config, error) {
 	cfg.OwnerRate, cfg.UserRate = c.OwnerRate, c.UserRate
 	cfg.Operators, cfg.MaxBodyBytes, cfg.TenantRates = c.Operators, c.MaxBody, c.TenantRates
 	cfg.MaxWaitersPerResource, cfg.MaxWaitersPerTenant, cfg.MaxLeasesPerTenant = c.MaxWaitersPerResource, c.MaxWaitersPerTenant, c.MaxLeasesPerTenant
-	cfg.MaxPerSession, cfg.MaxSessionsPerTenant = c.MaxPerSession, c.MaxSessionsPerTenant
+	cfg.MaxPerSession, cfg.MaxSessionsPerTenant, cfg.MaxSetSize = c.MaxPerSession, c.MaxSessionsPerTenant, c.MaxSetSize
 	cfg.MaxInFlight, cfg.MaxQueued, cfg.MaxPerKey = c.MaxInFlight, c.MaxQueued, c.MaxPerKey
 	cfg.QueueWait, cfg.OpTimeout = c.QueueWait, c.OpTimeout
 	if err := cfg.Validate(); err != nil {

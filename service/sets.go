@@ -1,0 +1,592 @@
+package service
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// Lock sets. An acquire of several resources is granted on all of them
+// in one atomic batch of per-key compare-and-set writes (one commit), or
+// on none: half a set is never written, so never granted, never visible
+// and never left behind by a crash. Every key's record carries the same
+// lease id and the set's hash and size; each key's fencing token is the
+// revision of its own grant. Renewals and releases write every key in one
+// atomic batch too, and a set's expiry (or the end of its session) ends
+// every key.
+//
+// Waiting: a set's places are taken on every key in one atomic batch, so
+// the tickets of any two sets compare the same way on every key they share
+// (their batches' commit order) and no cycle of waiters can form. Single
+// waiters and set waiters share the queues. A set is granted when it may
+// claim every key (it is at the head of each, and each is free); a set
+// waiter at the head of a free key keeps it while the set's other keys are
+// held (mayClaim). Ending a lease whose head waiter waits for a set wakes
+// it rather than handing it the one key.
+
+// setReq is one validated request naming a set.
+type setReq struct {
+	resources []string // sorted
+	keys      []string // their lease keys, in the same order
+	hashes    []string // per resource: the request's hash there (grant message id, waiter key, tombstone)
+	set       string   // the set's hash
+	hash      string   // the request's own hash: its wake subject
+	requestID string
+	owner     string
+	tenant    string
+	ttl       time.Duration
+	maxHold   time.Duration
+	who       origin
+	session   string
+	secret    string
+}
+
+// setHash names a set of sorted resources.
+func setHash(resources []string) string {
+	h := sha256.Sum256([]byte(strings.Join(resources, "\x00")))
+	return hex.EncodeToString(h[:20])
+}
+
+// newSetReq builds the request of requestID by who for the sorted
+// resources. Its per-key hashes are its own (the request id with the set),
+// so a single acquire of one of the resources with the same request id is
+// another request.
+func newSetReq(resources []string, requestID, owner string, who origin) *setReq {
+	tenant := who.tenant()
+	r := &setReq{resources: resources, set: setHash(resources), requestID: requestID, owner: owner, tenant: tenant, who: who}
+	r.hash = requestHash("", requestID+"\x00"+r.set, tenant)
+	for _, res := range resources {
+		r.keys = append(r.keys, streams.LeaseKey(res))
+		r.hashes = append(r.hashes, requestHash(res, requestID+"\x00"+r.set, tenant))
+	}
+	return r
+}
+
+// mine reports whether rec, a lease or waiter record, is this request's.
+func (r *setReq) mine(rec *streams.Record) bool {
+	return rec.RequestID == r.requestID && rec.Tenant == r.tenant && rec.Set == r.set
+}
+
+// grantReq is r seen as the request for its i-th resource, for the
+// decisions it shares with single acquires.
+func (r *setReq) grantReq(i int) *grantReq {
+	return &grantReq{resource: r.resources[i], requestID: r.requestID, owner: r.owner, key: r.keys[i], hash: r.hashes[i],
+		ttl: r.ttl, maxHold: r.maxHold, who: r.who, tenant: r.tenant, session: r.session, secret: r.secret}
+}
+
+// lockAll locks keys in sorted order (every set does, and other requests
+// hold one key at a time, so no two requests wait for each other in a
+// cycle) and returns the function that unlocks them.
+func (l *locks) lockAll(ctx context.Context, keys []string) (func(), error) {
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	held := make([]*keyLock, 0, len(sorted))
+	unlock := func() {
+		for _, st := range held {
+			st.unlock()
+		}
+	}
+	for _, k := range sorted {
+		st, err := l.lock(ctx, k)
+		if err != nil {
+			unlock()
+			return nil, err
+		}
+		held = append(held, st)
+	}
+	return unlock, nil
+}
+
+// readAll returns what is known of every key of r.
+func (l *locks) readAll(ctx context.Context, keys []string, fresh bool) ([]observation, error) {
+	obs := make([]observation, len(keys))
+	for i, k := range keys {
+		o, err := l.current(ctx, k, fresh)
+		if err != nil {
+			return nil, err
+		}
+		obs[i] = o
+	}
+	return obs, nil
+}
+
+// acquireSet decides an acquire of a set that does not wait.
+func (l *locks) acquireSet(ctx context.Context, r *setReq) (*streams.SetLeaseResponse, error) {
+	unlock, err := l.lockAll(ctx, r.keys)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return l.trySet(ctx, r, false, nil)
+}
+
+// trySet makes one decision on the acquire of set r: grant every key,
+// return the request's existing lease, or refuse. queued holds the
+// revisions of r's waiter records (nil when it has none); a grant removes
+// them in the same commit. The caller holds every key's lock.
+func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint64) (*streams.SetLeaseResponse, error) {
+	for i, k := range r.keys {
+		if l.tracker.hasEnded(k, r.requestID, r.tenant) {
+			return nil, leaseEnded(r.requestID)
+		}
+		_ = i
+	}
+	var sess observation
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if r.session != "" {
+			var err error
+			if sess, err = l.session(ctx, r.grantReq(0), fresh); err != nil {
+				return nil, err
+			}
+		}
+		obs, err := l.readAll(ctx, r.keys, fresh)
+		if err != nil {
+			return nil, err
+		}
+		resp, done, err := l.decideSet(r, obs, fresh, sess)
+		if errors.Is(err, errReadFirst) {
+			fresh = true
+			continue
+		}
+		if done {
+			return resp, err
+		}
+		if err := l.guard.grants(); err != nil {
+			return nil, err
+		}
+		resp, err = l.grantSet(ctx, r, obs, queued, sess)
+		switch {
+		case errors.Is(err, errConflict):
+			l.report.conflict()
+			if r.session != "" {
+				conflictPause(ctx)
+			}
+			fresh = true
+			continue
+		case errors.Is(err, errDuplicate):
+			return l.earlierSet(ctx, r, sess.rec)
+		}
+		return resp, err
+	}
+	return nil, tooManyConflicts()
+}
+
+// decideSet decides, on the observations obs of r's keys, whether r is
+// answered without a write (done, with resp or err: its lease already, or
+// a refusal), or may be granted (not done). errReadFirst asks for a fresh
+// read first.
+func (l *locks) decideSet(r *setReq, obs []observation, fresh bool, sess observation) (*streams.SetLeaseResponse, bool, error) {
+	now := time.Now()
+	mine := 0
+	for _, o := range obs {
+		if o.held() && r.mine(o.rec) {
+			mine++
+		}
+	}
+	switch {
+	case mine == len(obs):
+		rec := obs[0].rec
+		if rec.Owner != r.owner || rec.Session != r.session {
+			return nil, true, l.setLocked(r, obs, true)
+		}
+		return setResponse(r.resources, obs, sess.rec), true, nil
+	case mine > 0:
+		// Part of the set's lease has ended (a revoke of one key): the
+		// lease is over.
+		return nil, true, leaseEnded(r.requestID)
+	}
+	var held []int
+	for i, o := range obs {
+		if (o.held() || o.foreign) && !l.tracker.expired(o, now) {
+			if !fresh && (o.foreign || l.following()) {
+				return nil, false, errReadFirst
+			}
+			held = append(held, i)
+			continue
+		}
+		if !o.held() && !o.foreign && o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window) {
+			return nil, true, leaseEnded(r.requestID)
+		}
+	}
+	if len(held) > 0 {
+		return nil, true, l.setLocked(r, obs, false)
+	}
+	for i, o := range obs {
+		if ok, ahead := l.mayClaim(resourceOf(r.keys[i]), r.hashes[i], o); !ok {
+			return nil, true, newOpError(streams.CodeLocked, "resource %q is free but reserved for the %d waiters ahead", r.resources[i], ahead)
+		}
+	}
+	if r.session != "" {
+		if _, n := l.tracker.memberCount(r.session); n+len(r.keys) > l.cfg.MaxPerSession {
+			return nil, true, newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, and the set needs %d more: the cap is %d", n, len(r.keys), l.cfg.MaxPerSession)
+		}
+	}
+	return nil, false, nil
+}
+
+// setLocked is the "locked" answer to r: every resource of the set that is
+// held, and by whom as r's caller may see it (all of them when the set's
+// keys hold r's own request for another owner or session).
+func (l *locks) setLocked(r *setReq, obs []observation, all bool) *opError {
+	oe := &opError{code: streams.CodeLocked, msg: "resources of the set are held by other leases"}
+	now := time.Now()
+	for i, o := range obs {
+		if !o.held() && !o.foreign || !all && l.tracker.expired(o, now) {
+			continue
+		}
+		h := streams.Holder{Resource: r.resources[i]}
+		if o.held() {
+			h.Owner, h.Token, h.ExpiresAt = ownerFor(o.rec, r.who), o.rec.TokenAt(o.rev), o.rec.ExpiresAt
+		}
+		oe.holders = append(oe.holders, h)
+	}
+	if len(oe.holders) == 1 {
+		oe.msg = fmt.Sprintf("resource %q of the set is held by another lease", oe.holders[0].Resource)
+	}
+	return oe
+}
+
+// grantSet writes the set's lease on every key over the revisions in obs,
+// removes r's waiter records (revisions in queued), and checks r's session
+// (observed in sess), all in one atomic batch.
+func (l *locks) grantSet(ctx context.Context, r *setReq, obs []observation, queued []uint64, sess observation) (*streams.SetLeaseResponse, error) {
+	msgs, rec := l.setGrantMsgs(r, obs, queued, sess)
+	if r.session != "" {
+		gate, err := l.sessionGate(ctx, r.session)
+		if err != nil {
+			return nil, err
+		}
+		defer gate.unlock()
+	}
+	if _, err := l.store.batch(ctx, "grant", msgs); err != nil {
+		if !errors.Is(err, errConflict) && !errors.Is(err, errDuplicate) {
+			for _, k := range r.keys {
+				l.tracker.forget(k)
+			}
+		}
+		return nil, err
+	}
+	out := make([]observation, len(r.keys))
+	for i, k := range r.keys {
+		out[i] = l.tracker.observe(k, entry{rev: msgs[i].seq, rec: rec})
+		l.report.granted(r.resources[i], msgs[i].seq, r.owner, r.who, "acquire")
+	}
+	n := len(r.keys)
+	for i, rev := range queued {
+		if rev != 0 {
+			l.tracker.observe(streams.WaitKey(r.resources[i], r.hashes[i]), entry{rev: msgs[n].seq})
+			n++
+		}
+	}
+	return setResponse(r.resources, out, sess.rec), nil
+}
+
+// setGrantMsgs returns the atomic batch of r's grant over the key
+// revisions obs (see grantSet), and the lease record it writes on every
+// key.
+func (l *locks) setGrantMsgs(r *setReq, obs []observation, queued []uint64, sess observation) ([]*batchMsg, *streams.Record) {
+	now := l.cfg.Clock.Now()
+	rec := newLease(now, r.requestID, r.owner, r.tenant, r.ttl, l.holdLimit(now, r.maxHold))
+	rec.Set, rec.SetSize = r.set, len(r.keys)
+	if r.session != "" {
+		sessionLease(rec, now, r.session, l.holdLimit(now, r.maxHold))
+	}
+	body := rec.AppendJSON(nil)
+	var msgs []*batchMsg
+	for i, k := range r.keys {
+		msgs = append(msgs, l.store.putMsg(k, body, obs[i].rev, grantMsgID(r.hashes[i])))
+	}
+	for i, rev := range queued {
+		if rev != 0 {
+			msgs = append(msgs, l.store.deleteMsg(streams.WaitKey(r.resources[i], r.hashes[i]), rev, nil))
+		}
+	}
+	if r.session != "" {
+		msgs = append(msgs, &batchMsg{Msg: l.store.checkMsg(streams.SessionKey(r.session), sess.rev)})
+	}
+	return msgs, rec
+}
+
+// earlierSet answers a set acquire whose grant JetStream refused as a
+// duplicate (an earlier attempt of the request was granted, or it was
+// cancelled): the same lease while every key still holds it, else
+// lease_lost, never a second lease.
+func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record) (*streams.SetLeaseResponse, error) {
+	obs, err := l.readAll(ctx, r.keys, true)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range obs {
+		if !o.held() || !r.mine(o.rec) || o.rec.LeaseID != obs[0].rec.LeaseID {
+			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", r.requestID)
+		}
+	}
+	return setResponse(r.resources, obs, sess), nil
+}
+
+// setResponse is the grant of the set lease observed in obs (one per
+// resource, in order); sess, for a set of a session, gives its TTL and
+// expiry.
+func setResponse(resources []string, obs []observation, sess *streams.Record) *streams.SetLeaseResponse {
+	rec := obs[0].rec
+	resp := &streams.SetLeaseResponse{LeaseID: rec.LeaseID, TTLms: rec.TTLms, ExpiresAt: rec.ExpiresAt, HoldUntil: rec.HoldUntil,
+		Resources: make([]streams.SetMember, len(obs))}
+	if sess != nil {
+		resp.TTLms, resp.ExpiresAt = sess.TTLms, sess.ExpiresAt
+	}
+	for i, o := range obs {
+		resp.Resources[i] = streams.SetMember{Resource: resources[i], Token: o.rec.TokenAt(o.rev)}
+	}
+	return resp
+}
+
+// heldSet returns the observations of the keys that hold the set lease
+// leaseID of the sorted resources, deciding on fresh reads before a
+// negative answer (proven by a conditional write on the first key that
+// does not). The caller holds every key's lock.
+func (l *locks) heldSet(ctx context.Context, resources, keys []string, leaseID string) ([]observation, []bool, error) {
+	set := setHash(resources)
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		obs, err := l.readAll(ctx, keys, fresh)
+		if err != nil {
+			return nil, nil, err
+		}
+		match := make([]bool, len(obs))
+		all, miss := true, -1
+		for i, o := range obs {
+			match[i] = o.held() && o.rec.Set == set && sameLease(o.rec.LeaseID, leaseID)
+			if !match[i] {
+				all = false
+				if miss < 0 {
+					miss = i
+				}
+			}
+		}
+		if all {
+			return obs, match, nil
+		}
+		if !fresh {
+			fresh = true
+			continue
+		}
+		if err := l.confirmNegative(ctx, keys[miss], obs[miss]); errors.Is(err, errConflict) {
+			continue
+		} else if err != nil {
+			return nil, nil, err
+		}
+		return obs, match, nil
+	}
+	return nil, nil, tooManyConflicts()
+}
+
+// setKeysOf returns the lease keys of sorted resources.
+func setKeysOf(resources []string) []string {
+	keys := make([]string, len(resources))
+	for i, r := range resources {
+		keys[i] = streams.LeaseKey(r)
+	}
+	return keys
+}
+
+// renewSet extends the set lease leaseID of the sorted resources by ttl,
+// every key in one atomic batch.
+func (l *locks) renewSet(ctx context.Context, resources []string, leaseID string, ttl time.Duration, who origin) (*streams.SetLeaseResponse, error) {
+	keys := setKeysOf(resources)
+	unlock, err := l.lockAll(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		obs, match, err := l.heldSet(ctx, resources, keys, leaseID)
+		if err != nil {
+			return nil, err
+		}
+		if slices.Contains(match, false) {
+			l.report.renewRefused(resources[0], "not_current", who)
+			return nil, newOpError(streams.CodeLeaseLost, "the set's lease is no longer current")
+		}
+		if obs[0].rec.Session != "" {
+			return nil, newOpError(streams.CodeInvalidRequest, "the set belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the set")
+		}
+		now := l.cfg.Clock.Now()
+		until := holdUntil(obs[0].rec)
+		if !until.IsZero() && until.Sub(now) < time.Millisecond {
+			l.report.renewRefused(resources[0], "max_hold", who)
+			return nil, newOpError(streams.CodeLeaseLost, "the set has been held for its max hold (until %s)", obs[0].rec.HoldUntil)
+		}
+		recs := make([]*streams.Record, len(keys))
+		msgs := make([]*batchMsg, len(keys))
+		for i, o := range obs {
+			rec := *o.rec
+			rec.Token = o.rec.TokenAt(o.rev)
+			setExpiry(&rec, now, ttl, until)
+			recs[i] = &rec
+			msgs[i] = l.store.putMsg(keys[i], rec.AppendJSON(nil), o.rev, "")
+		}
+		if _, err := l.store.batch(ctx, "put", msgs); err != nil {
+			if errors.Is(err, errConflict) {
+				l.report.conflict()
+				continue
+			}
+			for _, k := range keys {
+				l.tracker.forget(k)
+			}
+			return nil, err
+		}
+		for i, k := range keys {
+			obs[i] = l.tracker.observe(k, entry{rev: msgs[i].seq, rec: recs[i]})
+		}
+		return setResponse(resources, obs, nil), nil
+	}
+	return nil, tooManyConflicts()
+}
+
+// releaseSet ends the set lease leaseID of the sorted resources, every
+// key in one atomic batch.
+func (l *locks) releaseSet(ctx context.Context, resources []string, leaseID string, who origin) (*streams.SetReleaseResponse, error) {
+	keys := setKeysOf(resources)
+	unlock, err := l.lockAll(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		obs, match, err := l.heldSet(ctx, resources, keys, leaseID)
+		if err != nil {
+			return nil, err
+		}
+		n, err := l.endSetKeys(ctx, keys, obs, match, endRelease, who, "")
+		if errors.Is(err, errConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &streams.SetReleaseResponse{Resources: resources, Released: n > 0}, nil
+	}
+	return nil, tooManyConflicts()
+}
+
+// endSetKeys ends, in one atomic batch of delete markers, the keys whose
+// match is set (observed in obs), and wakes each one's head waiter. It
+// returns the number it ended. The caller holds every key's lock.
+func (l *locks) endSetKeys(ctx context.Context, keys []string, obs []observation, match []bool, why endReason, who origin, reason string) (int, error) {
+	var idx []int
+	var ends []*streams.EndMark
+	var msgs []*batchMsg
+	now := streams.FormatTime(l.cfg.Clock.Now())
+	for i, o := range obs {
+		if !match[i] {
+			continue
+		}
+		end := &streams.EndMark{RequestID: o.rec.RequestID, Tenant: o.rec.Tenant, EndedAt: now, Why: string(why), Reason: reason}
+		idx, ends = append(idx, i), append(ends, end)
+		msgs = append(msgs, l.store.deleteMsg(keys[i], o.rev, end.AppendJSON(nil)))
+	}
+	if len(msgs) == 0 {
+		return 0, nil
+	}
+	if _, err := l.store.batch(ctx, "delete", msgs); err != nil {
+		if !errors.Is(err, errConflict) {
+			for _, i := range idx {
+				l.tracker.forget(keys[i])
+			}
+		}
+		return 0, err
+	}
+	for j, i := range idx {
+		l.tracker.observe(keys[i], entry{rev: msgs[j].seq, end: ends[j]})
+		res := decodedResource(resourceOf(keys[i]))
+		l.report.ended(why, res, obs[i].rec.TokenAt(obs[i].rev), obs[i].rec.Owner, "ended", who)
+		l.wakeHead(resourceOf(keys[i]))
+	}
+	return len(msgs), nil
+}
+
+// expireSet ends the set lease observed in o at one of its keys, whose
+// revision has stood for its TTL plus grace: every key that holds the same
+// lease from the same write (a set's renewals write every key at once) in
+// one atomic batch, so a set ends whole.
+func (l *locks) expireSet(ctx context.Context, it dueItem, o observation) {
+	keys := l.tracker.setKeys(o.rec.LeaseID)
+	if !slices.Contains(keys, it.key) {
+		keys = append(keys, it.key)
+	}
+	slices.Sort(keys)
+	unlock, err := l.lockAll(ctx, keys)
+	if err != nil {
+		l.tracker.retryAt(it, time.Now().Add(time.Second))
+		return
+	}
+	defer unlock()
+	cur, ok := l.tracker.get(it.key)
+	if !ok || cur.rev != it.rev || !l.tracker.expired(cur, time.Now()) {
+		return // renewed, released or forgotten meanwhile
+	}
+	obs := make([]observation, len(keys))
+	match := make([]bool, len(keys))
+	for i, k := range keys {
+		obs[i], _ = l.tracker.get(k)
+		match[i] = obs[i].held() && obs[i].rec.LeaseID == o.rec.LeaseID && obs[i].rec.RenewedAt == o.rec.RenewedAt
+	}
+	why := endExpiry
+	if o.rec.Session != "" && l.tracker.sessionLeaseEnded(o.rec) {
+		why = endSessionExpiry
+	}
+	if _, err := l.endSetKeys(ctx, keys, obs, match, why, origin{}, ""); err != nil {
+		// Someone wrote one of the keys meanwhile: learn it, and let
+		// each key expire on its own item.
+		if e, rerr := l.store.read(ctx, it.key); rerr == nil && e.rev != it.rev {
+			l.tracker.observe(it.key, e)
+			return
+		}
+		l.tracker.retryAt(it, time.Now().Add(time.Second))
+	}
+}
+
+// cancelSet makes sure the set request holds nothing and waits for
+// nothing: a tombstone per key (so no later grant of the request can
+// commit), the end of its lease, and the removal of its places.
+func (l *locks) cancelSet(ctx context.Context, resources []string, requestID string, who origin) (*streams.SetCancelResponse, error) {
+	r := newSetReq(resources, requestID, "", who)
+	unlock, err := l.lockAll(ctx, r.keys)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	obs := make([]observation, len(r.keys))
+	for i, k := range r.keys {
+		if obs[i], err = l.tombstone(ctx, k, r.hashes[i]); err != nil {
+			return nil, err
+		}
+	}
+	match := make([]bool, len(obs))
+	for i, o := range obs {
+		match[i] = o.held() && r.mine(o.rec)
+	}
+	released := 0
+	if slices.Contains(match, true) {
+		if released, err = l.endSetKeys(ctx, r.keys, obs, match, endCancel, who, ""); err != nil {
+			return nil, err
+		}
+	}
+	dequeued := false
+	for i, res := range resources {
+		d, err := l.dequeue(ctx, res, streams.WaitKey(res, r.hashes[i]))
+		if err != nil {
+			return nil, err
+		}
+		dequeued = dequeued || d
+	}
+	return &streams.SetCancelResponse{Resources: resources, Cancelled: released > 0 || dequeued}, nil
+}

@@ -1,0 +1,144 @@
+package service
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nuid"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// A set's grant is one atomic batch: an instance that dies after sending
+// any part of it but the commit leaves nothing written (JetStream drops
+// the incomplete batch), and one that dies after the commit leaves the
+// whole set granted, which a retry of the request finds. So half a set is
+// never written, whatever step the crash interrupts.
+func TestSetGrantCrashAtEveryStep(t *testing.T) {
+	cl := startCluster(t)
+	s, _ := startInstance(t, cl, DefaultConfig(), 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r := newSetReq([]string{"cr/a", "cr/b", "cr/c"}, "req", "", origin{})
+	r.ttl = 30 * time.Second
+	obs, err := s.locks.readAll(ctx, r.keys, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crash := func(sent int) {
+		_, nc, err := cl.ConnectService()
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs, _ := s.locks.setGrantMsgs(r, obs, nil, observation{})
+		id := nuid.Next()
+		for i, m := range msgs[:sent] {
+			m.Header.Set(batchIDHeader, id)
+			m.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
+			if i == len(msgs)-1 {
+				m.Header.Set(batchCommitHeader, "1")
+			}
+			if err := nc.PublishMsg(m.Msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		nc.Close() // the instance dies; its reply, if any, is lost
+	}
+	for sent := 1; sent < len(r.keys); sent++ {
+		crash(sent)
+		now, err := s.locks.readAll(ctx, r.keys, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, o := range now {
+			if o.rev != obs[i].rev {
+				t.Fatalf("a crash after %d of %d messages wrote %s (revision %d)", sent, len(r.keys), r.keys[i], o.rev)
+			}
+		}
+	}
+	crash(len(r.keys))
+	var granted []observation
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		granted, err = s.locks.readAll(ctx, r.keys, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, o := range granted {
+			if o.held() {
+				n++
+			}
+		}
+		if n == len(r.keys) {
+			break
+		}
+		if n != 0 || time.Now().After(deadline) {
+			t.Fatalf("after the commit %d of %d keys are held", n, len(r.keys))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp, err := s.locks.acquireSet(ctx, r)
+	if err != nil {
+		t.Fatalf("the retry after the crash: %v", err)
+	}
+	if resp.LeaseID != granted[0].rec.LeaseID {
+		t.Fatal("the retry after the crash got another lease")
+	}
+	for i, m := range resp.Resources {
+		if m.Token != granted[i].rev || m.Resource != r.resources[i] {
+			t.Fatalf("retry's tokens %+v, want the committed revisions", resp.Resources)
+		}
+	}
+	// The set's records hold the set: three keys of one lease.
+	if rec := granted[0].rec; rec.Set != r.set || rec.SetSize != 3 || rec.Set != setHash([]string{"cr/a", "cr/b", "cr/c"}) {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+// The JetStream limits the set size cap follows from, measured on the dev
+// cluster's default settings: an atomic batch of 1,000 messages commits
+// and one of 1,001 is refused, and batches beyond the 50 a stream
+// assembles at once are refused whole and sent again by store.batch, so
+// that many sets granted at once all commit.
+func TestSetBatchLimits(t *testing.T) {
+	cl := startCluster(t)
+	s, _ := startInstance(t, cl, DefaultConfig(), 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	puts := func(prefix string, n int) []*batchMsg {
+		msgs := make([]*batchMsg, n)
+		for i := range msgs {
+			msgs[i] = s.store.putMsg(prefix+strconv.Itoa(i), []byte("x"), 0, "")
+		}
+		return msgs
+	}
+	if _, err := s.store.batch(ctx, "put", puts("limit.ok.", 1000)); err != nil {
+		t.Fatalf("a batch of 1000: %v", err)
+	}
+	if _, err := s.store.batch(ctx, "put", puts("limit.over.", 1001)); err == nil {
+		t.Fatal("a batch of 1001 committed: the documented limit changed")
+	}
+	// The largest set's grant after waiting: two writes a resource and a
+	// session check.
+	if n := 2*streams.MaxSetSize + 1; n > 1000 {
+		t.Fatalf("the largest set's batch has %d messages", n)
+	}
+	errs := make(chan error, 120)
+	for i := range 120 {
+		go func() {
+			_, err := s.store.batch(ctx, "put", puts("limit.many."+strconv.Itoa(i)+".", 8))
+			errs <- err
+		}()
+	}
+	for range 120 {
+		if err := <-errs; err != nil {
+			t.Fatalf("one of 120 concurrent batches: %v", err)
+		}
+	}
+}

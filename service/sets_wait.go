@@ -1,0 +1,231 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// setWaiter is a waiting acquire of a lock set: its places on every key of
+// the set (taken, refreshed and left in one atomic batch each), and the
+// decisions of its steps. Its methods run in the request's own goroutine,
+// one at a time.
+type setWaiter struct {
+	l     *locks
+	r     *setReq
+	wkeys []string
+	wake  string
+	// places holds the revision of its record on each key (all zero
+	// before it queued); refresh is when they are due to be rewritten.
+	places  []uint64
+	refresh time.Time
+	// ttl is the TTL of the lease it claims: after its first attempt,
+	// the hand-over TTL (its caller may have gone while it waited).
+	ttl time.Duration
+}
+
+func (l *locks) newSetWaiter(r *setReq) *setWaiter {
+	w := &setWaiter{l: l, r: r, wake: l.wakes.subject(r.hash), places: make([]uint64, len(r.keys)), ttl: r.ttl}
+	for i, res := range r.resources {
+		w.wkeys = append(w.wkeys, streams.WaitKey(res, r.hashes[i]))
+	}
+	return w
+}
+
+func (w *setWaiter) queued() bool { return w.places[0] != 0 }
+
+// step claims the set if every key may be claimed, and otherwise queues
+// the set's places or refreshes them (see waiter.step).
+func (w *setWaiter) step(ctx context.Context, woken bool) (any, bool, error) {
+	unlock, err := w.l.lockAll(ctx, w.r.keys)
+	if err != nil {
+		return nil, false, err
+	}
+	defer unlock()
+	if err := w.checkPlaces(ctx); err != nil {
+		return nil, true, err
+	}
+	r := *w.r
+	r.ttl = w.ttl
+	var places []uint64
+	if w.queued() {
+		places = w.places
+	}
+	resp, err := w.l.trySet(ctx, &r, woken, places)
+	w.ttl = min(w.r.ttl, w.l.cfg.HandoverTTL)
+	var oe *opError
+	if err == nil || !errors.As(err, &oe) || oe.code != streams.CodeLocked {
+		if err == nil {
+			clear(w.places) // removed by the grant's own batch
+			return resp, true, nil
+		}
+		return nil, true, err
+	}
+	if !w.queued() || !time.Now().Before(w.refresh) {
+		if qerr := w.enqueue(ctx); qerr != nil {
+			if errors.As(qerr, &oe) {
+				return nil, true, qerr
+			}
+			w.l.log.Warn("queue set waiter", "resources", len(w.r.keys), "err", qerr)
+		}
+	}
+	return nil, false, err
+}
+
+// checkPlaces checks that the set's places are still its own. A place
+// gone means: cancelled (stop: lease_lost), or removed because this
+// instance could not refresh it in time: the set then queues again, at the
+// end (its other places are given up, so that its places keep one order
+// with every other set's).
+func (w *setWaiter) checkPlaces(ctx context.Context) error {
+	if !w.queued() {
+		return nil
+	}
+	lost := false
+	for i, k := range w.wkeys {
+		o, ok := w.l.tracker.get(k)
+		if !ok || !o.held() || o.rev != w.places[i] && o.rec.Wake != w.wake {
+			lost = true
+		}
+	}
+	if !lost {
+		return nil
+	}
+	if gone, err := w.l.store.exists(ctx, cancelKey(w.r.hashes[0])); err != nil {
+		return err
+	} else if gone {
+		w.removePlaces(ctx)
+		return newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled")
+	}
+	w.removePlaces(ctx)
+	return nil
+}
+
+// enqueue takes the set's places on every key in one atomic batch, or
+// rewrites them (same tickets) to refresh their liveness. The caller holds
+// every key's lock.
+func (w *setWaiter) enqueue(ctx context.Context) error {
+	l, r := w.l, w.r
+	cfg := l.cfg
+	fresh := false
+attempts:
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		obs, err := l.readAll(ctx, w.wkeys, fresh)
+		if err != nil {
+			return err
+		}
+		isNew := !w.queued()
+		now := cfg.Clock.Now()
+		recs := make([]*streams.Record, len(obs))
+		msgs := make([]*batchMsg, len(obs))
+		for i, o := range obs {
+			rec := &streams.Record{Owner: r.owner, Tenant: r.tenant, RequestID: r.requestID, TTLms: cfg.WaiterLiveness.Milliseconds(),
+				GrantedAt: streams.FormatTime(now), Wake: w.wake, LeaseTTLms: r.ttl.Milliseconds(), MaxHoldMs: r.maxHold.Milliseconds(),
+				Session: r.session, Set: r.set, SetSize: len(r.keys)}
+			switch {
+			case !isNew && o.held() && o.rev == w.places[i]:
+				rec.Token, rec.GrantedAt = o.rec.TokenAt(o.rev), o.rec.GrantedAt // keep the ticket
+			case !isNew:
+				if !fresh {
+					fresh = true
+					continue attempts
+				}
+				// A place gone since checkPlaces: queue again next step.
+				clear(w.places)
+				return nil
+			case o.held():
+				return newOpError(streams.CodeLeaseLost, "the waiting acquire was taken over by a retry")
+			default:
+				n, owned := l.tracker.waiterCounts(resourceOf(r.keys[i]), r.tenant)
+				if n >= cfg.MaxWaitersPerResource {
+					return newOpError(streams.CodeTooManyWaiters, "resource %q has %d waiters, the cap", r.resources[i], n)
+				}
+				if owned+len(obs) > cfg.MaxWaitersPerTenant {
+					return newOpError(streams.CodeTooManyWaiters, "this NATS user has %d waiting acquires and the set needs %d more: the cap is %d", owned, len(obs), cfg.MaxWaitersPerTenant)
+				}
+			}
+			rec.RenewedAt = streams.FormatTime(now)
+			rec.ExpiresAt = streams.FormatTime(now.Add(cfg.WaiterLiveness))
+			recs[i] = rec
+			msgs[i] = l.store.putMsg(w.wkeys[i], streams.WaiterOf(rec).AppendJSON(nil), o.rev, "")
+		}
+		if _, err := l.store.batch(ctx, "put", msgs); err != nil {
+			if errors.Is(err, errConflict) {
+				fresh = true
+				continue
+			}
+			for _, k := range w.wkeys {
+				l.tracker.forget(k)
+			}
+			return err
+		}
+		for i, k := range w.wkeys {
+			l.tracker.observe(k, entry{rev: msgs[i].seq, rec: recs[i]})
+			w.places[i] = msgs[i].seq
+		}
+		w.refresh = time.Now().Add(cfg.WaiterLiveness / 3)
+		if !isNew {
+			return nil
+		}
+		// New places: a cancel that came between this request's "locked"
+		// answer and this write found none to remove; its tombstone is the
+		// proof.
+		if gone, err := l.store.exists(ctx, cancelKey(r.hashes[0])); err != nil {
+			return err
+		} else if gone {
+			w.removePlaces(ctx)
+			return newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled")
+		}
+		return nil
+	}
+	return tooManyConflicts()
+}
+
+// removePlaces deletes the set's own places, best effort, in one atomic
+// batch: if they stay, their liveness window ends them. The caller holds
+// every key's lock.
+func (w *setWaiter) removePlaces(ctx context.Context) {
+	var idx []int
+	var msgs []*batchMsg
+	for i, k := range w.wkeys {
+		if o, ok := w.l.tracker.get(k); ok && o.held() && o.rec.Wake == w.wake {
+			idx = append(idx, i)
+			msgs = append(msgs, w.l.store.deleteMsg(k, o.rev, nil))
+		}
+	}
+	clear(w.places)
+	if len(msgs) == 0 {
+		return
+	}
+	if _, err := w.l.store.batch(ctx, "delete", msgs); err != nil {
+		w.l.log.Warn("remove set waiter places", "resources", len(w.r.keys), "err", err)
+		return
+	}
+	for j, i := range idx {
+		w.l.tracker.observe(w.wkeys[i], entry{rev: msgs[j].seq})
+	}
+}
+
+// leave ends the wait: it removes the set's places and wakes the next
+// waiter of every resource that is free (this set may have been a head).
+func (w *setWaiter) leave(ctx context.Context, last error) (any, error) {
+	unlock, err := w.l.lockAll(ctx, w.r.keys)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if w.queued() {
+		w.removePlaces(ctx)
+		for _, k := range w.r.keys {
+			if o, ok := w.l.tracker.get(k); ok && !o.held() {
+				w.l.wakeHead(resourceOf(k))
+			}
+		}
+	}
+	if last == nil {
+		last = newOpError(streams.CodeLocked, "wait ended")
+	}
+	return nil, last
+}
