@@ -73,6 +73,12 @@ func (r *Record) AppendJSON(b []byte) []byte {
 		b = appendField(b, `,"set":`, r.Set)
 		b = strconv.AppendInt(append(b, `,"set_size":`...), int64(r.SetSize), 10)
 	}
+	if r.Limit != 0 {
+		b = strconv.AppendInt(append(b, `,"limit":`...), int64(r.Limit), 10)
+	}
+	if r.Value != "" {
+		b = appendField(b, `,"value":`, r.Value)
+	}
 	return append(b, '}')
 }
 
@@ -107,6 +113,9 @@ func (r *LeaseResponse) AppendJSON(b []byte) []byte {
 	b = appendField(b, `,"expires_at":`, r.ExpiresAt)
 	if r.HoldUntil != "" {
 		b = appendField(b, `,"hold_until":`, r.HoldUntil)
+	}
+	if r.Permit != 0 {
+		b = strconv.AppendInt(append(b, `,"permit":`...), int64(r.Permit), 10)
 	}
 	return append(b, '}')
 }

@@ -79,6 +79,12 @@ type AcquireRequest struct {
 	// SessionID, instead of TTLms, binds the lease (or the wait) to a
 	// session: it lives as long as the session does.
 	SessionID string `json:"session_id,omitempty"`
+	// Limit makes resource a counting semaphore of Limit permits, one of
+	// which is granted (see election.go).
+	Limit int `json:"limit,omitempty"`
+	// Value is the lease's value: an election's leader announces itself
+	// with it (see election.go).
+	Value string `json:"value,omitempty"`
 }
 
 // RenewRequest is the body of a renew request; Resources renews a set.
@@ -87,6 +93,10 @@ type RenewRequest struct {
 	Resources []string `json:"resources,omitempty"`
 	LeaseID   string   `json:"lease_id"`
 	TTLms     int64    `json:"ttl_ms,omitempty"`
+	// Permit names the permit of a semaphore; Value, when set, replaces
+	// the lease's value.
+	Permit int    `json:"permit,omitempty"`
+	Value  string `json:"value,omitempty"`
 }
 
 // ReleaseRequest is the body of a release request; Resources releases a
@@ -95,6 +105,7 @@ type ReleaseRequest struct {
 	Resource  string   `json:"resource,omitempty"`
 	Resources []string `json:"resources,omitempty"`
 	LeaseID   string   `json:"lease_id"`
+	Permit    int      `json:"permit,omitempty"`
 }
 
 // CancelRequest is the body of a cancel request; Resources cancels the
@@ -103,11 +114,14 @@ type CancelRequest struct {
 	Resource  string   `json:"resource,omitempty"`
 	Resources []string `json:"resources,omitempty"`
 	RequestID string   `json:"request_id"`
+	Limit     int      `json:"limit,omitempty"`
 }
 
-// StatusRequest is the body of a status request.
+// StatusRequest is the body of a status request; with a Limit it asks
+// about a semaphore.
 type StatusRequest struct {
 	Resource string `json:"resource"`
+	Limit    int    `json:"limit,omitempty"`
 }
 
 // ListRequest is the body of a list request: the held leases whose
@@ -143,6 +157,8 @@ type LeaseResponse struct {
 	// when a hold cap applies (the request's max_hold_ms or the
 	// deployment's cap).
 	HoldUntil string `json:"hold_until,omitempty"`
+	// Permit is the permit granted, for a semaphore.
+	Permit int `json:"permit,omitzero"`
 }
 
 // ReleaseResponse answers a release. Released is false when the lease was
@@ -178,6 +194,9 @@ type StatusResponse struct {
 	// SetSize, for a lease of a lock set, is the number of resources the
 	// set holds with this one (under the same lease).
 	SetSize int `json:"set_size,omitzero"`
+	// Value is the lease's value (an election's leader's), shown to
+	// every caller.
+	Value string `json:"value,omitempty"`
 }
 
 // LeaseInfo is one held lease in a list reply. It never carries the lease
@@ -277,6 +296,10 @@ type Record struct {
 	// id (waiters: their request id) and end together.
 	Set     string `json:"set,omitempty"`
 	SetSize int    `json:"set_size,omitzero"`
+	// Limit is the number of permits of the semaphore a permit (or a
+	// waiter for one) belongs to; Value the lease's value (elections).
+	Limit int    `json:"limit,omitzero"`
+	Value string `json:"value,omitempty"`
 }
 
 // EndMark is the body of the delete marker that ends a lease (release,

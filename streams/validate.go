@@ -221,27 +221,34 @@ func (r *AcquireRequest) Validate() error {
 			return err
 		}
 	}
+	if r.Limit != 0 && r.Resources != nil {
+		return invalidf("limit and resources together: a semaphore is one resource")
+	}
 	return firstError(oneOf(r.Resource, r.Resources), ValidateRequestID(r.RequestID), ValidateOwner(r.Owner),
-		nonNegative("ttl_ms", r.TTLms), nonNegative("wait_ms", r.WaitMs), nonNegative("max_hold_ms", r.MaxHoldMs))
+		nonNegative("ttl_ms", r.TTLms), nonNegative("wait_ms", r.WaitMs), nonNegative("max_hold_ms", r.MaxHoldMs),
+		validateLimit(r.Limit), ValidateValue(r.Value))
 }
 
 // Validate checks a renew's resource, lease id and ttl_ms sign.
 func (r *RenewRequest) Validate() error {
-	return firstError(oneOf(r.Resource, r.Resources), ValidateLeaseID(r.LeaseID), nonNegative("ttl_ms", r.TTLms))
+	return firstError(oneOf(r.Resource, r.Resources), ValidateLeaseID(r.LeaseID), nonNegative("ttl_ms", r.TTLms),
+		validatePermit(r.Permit), ValidateValue(r.Value))
 }
 
 // Validate checks a release's resource and lease id.
 func (r *ReleaseRequest) Validate() error {
-	return firstError(oneOf(r.Resource, r.Resources), ValidateLeaseID(r.LeaseID))
+	return firstError(oneOf(r.Resource, r.Resources), ValidateLeaseID(r.LeaseID), validatePermit(r.Permit))
 }
 
 // Validate checks a cancel's resource and request id.
 func (r *CancelRequest) Validate() error {
-	return firstError(oneOf(r.Resource, r.Resources), ValidateRequestID(r.RequestID))
+	return firstError(oneOf(r.Resource, r.Resources), ValidateRequestID(r.RequestID), validateLimit(r.Limit))
 }
 
 // Validate checks a status request's resource.
-func (r *StatusRequest) Validate() error { return ValidateResource(r.Resource) }
+func (r *StatusRequest) Validate() error {
+	return firstError(ValidateResource(r.Resource), validateLimit(r.Limit))
+}
 
 // Validate checks a list request: the prefix is at most 200 bytes of the
 // characters a resource name may hold (it may end with '.' or '/'), after

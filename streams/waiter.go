@@ -31,20 +31,26 @@ type Waiter struct {
 	// Set and SetSize are the lock set the wait is for (see Record).
 	Set     string `json:"set,omitempty"`
 	SetSize int    `json:"set_size,omitzero"`
+	// Limit and Value are what the waiting acquire asked for (a semaphore,
+	// an election's value).
+	Limit int    `json:"limit,omitzero"`
+	Value string `json:"value,omitempty"`
 }
 
 // WaiterOf returns the bucket form of r, a waiter held as a Record.
 func WaiterOf(r *Record) *Waiter {
 	return &Waiter{Owner: r.Owner, Tenant: r.Tenant, RequestID: r.RequestID, Ticket: r.Token, QueuedAt: r.GrantedAt,
 		LivenessMs: r.TTLms, RefreshedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt, Wake: r.Wake,
-		LeaseTTLms: r.LeaseTTLms, MaxHoldMs: r.MaxHoldMs, Session: r.Session, Set: r.Set, SetSize: r.SetSize}
+		LeaseTTLms: r.LeaseTTLms, MaxHoldMs: r.MaxHoldMs, Session: r.Session, Set: r.Set, SetSize: r.SetSize,
+		Limit: r.Limit, Value: r.Value}
 }
 
 // Record returns w as the service holds a waiter in memory.
 func (w *Waiter) Record() *Record {
 	return &Record{Owner: w.Owner, Tenant: w.Tenant, RequestID: w.RequestID, Token: w.Ticket, GrantedAt: w.QueuedAt,
 		TTLms: w.LivenessMs, RenewedAt: w.RefreshedAt, ExpiresAt: w.ExpiresAt, Wake: w.Wake,
-		LeaseTTLms: w.LeaseTTLms, MaxHoldMs: w.MaxHoldMs, Session: w.Session, Set: w.Set, SetSize: w.SetSize}
+		LeaseTTLms: w.LeaseTTLms, MaxHoldMs: w.MaxHoldMs, Session: w.Session, Set: w.Set, SetSize: w.SetSize,
+		Limit: w.Limit, Value: w.Value}
 }
 
 // AppendJSON appends w encoded as JSON to b.
@@ -78,6 +84,12 @@ func (w *Waiter) AppendJSON(b []byte) []byte {
 	if w.Set != "" {
 		b = appendField(b, `,"set":`, w.Set)
 		b = strconv.AppendInt(append(b, `,"set_size":`...), int64(w.SetSize), 10)
+	}
+	if w.Limit != 0 {
+		b = strconv.AppendInt(append(b, `,"limit":`...), int64(w.Limit), 10)
+	}
+	if w.Value != "" {
+		b = appendField(b, `,"value":`, w.Value)
 	}
 	return append(b, '}')
 }
