@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -257,7 +258,11 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 			}
 			return s.locks.renewSet(ctx, set, body.LeaseID, ttl, who)
 		}
-		return s.locks.renew(ctx, body.Resource, body.LeaseID, ttl, who)
+		if body.Permit != 0 {
+			resp, err := s.locks.renew(ctx, streams.PermitResource(body.Resource, body.Permit), body.LeaseID, ttl, body.Value, who)
+			return permitResponse(resp, body.Resource, body.Permit), err
+		}
+		return s.locks.renew(ctx, body.Resource, body.LeaseID, ttl, body.Value, who)
 	case streams.OpRelease:
 		body := req.release
 		if body == nil {
@@ -278,6 +283,13 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 			}
 			return s.locks.releaseSet(ctx, set, body.LeaseID, who)
 		}
+		if body.Permit != 0 {
+			resp, err := s.locks.release(ctx, streams.PermitResource(body.Resource, body.Permit), body.LeaseID, who)
+			if resp != nil {
+				resp.Resource = body.Resource
+			}
+			return resp, err
+		}
 		return s.locks.release(ctx, body.Resource, body.LeaseID, who)
 	case streams.OpCancel:
 		var body streams.CancelRequest
@@ -294,6 +306,9 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 			}
 			return s.locks.cancelSet(ctx, set, body.RequestID, who)
 		}
+		if body.Limit != 0 {
+			return s.locks.cancelSem(ctx, body.Resource, body.Limit, body.RequestID, who)
+		}
 		return s.locks.cancel(ctx, body.Resource, body.RequestID, who)
 	case streams.OpStatus:
 		var body streams.StatusRequest
@@ -302,6 +317,9 @@ func (s *Service) handle(req *request, received time.Time, sl *slot) (any, error
 		}
 		if err := s.limits.allow("", who, opCost(req.op, false, 0)); err != nil {
 			return nil, err
+		}
+		if body.Limit != 0 {
+			return s.locks.semaphoreStatus(body.Resource, body.Limit, who)
 		}
 		return s.locks.status(ctx, body.Resource, who)
 	case streams.OpList:
@@ -453,6 +471,18 @@ func (s *Service) acquireRequest(data []byte, who origin) (*grantReq, *setReq, t
 	if req.SessionID != "" {
 		// Validate has checked its form, and that no ttl_ms came with it.
 		g.session, g.secret, _ = streams.SplitSessionID(req.SessionID)
+	}
+	g.value = req.Value
+	if req.Limit == 0 && bytes.Contains(data, []byte(`"limit"`)) {
+		// The field named, with 0 (an escaped quote inside a string
+		// value cannot form this text): a semaphore of no permits.
+		return nil, nil, 0, fmt.Errorf("%w: limit 0 outside [1, %d]", streams.ErrInvalid, streams.MaxLimit)
+	}
+	if req.Limit != 0 {
+		// A permit of a semaphore: decided on the semaphore's queue.
+		g.sem, g.limit = req.Resource, req.Limit
+		g.resource = streams.PermitQueue(req.Resource)
+		g.key, g.hash = streams.LeaseKey(g.resource), requestHash(g.resource, req.RequestID, tenant)
 	}
 	return g, nil, wait, nil
 }

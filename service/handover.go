@@ -85,10 +85,10 @@ func (l *locks) endIf(ctx context.Context, resource, key string, match func(*str
 // take it). errConflict means the lease moved on: decide again.
 func (l *locks) end(ctx context.Context, resource, key string, o observation, why endReason, reason string) error {
 	start := time.Now()
-	enc := resourceOf(key)
+	enc := queueOf(key)
 	// The holder's own waiter record, if one is left, and the waiters
 	// that turned out cancelled or granted are not handed the resource.
-	gone := []string{requestHash(resource, o.rec.RequestID, o.rec.Tenant)}
+	gone := []string{requestHash(queueResource(resource), o.rec.RequestID, o.rec.Tenant)}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		w, ok := l.tracker.head(enc, gone...)
 		if !ok || l.guard.grants() != nil || w.set != "" {
@@ -103,7 +103,7 @@ func (l *locks) end(ctx context.Context, resource, key string, o observation, wh
 			return nil
 		case errors.Is(err, errDuplicate):
 			gone = append(gone, w.hash)
-			l.dropWaiter(ctx, streams.WaitKey(resource, w.hash), w.rev)
+			l.dropWaiter(ctx, streams.WaitKey(queueResource(resource), w.hash), w.rev)
 			continue
 		case errors.Is(err, errConflict):
 			// The lease, the waiter's record or its session moved on: see
@@ -111,7 +111,7 @@ func (l *locks) end(ctx context.Context, resource, key string, o observation, wh
 			if cur, rerr := l.current(ctx, key, true); rerr != nil || cur.rev != o.rev {
 				return errConflict
 			}
-			if _, rerr := l.current(ctx, streams.WaitKey(resource, w.hash), true); rerr != nil {
+			if _, rerr := l.current(ctx, streams.WaitKey(queueResource(resource), w.hash), true); rerr != nil {
 				return rerr
 			}
 			if w.session != "" {
@@ -122,7 +122,7 @@ func (l *locks) end(ctx context.Context, resource, key string, o observation, wh
 			continue
 		default:
 			l.tracker.forget(key)
-			l.tracker.forget(streams.WaitKey(resource, w.hash))
+			l.tracker.forget(streams.WaitKey(queueResource(resource), w.hash))
 			return err
 		}
 	}
@@ -143,7 +143,7 @@ func (l *locks) remove(ctx context.Context, key string, o observation, why endRe
 		return err
 	}
 	l.tracker.observe(key, entry{rev: seq, end: end})
-	l.wakeHead(resourceOf(key))
+	l.wakeHead(queueOf(key))
 	return nil
 }
 
@@ -159,6 +159,7 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 	// The waiter's caller may have gone meanwhile: a short TTL frees the
 	// resource soon then, and the holder's first renewal extends it.
 	rec := newLease(now, w.requestID, w.owner, w.tenant, min(ttl, l.cfg.HandoverTTL), l.holdLimit(now, w.maxHold))
+	rec.Limit, rec.Value = w.limit, w.value
 	var sess check
 	if w.session != "" {
 		// A waiter of a session is granted only while its session lives,
@@ -169,7 +170,7 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 		}
 		sessionLease(rec, now, w.session, l.holdLimit(now, w.maxHold))
 	}
-	wkey := streams.WaitKey(resource, w.hash)
+	wkey := streams.WaitKey(queueResource(resource), w.hash)
 	if w.session != "" {
 		gate, err := l.sessionGate(ctx, w.session)
 		if err != nil {
@@ -189,6 +190,9 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 		if so, ok := l.tracker.get(sess.key); ok && so.held() {
 			resp = sessionLeaseResponse(resource, token, rec, so.rec)
 		}
+	}
+	if sem, k, ok := streams.SplitPermit(resource); ok {
+		resp = permitResponse(resp, sem, k)
 	}
 	l.wakes.send(w.wake, resp)
 	return nil

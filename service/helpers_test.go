@@ -129,3 +129,5 @@ func (c caller) cancel(resource, requestID string) bool {
 }
 
 func rid(i int) string { return fmt.Sprintf("req-%d", i) }
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -88,6 +88,12 @@ type grantReq struct {
 	// in: its key hash and the secret of its id; empty for a lease of its
 	// own (see sessions.go).
 	session, secret string
+	// sem and limit name the semaphore a permit is asked of (resource and
+	// key are then its queue's; see semaphores.go); value is the lease's
+	// value (elections).
+	sem   string
+	limit int
+	value string
 }
 
 // mine reports whether rec, a lease or waiter record, is this request's:
@@ -212,6 +218,9 @@ func (l *locks) acquire(ctx context.Context, g *grantReq) (*streams.LeaseRespons
 // stream leader rather than on what the watcher last saw. The caller holds
 // the key's lock.
 func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
+	if g.limit != 0 {
+		return l.trySem(ctx, g, fresh)
+	}
 	if l.tracker.hasEnded(g.key, g.requestID, g.tenant) {
 		return nil, leaseEnded(g.requestID)
 	}
@@ -324,6 +333,7 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation, ses
 func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess observation) (*streams.LeaseResponse, error) {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, g.requestID, g.owner, g.tenant, g.ttl, l.holdLimit(now, g.maxHold))
+	rec.Limit, rec.Value = g.limit, g.value
 	var seq uint64
 	var dup bool
 	var err error
@@ -384,8 +394,9 @@ func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64, sess 
 	return nil, tooManyConflicts()
 }
 
-// renew extends the lease leaseID of resource by ttl.
-func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Duration, who origin) (*streams.LeaseResponse, error) {
+// renew extends the lease leaseID of resource by ttl, and sets its value
+// to value unless that is empty.
+func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Duration, value string, who origin) (*streams.LeaseResponse, error) {
 	key := streams.LeaseKey(resource)
 	st, err := l.lock(ctx, key)
 	if err != nil {
@@ -414,6 +425,11 @@ func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Du
 		}
 		if o.rec.Session != "" {
 			return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
+		}
+		if value != "" {
+			rec := *o.rec
+			rec.Value = value
+			o.rec = &rec
 		}
 		resp, err := l.extend(ctx, resource, key, o, ttl)
 		switch {
@@ -497,7 +513,7 @@ func (l *locks) status(ctx context.Context, resource string, who origin) (*strea
 		resp.ExpiresAt = o.rec.ExpiresAt
 		resp.HoldUntil = o.rec.HoldUntil
 		resp.InSession, resp.SessionOwner = l.sessionOf(o.rec, who, &resp.ExpiresAt)
-		resp.SetSize = o.rec.SetSize
+		resp.SetSize, resp.Value = o.rec.SetSize, o.rec.Value
 	}
 	return resp, nil
 }

@@ -106,6 +106,7 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 		stopping:   make(chan struct{}),
 		done:       make(chan struct{}),
 	}
+	s.tracker.announce = announcer(nc, cfg.Prefix)
 	s.wakes = &wakes{nc: nc, prefix: cfg.Prefix + ".wake." + id + ".", log: log, sent: m.wakes.Inc,
 		waiting: make(map[string]chan *streams.LeaseResponse)}
 	s.workers = newWorkers(s.done)

@@ -381,7 +381,7 @@ func (l *locks) endMembers(ctx context.Context, hash string, why endReason) int 
 	}
 	var group []string
 	for _, key := range leases {
-		if _, queued := l.tracker.head(resourceOf(key)); queued {
+		if _, queued := l.tracker.head(queueOf(key)); queued {
 			run(func() { l.endSessionLease(ctx, key, hash, why) })
 			continue
 		}
@@ -462,7 +462,7 @@ func (l *locks) removeSessionLeases(ctx context.Context, keys []string, hash str
 		l.tracker.observe(m.key, entry{rev: msgs[i].seq, end: m.end})
 		res := decodedResource(resourceOf(m.key))
 		l.report.ended(why, res, m.o.rec.TokenAt(m.o.rev), m.o.rec.Owner, "ended", origin{})
-		l.wakeHead(resourceOf(m.key)) // a waiter that queued meanwhile
+		l.wakeHead(queueOf(m.key)) // a waiter that queued meanwhile
 	}
 }
 

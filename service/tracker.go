@@ -85,6 +85,10 @@ type tracker struct {
 	// lease id (see set_index.go).
 	setLeases map[string]map[string]struct{}
 
+	// announce, if set, is given the election events of each change the
+	// tracker takes in (see elections.go), outside its lock.
+	announce func([]streams.ElectionEvent)
+
 	// ended remembers, for the retry window, the request ids whose leases
 	// ended (keyed by lease key and request id), so that a retry is
 	// answered lease_lost even when JetStream has forgotten the grant's
@@ -159,6 +163,8 @@ type waiterInfo struct {
 	session   string // the key hash of its session, if any
 	set       string // the hash of its lock set, if it waits for one
 	setSize   int
+	limit     int    // the limit of the semaphore it waits for, if any
+	value     string // its lease's value (elections)
 }
 
 type observation struct {
@@ -212,6 +218,17 @@ func (t *tracker) reset() {
 // the observation now current. A key never written (revision 0) is not
 // kept.
 func (t *tracker) observe(key string, e entry) observation {
+	var evs []streams.ElectionEvent
+	o := t.observeLocked(key, e, &evs)
+	if len(evs) > 0 && t.announce != nil {
+		t.announce(evs)
+	}
+	return o
+}
+
+// observeLocked is observe; it adds to evs the election events of the
+// change. It takes t.mu.
+func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEvent) observation {
 	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -233,7 +250,7 @@ func (t *tracker) observe(key string, e entry) observation {
 			e.end = nil
 		}
 	}
-	wasHeld, due := o.held(), o.due
+	wasHeld, due, wasRev := o.held(), o.due, o.rev
 	var wasTenant string
 	var wasRec *streams.Record
 	if wasHeld {
@@ -274,6 +291,7 @@ func (t *tracker) observe(key string, e entry) observation {
 		t.countTenantLease(wasHeld, wasTenant, e)
 		t.indexSessionMember(key, wasRec, e.rec)
 		t.indexSetMember(key, wasRec, e.rec)
+		*evs = electionEvents(key, wasRec, wasRev, e)
 	}
 	t.forgetGone(now, 16)
 	return o
@@ -496,7 +514,7 @@ func (t *tracker) indexWaiter(key string, e entry) {
 	}
 	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), rev: e.rev, owner: e.rec.Owner, tenant: e.rec.Tenant, requestID: e.rec.RequestID,
 		wake: e.rec.Wake, leaseTTL: time.Duration(e.rec.LeaseTTLms) * time.Millisecond, maxHold: time.Duration(e.rec.MaxHoldMs) * time.Millisecond,
-		session: e.rec.Session, set: e.rec.Set, setSize: e.rec.SetSize}
+		session: e.rec.Session, set: e.rec.Set, setSize: e.rec.SetSize, limit: e.rec.Limit, value: e.rec.Value}
 	t.nWaiters++
 	t.tenantWaits[e.rec.Tenant]++
 }

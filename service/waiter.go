@@ -198,6 +198,7 @@ func (w *waiter) record(o observation) (*streams.Record, error) {
 		Owner: w.g.owner, Tenant: w.g.tenant, RequestID: w.g.requestID, TTLms: cfg.WaiterLiveness.Milliseconds(),
 		GrantedAt: streams.FormatTime(now), Wake: w.wake,
 		LeaseTTLms: w.g.ttl.Milliseconds(), MaxHoldMs: w.g.maxHold.Milliseconds(), Session: w.g.session,
+		Limit: w.g.limit, Value: w.g.value,
 	}
 	if o.held() {
 		rec.Token = o.rec.TokenAt(o.rev) // keep the ticket
@@ -251,7 +252,15 @@ func (w *waiter) leave(ctx context.Context, last error) (*streams.LeaseResponse,
 			w.l.log.Warn("remove waiter", "resource", w.g.resource, "err", err)
 		}
 		if !removed && err == nil {
-			if o, err := w.l.current(ctx, w.g.key, true); err == nil && o.held() && w.g.mine(o.rec) && o.rec.Owner == w.g.owner {
+			key, k := w.g.key, 0
+			if w.g.limit != 0 {
+				k = w.l.heldPermit(w.g.sem, w.g.limit, w.g.requestID, w.g.tenant)
+				key = permitKey(w.g.sem, k)
+			}
+			if o, err := w.l.current(ctx, key, true); err == nil && o.held() && w.g.mine(o.rec) && o.rec.Owner == w.g.owner {
+				if k != 0 {
+					return permitResponse(leaseResponse(w.g.sem, o.rec.TokenAt(o.rev), o.rec), w.g.sem, k), nil
+				}
 				return leaseResponse(w.g.resource, o.rec.TokenAt(o.rev), o.rec), nil
 			}
 		}

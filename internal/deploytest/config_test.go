@@ -145,7 +145,8 @@ func checkAccounts(t *testing.T, o *server.Options, ks keys) {
 				t.Errorf("caller %s may not publish %s", role, subj)
 			}
 		}
-		if want := []string{"_INBOX_" + role + ".>"}; !slices.Equal(subAllow(role), want) {
+		// Its own replies, and the election events (a stream export).
+		if want := []string{"_INBOX_" + role + ".>", streams.DefaultPrefix + ".events.>"}; !slices.Equal(subAllow(role), want) {
 			t.Errorf("caller %s may subscribe %v, want %v", role, subAllow(role), want)
 		}
 	}

@@ -169,6 +169,13 @@ func authConfig(prefix string, creds credentials) string {
 		imports = append(imports, imp)
 		callerPub = append(callerPub, subj)
 	}
+	// Election events (streams.EventSubject) are a stream export: callers
+	// and operators may subscribe to them.
+	events := prefix + ".events.>"
+	exports = append(exports, fmt.Sprintf("{stream: %q}", events))
+	evImport := fmt.Sprintf("{stream: {account: %s, subject: %q}}", Account, events)
+	imports = append(imports, evImport)
+	opImports = append(opImports, evImport)
 	readOnlyJS := []string{
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
 		"$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>",
@@ -201,7 +208,7 @@ accounts {
     users: [
       {user: %[9]q, password: %[10]q, permissions: {
         publish: {allow: %[26]s}
-        subscribe: {allow: ["_INBOX.>"]}
+        subscribe: {allow: ["_INBOX.>", %[28]q]}
       }}
     ]
     imports: [%[27]s]
@@ -210,7 +217,7 @@ accounts {
     users: [
       {user: %[14]q, permissions: {
         publish: {allow: %[15]s}
-        subscribe: {allow: ["_INBOX.>"]}
+        subscribe: {allow: ["_INBOX.>", %[28]q]}
       }}
     ]
     imports: [%[16]s]
@@ -236,6 +243,7 @@ no_auth_user: %[14]q
 		userNames[Admin], creds[Admin],
 		userNames[Inspector], creds[Inspector],
 		OperatorsAccount, q(opPub...), strings.Join(opImports, ", "),
+		events,
 	)
 }
 

@@ -1,0 +1,239 @@
+package service_test
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetlock/jetlock/internal/testenv"
+	"github.com/jetlock/jetlock/streams"
+)
+
+// A semaphore of 3 under 20 contending callers never has more than 3
+// valid permits (checked by a fenced store per permit, and by a count of
+// holders), and every caller is served.
+func TestSemaphoreBoundsHolders(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	env.Serve(testenv.Config())
+	fence := newFencedStore()
+	var holding, most atomic.Int64
+	var wg sync.WaitGroup
+	const callers, rounds = 20, 3
+	for w := range callers {
+		c := caller{t: t, nc: env.Connect()}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				l, r := c.acquire(streams.AcquireRequest{Resource: "pool", Limit: 3, RequestID: fmt.Sprintf("w%d-%d", w, i), TTLms: 10000, WaitMs: 30000})
+				if r.errCode != "" {
+					t.Errorf("caller %d: %s %s", w, r.errCode, r.err.Message)
+					return
+				}
+				if l.Permit < 1 || l.Permit > 3 || l.Resource != "pool" {
+					t.Errorf("grant %+v: want a permit of pool in 1..3", l)
+				}
+				n := holding.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				if !fence.write(fmt.Sprintf("pool#%d", l.Permit), l.Token) {
+					t.Errorf("the fence of permit %d refused token %d", l.Permit, l.Token)
+				}
+				time.Sleep(10 * time.Millisecond)
+				holding.Add(-1)
+				var rr streams.ReleaseResponse
+				c.send(streams.OpRelease, streams.ReleaseRequest{Resource: "pool", Permit: l.Permit, LeaseID: l.LeaseID}).decode(t, &rr)
+				if !rr.Released || rr.Resource != "pool" {
+					t.Errorf("release of permit %d: %+v", l.Permit, rr)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if m := most.Load(); m > 3 || m < 2 {
+		t.Fatalf("at most %d permits were held at once: want up to 3 (and contention)", m)
+	}
+}
+
+// Waiters of a semaphore are served in arrival order, a release wakes one,
+// and the permit of a holder that stopped renewing comes back at expiry.
+func TestSemaphoreFIFOAndExpiry(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	var held []streams.LeaseResponse
+	for i := range 2 {
+		l, r := c.acquire(streams.AcquireRequest{Resource: "sem", Limit: 2, RequestID: rid(i), TTLms: 30000})
+		if r.errCode != "" {
+			t.Fatal(r.errCode)
+		}
+		held = append(held, l)
+	}
+	if held[0].Permit == held[1].Permit {
+		t.Fatal("two holders got the same permit")
+	}
+	if _, r := c.acquire(streams.AcquireRequest{Resource: "sem", Limit: 2, RequestID: "x", TTLms: 30000}); r.errCode != streams.CodeLocked {
+		t.Fatalf("a third acquire of a semaphore of 2: %q", r.errCode)
+	}
+	var waits []<-chan reply
+	for i := range 3 {
+		waits = append(waits, c.acquireAsync(streams.AcquireRequest{Resource: "sem", Limit: 2, RequestID: fmt.Sprintf("w%d", i), TTLms: 1000, WaitMs: 20000}))
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			var st streams.SemaphoreStatus
+			c.send(streams.OpStatus, streams.StatusRequest{Resource: "sem", Limit: 2}).decode(t, &st)
+			return st.Waiters == i+1 && st.HeldPermits == 2
+		}, "%d waiters", i+1)
+	}
+	// Without its permit, the lease id names no lease of "sem".
+	if ok, r := c.release("sem", held[0].LeaseID); ok || r.errCode != "" {
+		t.Fatalf("a release naming no permit: %v %q", ok, r.errCode)
+	}
+	var rr streams.ReleaseResponse
+	c.send(streams.OpRelease, streams.ReleaseRequest{Resource: "sem", Permit: held[0].Permit, LeaseID: held[0].LeaseID}).decode(t, &rr)
+	if !rr.Released {
+		t.Fatal("release of a permit released nothing")
+	}
+	var first streams.LeaseResponse
+	(<-waits[0]).decode(t, &first)
+	if first.Permit != held[0].Permit || first.Token <= held[0].Token {
+		t.Fatalf("the first waiter got %+v: want permit %d with a larger token", first, held[0].Permit)
+	}
+	select {
+	case r := <-waits[1]:
+		t.Fatalf("a release woke a second waiter: %s", r.raw)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// The first waiter never renews (TTL 1 s): its permit comes back at
+	// expiry, to the next waiter.
+	var second streams.LeaseResponse
+	(<-waits[1]).decode(t, &second)
+	if second.Permit != first.Permit || second.Token <= first.Token {
+		t.Fatalf("the second waiter got %+v after the first's permit expired", second)
+	}
+	// The third waiter, cancelled, leaves the queue.
+	var cr streams.CancelResponse
+	c.send(streams.OpCancel, streams.CancelRequest{Resource: "sem", Limit: 2, RequestID: "w2"}).decode(t, &cr)
+	if !cr.Cancelled {
+		t.Fatal("cancel of a waiting permit request cancelled nothing")
+	}
+	if r := <-waits[2]; r.errCode != streams.CodeLeaseLost {
+		t.Fatalf("the cancelled wait: %q", r.errCode)
+	}
+}
+
+// Bad inputs get clear errors and change nothing: limits outside 1..1000,
+// a limit another holder disagrees with, a limit with a set.
+func TestSemaphoreBadInputs(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	c.send(streams.OpAcquire, streams.AcquireRequest{Resource: "bs", Limit: 3, RequestID: "a", TTLms: 30000}).decode(t, &streams.LeaseResponse{})
+	for _, tc := range []struct {
+		name string
+		body any
+		want string
+	}{
+		{"limit 0", `{"resource":"bs2","request_id":"b","limit":0}`, "limit 0"},
+		{"limit 1001", streams.AcquireRequest{Resource: "bs2", RequestID: "b", Limit: 1001}, "limit 1001"},
+		{"mismatched limit", streams.AcquireRequest{Resource: "bs", RequestID: "b", Limit: 4}, "has limit 3"},
+		{"limit with a set", streams.AcquireRequest{Resources: []string{"bs", "bt"}, RequestID: "b", Limit: 2}, "limit and resources"},
+		{"value too large", streams.AcquireRequest{Resource: "bs3", RequestID: "b", Value: strings.Repeat("v", 1025)}, "value is 1025 bytes"},
+	} {
+		r := c.send(streams.OpAcquire, tc.body)
+		if r.errCode != streams.CodeInvalidRequest || !strings.Contains(r.err.Message, tc.want) {
+			t.Errorf("%s: %q %q, want invalid_request saying %q", tc.name, r.errCode, r.err.Message, tc.want)
+		}
+	}
+	var st streams.SemaphoreStatus
+	c.send(streams.OpStatus, streams.StatusRequest{Resource: "bs", Limit: 3}).decode(t, &st)
+	if st.HeldPermits != 1 || st.Waiters != 0 {
+		t.Fatalf("status after the bad inputs: %+v", st)
+	}
+	if s := c.status("bs2"); s.Held {
+		t.Fatal("bs2 held after refused acquires")
+	}
+}
+
+// An election: the leader's value is in status and events, a renewal with
+// a value proclaims it (same token), and when the leader resigns the next
+// candidate is elected at once; observers see every change in order.
+func TestElectionValueAndEvents(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	obs := env.Connect()
+	events := make(chan streams.ElectionEvent, 16)
+	sub, err := obs.Subscribe(streams.EventSubject(streams.DefaultPrefix, "elect/x"), func(m *nats.Msg) {
+		var ev streams.ElectionEvent
+		if err := jsonUnmarshal(m.Data, &ev); err == nil {
+			events <- ev
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	obs.Flush()
+	time.Sleep(200 * time.Millisecond) // the subscription reaches every node
+	lead, r := c.acquire(streams.AcquireRequest{Resource: "elect/x", RequestID: "a", TTLms: 10000, Value: "node-a"})
+	if r.errCode != "" {
+		t.Fatal(r.errCode)
+	}
+	standby := c.acquireAsync(streams.AcquireRequest{Resource: "elect/x", RequestID: "b", TTLms: 10000, WaitMs: 20000, Value: "node-b"})
+	waitForWaiters(t, c, "elect/x", 1)
+	if st := c.status("elect/x"); st.Value != "node-a" || st.Token != lead.Token {
+		t.Fatalf("status of the election: %+v", st)
+	}
+	var p streams.LeaseResponse
+	c.send(streams.OpRenew, streams.RenewRequest{Resource: "elect/x", LeaseID: lead.LeaseID, Value: "node-a:v2"}).decode(t, &p)
+	if p.Token != lead.Token || c.status("elect/x").Value != "node-a:v2" {
+		t.Fatal("proclaim changed the token or not the value")
+	}
+	if ok, _ := c.release("elect/x", lead.LeaseID); !ok {
+		t.Fatal("resign")
+	}
+	var next streams.LeaseResponse
+	(<-standby).decode(t, &next)
+	want := []struct {
+		event, value string
+		token        uint64
+	}{
+		{streams.EventElected, "node-a", lead.Token},
+		{streams.EventProclaimed, "node-a:v2", lead.Token},
+		{streams.EventEnded, "node-a:v2", lead.Token},
+		{streams.EventElected, "node-b", next.Token},
+	}
+	// Every instance announces what it takes in: keep the first of each
+	// revision, in revision order, as an observer does.
+	var got []streams.ElectionEvent
+	seen := map[string]bool{}
+	deadline := time.After(10 * time.Second)
+	for len(got) < len(want) {
+		select {
+		case ev := <-events:
+			k := fmt.Sprint(ev.Revision, ev.Event)
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			if len(got) > 0 && ev.Revision < got[len(got)-1].Revision {
+				continue // an older event from a slower instance
+			}
+			got = append(got, ev)
+		case <-deadline:
+			t.Fatalf("events %+v, want %+v", got, want)
+		}
+	}
+	for i, w := range want {
+		if got[i].Event != w.event || got[i].Value != w.value || got[i].Token != w.token || got[i].Resource != "elect/x" {
+			t.Fatalf("event %d: %+v, want %+v", i, got[i], w)
+		}
+	}
+}
