@@ -536,6 +536,9 @@ func (l *locks) list(req *streams.ListRequest, who origin) *streams.ListResponse
 			Token: it.o.rec.TokenAt(it.o.rev), ExpiresAt: it.o.rec.ExpiresAt, Waiters: it.waiters, HoldUntil: it.o.rec.HoldUntil}
 		info.InSession, info.SessionOwner = l.sessionOf(it.o.rec, who, &info.ExpiresAt)
 		info.SetSize = it.o.rec.SetSize
+		if sem, k, ok := streams.SplitPermit(it.resource); ok {
+			info.Resource, info.Permit = sem, k
+		}
 		resp.Leases = append(resp.Leases, info)
 	}
 	if more && len(page) > 0 {

@@ -213,6 +213,9 @@ type LeaseInfo struct {
 	InSession    bool   `json:"in_session,omitzero"`
 	SessionOwner string `json:"session_owner,omitempty"`
 	SetSize      int    `json:"set_size,omitzero"`
+	// Permit, for a permit of a semaphore, is its number (Resource is
+	// the semaphore's).
+	Permit int `json:"permit,omitzero"`
 }
 
 // ListResponse answers a list request. Next, when set, is the After of
