@@ -91,6 +91,14 @@ func (s *Service) dispatch(op string, r micro.Request) {
 		return
 	}
 	urgent, due := s.urgency(&req)
+	if !urgent && !req.known && op != streams.OpRevoke {
+		if err := s.limits.spent(req.who); err != nil {
+			s.inflight.Done()
+			s.replyError(r, toOpError(err))
+			s.report.request(op, streams.CodeUnavailable, time.Since(received))
+			return
+		}
+	}
 	s.gate.enter(pending{
 		at:     received,
 		urgent: urgent,

@@ -76,6 +76,38 @@ func (l *limits) allow(owner string, who origin, cost float64) error {
 	return nil
 }
 
+// spent reports whether who's tenant has no token left at all: every
+// request it sends but the renewal or release of a lease it holds would be
+// refused. dispatch refuses those at once, before a place, a goroutine or
+// a decode is spent on them, so that a tenant flooding far beyond its rate
+// costs the others as little as possible. The answer is the one allow
+// would give.
+func (l *limits) spent(who origin) error {
+	if who.tenant() == "" {
+		return nil
+	}
+	r := l.userRate(who)
+	if r <= 0 {
+		return nil
+	}
+	now := time.Now()
+	key := "u\x00" + who.account + "\x00" + who.user
+	l.mu.Lock()
+	e, ok := l.byKey[key]
+	var tokens float64
+	if ok {
+		tokens = e.Value.(*limited).lim.TokensAt(now)
+	}
+	l.mu.Unlock()
+	if !ok || tokens >= 1 {
+		return nil
+	}
+	l.refused("user")
+	delay := time.Duration((1 - tokens) / r * float64(time.Second))
+	return &opError{code: streams.CodeUnavailable, retryAfter: max(delay, time.Millisecond),
+		msg: fmt.Sprintf("fair use: this user sends operations (weighted by cost) faster than %g a second; retry after %v", r, delay.Round(time.Millisecond))}
+}
+
 func (l *limits) take(scope, key string, r float64, n int) error {
 	now := time.Now()
 	l.mu.Lock()

@@ -32,3 +32,28 @@ func TestTenantRates(t *testing.T) {
 		}
 	}
 }
+
+// A tenant whose bucket is empty is told so by spent, which dispatch asks
+// before any other work; a tenant with tokens left, one never seen, and a
+// request of no tenant are not.
+func TestSpentTenantRefusedEarly(t *testing.T) {
+	refused := 0
+	l := newLimits(0, 2, nil, func(string) { refused++ })
+	noisy, quiet := origin{account: "APP", user: "flood"}, origin{account: "APP", user: "calm"}
+	if l.spent(noisy) != nil || l.spent(origin{}) != nil {
+		t.Fatal("a tenant never seen, or no tenant, is spent")
+	}
+	for l.allow("", noisy, 1) == nil {
+	}
+	err := l.spent(noisy)
+	oe, ok := err.(*opError)
+	if !ok || oe.code != "unavailable" || oe.retryAfter <= 0 {
+		t.Fatalf("spent tenant: %v, want unavailable with retry_after", err)
+	}
+	if l.allow("", quiet, 1) != nil || l.spent(quiet) != nil {
+		t.Fatal("another tenant is refused")
+	}
+	if refused != 2 { // allow's refusal ending the loop, and spent's
+		t.Fatalf("refusals counted %d, want 2", refused)
+	}
+}
