@@ -44,7 +44,7 @@ func (c *Client) List(ctx context.Context, prefix string, opts ...ListOption) it
 			for _, li := range resp.Leases {
 				st := &Status{Resource: li.Resource, Held: true, Owner: li.Owner, Token: li.Token,
 					ExpiresAt: parseTime(li.ExpiresAt), Waiters: li.Waiters, HoldUntil: parseTime(li.HoldUntil),
-					InSession: li.InSession, SessionOwner: li.SessionOwner}
+					InSession: li.InSession, SessionOwner: li.SessionOwner, SetSize: li.SetSize}
 				if !yield(st, nil) {
 					return
 				}

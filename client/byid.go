@@ -15,7 +15,10 @@ import (
 
 // Reply returns the service's reply to the lease's last successful acquire
 // or renew: the wire form of the grant, lease id included. Its expires_at
-// is the service's view; the client's own deadline is Expires.
+// is the service's view; the client's own deadline is Expires. For a lock
+// set (AcquireAll) it carries what the set's reply shares (lease id, TTL,
+// expiry, hold limit), with Resource empty and Token 0: the resources and
+// their tokens are Resources and TokenOf.
 func (l *Lease) Reply() streams.LeaseResponse {
 	l.mu.Lock()
 	defer l.mu.Unlock()

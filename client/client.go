@@ -112,10 +112,16 @@ func (c *Client) acquire(ctx context.Context, resource string, ao acquireOptions
 }
 
 func (c *Client) acquireOptions(resource string, opts []AcquireOption) (acquireOptions, error) {
-	var ao acquireOptions
 	if err := streams.ValidateResource(resource); err != nil {
-		return ao, wrapErr(ErrInvalidRequest, err)
+		return acquireOptions{}, wrapErr(ErrInvalidRequest, err)
 	}
+	return readAcquireOptions(opts)
+}
+
+// readAcquireOptions applies opts, and gives the acquire a random request
+// id if they set none.
+func readAcquireOptions(opts []AcquireOption) (acquireOptions, error) {
+	var ao acquireOptions
 	for _, opt := range opts {
 		if err := opt(&ao); err != nil {
 			return ao, err
@@ -128,10 +134,12 @@ func (c *Client) acquireOptions(resource string, opts []AcquireOption) (acquireO
 }
 
 // acquireOnce sends one logical acquire (waiting up to wait in the queue),
-// retrying an unknown outcome with the same request id.
+// retrying an unknown outcome with the same request id. For a lock set
+// (ao.set) resource is empty.
 func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOptions, wait time.Duration) (*Lease, error) {
 	req := streams.AcquireRequest{
 		Resource:  resource,
+		Resources: ao.set,
 		RequestID: ao.requestID,
 		Owner:     ao.owner,
 		TTLms:     ao.ttl.Milliseconds(),
@@ -141,30 +149,39 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 	if ao.session != nil {
 		req.SessionID = ao.session.id
 	}
-	var resp streams.LeaseResponse
+	var resp grant
 	var sent time.Time
 	err := c.retry(ctx, func() error {
 		sent = time.Now()
 		return c.call(ctx, streams.OpAcquire, &req, &resp, wait)
 	})
 	if errors.Is(err, ErrUnavailable) || (err != nil && ctx.Err() != nil) {
-		c.abandon(resource, ao.requestID)
+		c.abandon(resource, ao.set, ao.requestID)
 	}
 	if err != nil {
 		if errors.Is(err, ErrLocked) {
 			var he *HeldError
 			if errors.As(err, &he) {
-				he.Resource = resource
+				he.about(resource, ao.set)
 			}
 		}
 		return nil, err
 	}
+	var members []streams.SetMember
+	if ao.set != nil {
+		if members, err = setMembers(ao.set, &resp); err != nil {
+			// A grant the client cannot use: give it back.
+			c.abandon(resource, ao.set, ao.requestID)
+			return nil, err
+		}
+	}
 	var l *Lease
 	if ao.session != nil {
-		l = ao.session.newLease(resource, ao.owner, ao.maxHold, &resp, sent)
+		l = ao.session.newLease(resource, ao.owner, ao.maxHold, &resp.LeaseResponse, sent)
 	} else {
-		l = c.newLease(resource, ao.owner, ao.ttl, &resp, sent)
+		l = c.newLease(resource, ao.owner, ao.ttl, &resp.LeaseResponse, sent)
 	}
+	l.members = members
 	if err := l.start(ctx, wait > 0); err != nil {
 		// Granted, but not provably held any more: give it back.
 		rctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
@@ -175,15 +192,15 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 	return l, nil
 }
 
-// abandon cancels an acquire whose outcome is unknown or whose caller gave
-// up, so that a grant nobody will use is released at once. Best effort,
-// bounded by the request timeout.
-func (c *Client) abandon(resource, requestID string) {
+// abandon cancels an acquire (of resource, or of the lock set set) whose
+// outcome is unknown or whose caller gave up, so that a grant nobody will
+// use is released at once. Best effort, bounded by the request timeout.
+func (c *Client) abandon(resource string, set []string, requestID string) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
 	defer cancel()
-	var resp streams.CancelResponse
+	var resp streams.CancelResponse // a set's reply decodes into it as well; nothing reads it
 	_ = c.retry(ctx, func() error {
-		return c.call(ctx, streams.OpCancel, &streams.CancelRequest{Resource: resource, RequestID: requestID}, &resp, 0)
+		return c.call(ctx, streams.OpCancel, &streams.CancelRequest{Resource: resource, Resources: set, RequestID: requestID}, &resp, 0)
 	})
 }
 
@@ -205,6 +222,9 @@ type Status struct {
 	// NATS user that holds the lease, and to operators.
 	InSession    bool
 	SessionOwner string
+	// SetSize, for a lease of a lock set (AcquireAll), is the number of
+	// resources the set holds with this one; zero otherwise.
+	SetSize int
 }
 
 // Status returns the state of resource. A resource nobody holds answers
@@ -219,7 +239,7 @@ func (c *Client) Status(ctx context.Context, resource string) (*Status, error) {
 	}
 	return &Status{Resource: resp.Resource, Held: resp.Held, Owner: resp.Owner, Token: resp.Token,
 		ExpiresAt: parseTime(resp.ExpiresAt), Waiters: resp.Waiters, HoldUntil: parseTime(resp.HoldUntil),
-		InSession: resp.InSession, SessionOwner: resp.SessionOwner}, nil
+		InSession: resp.InSession, SessionOwner: resp.SessionOwner, SetSize: resp.SetSize}, nil
 }
 
 func parseTime(s string) time.Time {
@@ -341,6 +361,9 @@ func decodeError(code string, msg *nats.Msg) error {
 		he := &HeldError{}
 		if h := body.Error.Holder; h != nil {
 			he.Owner, he.Token, he.ExpiresAt = h.Owner, h.Token, parseTime(h.ExpiresAt)
+		}
+		for _, h := range body.Error.Holders {
+			he.Holders = append(he.Holders, Holder{Resource: h.Resource, Owner: h.Owner, Token: h.Token, ExpiresAt: parseTime(h.ExpiresAt)})
 		}
 		return he
 	case streams.CodeLeaseLost:

@@ -45,6 +45,17 @@
 // above: the send time of the last keepalive that succeeded, plus the TTL,
 // minus the safety margin.
 //
+// # Lock sets
+//
+// Client.AcquireAll (and Session.AcquireAll) acquires several resources as
+// one lease, atomically: the whole set or nothing, never half of it; a
+// waiting AcquireAll queues on every resource at once, so overlapping sets
+// acquired in any order cannot deadlock. The set has one lease id and TTL,
+// is renewed, released and lost as a whole, and the rule above gives its
+// deadline. Each resource keeps its own fencing token: send
+// Lease.TokenOf(resource) with every write to that resource (Token is 0
+// for a set).
+//
 // # Retries and idempotency
 //
 // Every acquire carries a request id (random unless RequestID is given).

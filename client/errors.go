@@ -53,6 +53,11 @@ var (
 
 // HeldError is returned when a resource is held by another lease. It
 // matches ErrLocked with errors.Is.
+//
+// For a lock set (AcquireAll), Set is the set asked for and Holders names
+// every resource of it that was held, each with its holder; Resource,
+// Owner, Token and ExpiresAt are then those of Holders[0], the first held
+// resource in sorted order.
 type HeldError struct {
 	Resource string
 	// Owner is the holder's owner text, if it gave one.
@@ -62,10 +67,39 @@ type HeldError struct {
 	// ExpiresAt is the service's view of the holder's expiry (zero if the
 	// service sent none).
 	ExpiresAt time.Time
+	// Holders are the held resources and their holders: for one resource
+	// the one above; for a lock set, every held member (see above).
+	Holders []Holder
+	// Set is the lock set the acquire asked for, sorted; nil for an
+	// acquire of one resource.
+	Set []string
+}
+
+// Holder is a held resource and who holds it, in a HeldError.
+type Holder struct {
+	Resource string
+	// Owner is the holder's owner text, if it gave one and the service
+	// shows it to the caller.
+	Owner string
+	// Token is the holder's fencing token of Resource.
+	Token uint64
+	// ExpiresAt is the service's view of the holder's expiry (zero if the
+	// service sent none).
+	ExpiresAt time.Time
 }
 
 func (e *HeldError) Error() string {
-	return fmt.Sprintf("jetlock: %s is locked by %q (token %d, expires %s)", e.Resource, e.Owner, e.Token, e.ExpiresAt.Format(time.RFC3339))
+	if e.Set == nil {
+		return fmt.Sprintf("jetlock: %s is locked by %q (token %d, expires %s)", e.Resource, e.Owner, e.Token, e.ExpiresAt.Format(time.RFC3339))
+	}
+	held := make([]string, 0, len(e.Holders))
+	for _, h := range e.Holders {
+		held = append(held, fmt.Sprintf("%s by %q (token %d, expires %s)", h.Resource, h.Owner, h.Token, h.ExpiresAt.Format(time.RFC3339)))
+	}
+	if len(held) == 0 {
+		held = append(held, "holders not named by the service")
+	}
+	return fmt.Sprintf("jetlock: lock set of %d resources is locked: %s", len(e.Set), strings.Join(held, ", "))
 }
 
 // Is makes a HeldError match ErrLocked.

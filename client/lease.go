@@ -21,6 +21,10 @@ import (
 // (package fence); that, not the lease, is what stops a holder that was
 // paused past its TTL.
 //
+// A lease of a lock set (Client.AcquireAll) holds several resources under
+// one lease id and one TTL, renewed and released whole; each resource has
+// its own token (TokenOf).
+//
 // A Lease is safe for concurrent use.
 type Lease struct {
 	c        *Client
@@ -28,6 +32,11 @@ type Lease struct {
 	owner    string
 	id       string
 	token    uint64
+
+	// members are the resources of a lock set and their tokens, sorted by
+	// resource; nil for a lease of one resource. Never changed after the
+	// grant.
+	members []streams.SetMember
 
 	// want is the TTL asked for on renewal (zero: the service's default).
 	// A lease granted after waiting starts with a shorter TTL, which the
@@ -103,8 +112,12 @@ func (l *Lease) start(ctx context.Context, waited bool) error {
 	return nil
 }
 
-// sendRenew sends one renew request, asking for the TTL the holder wants.
+// sendRenew sends one renew request, asking for the TTL the holder wants
+// (for a lock set, of the whole set: see sendRenewSet).
 func (l *Lease) sendRenew(ctx context.Context, resp *streams.LeaseResponse) error {
+	if l.members != nil {
+		return l.sendRenewSet(ctx, resp)
+	}
 	return l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds()}, resp, 0)
 }
 
@@ -134,7 +147,8 @@ func (l *Lease) renewOnce(ctx context.Context) error {
 	return nil
 }
 
-// Resource returns the resource the lease is on.
+// Resource returns the resource the lease is on. For a lease of a lock set
+// (AcquireAll) it returns "": see Resources.
 func (l *Lease) Resource() string { return l.resource }
 
 // ID returns the lease id, which alone can renew or release the lease.
@@ -142,6 +156,11 @@ func (l *Lease) ID() string { return l.id }
 
 // Token returns the fencing token: strictly larger than the token of every
 // earlier grant of this resource. It does not change on renewal.
+//
+// For a lease of a lock set (AcquireAll) it returns 0, which no fence
+// accepts (package fence refuses a zero token): each resource of a set has
+// its own token, and a fence compares tokens of one resource only. Use
+// TokenOf(resource) for each.
 func (l *Lease) Token() uint64 { return l.token }
 
 // Expires returns the client's own deadline: the send time of the last
@@ -254,9 +273,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	var resp streams.ReleaseResponse
+	var resp streams.ReleaseResponse // a set's reply decodes into it as well; nothing reads it
+	req := streams.ReleaseRequest{Resource: l.resource, Resources: l.setNames(), LeaseID: l.id}
 	err := l.c.retry(rctx, func() error {
-		return l.c.call(rctx, streams.OpRelease, &streams.ReleaseRequest{Resource: l.resource, LeaseID: l.id}, &resp, 0)
+		return l.c.call(rctx, streams.OpRelease, &req, &resp, 0)
 	})
 	if err != nil {
 		if ctx.Err() == nil && rctx.Err() != nil {

@@ -15,10 +15,12 @@ type options struct {
 	requestTimeout time.Duration
 	safetyMargin   time.Duration
 	retries        int
+	maxSetSize     int // see WithMaxSetSize
 }
 
 func defaultOptions() options {
-	return options{prefix: streams.DefaultPrefix, requestTimeout: 5 * time.Second, safetyMargin: time.Second, retries: 4}
+	return options{prefix: streams.DefaultPrefix, requestTimeout: 5 * time.Second, safetyMargin: time.Second, retries: 4,
+		maxSetSize: streams.DefaultSetSize}
 }
 
 // WithPrefix sets the subject prefix of the service. The default is
@@ -87,6 +89,9 @@ type acquireOptions struct {
 	// session is the session that acquires (Session.Acquire), nil for a
 	// lease of its own.
 	session *Session
+	// set is the lock set to acquire (AcquireAll), sorted; nil for one
+	// resource.
+	set []string
 }
 
 // TTL sets the lease's time to live. The default is the service's default

@@ -163,7 +163,8 @@ func (s *Session) Context() context.Context {
 // lease's. On a session that is lost, Acquire sends nothing and returns
 // an error wrapping ErrLeaseLost; on a closed one, ErrSessionClosed.
 func (s *Session) Acquire(ctx context.Context, resource string, opts ...AcquireOption) (*Lease, error) {
-	return s.acquire(ctx, resource, opts, func(ctx context.Context, ao acquireOptions) (*Lease, error) {
+	read := func() (acquireOptions, error) { return s.c.acquireOptions(resource, opts) }
+	return s.acquire(ctx, read, func(ctx context.Context, ao acquireOptions) (*Lease, error) {
 		return s.c.acquire(ctx, resource, ao)
 	})
 }
@@ -171,19 +172,21 @@ func (s *Session) Acquire(ctx context.Context, resource string, opts ...AcquireO
 // TryAcquire makes one attempt to acquire resource for the session, as
 // Client.TryAcquire does; the lease is as Acquire's.
 func (s *Session) TryAcquire(ctx context.Context, resource string, opts ...AcquireOption) (*Lease, error) {
-	return s.acquire(ctx, resource, opts, func(ctx context.Context, ao acquireOptions) (*Lease, error) {
+	read := func() (acquireOptions, error) { return s.c.acquireOptions(resource, opts) }
+	return s.acquire(ctx, read, func(ctx context.Context, ao acquireOptions) (*Lease, error) {
 		return s.c.acquireOnce(ctx, resource, ao, 0)
 	})
 }
 
-// acquire checks the session and the options, and runs do (one acquire,
-// or a waiting one) for the session, within ctx and the session's life.
-func (s *Session) acquire(ctx context.Context, resource string, opts []AcquireOption,
+// acquire checks the session and the options (read by read), and runs do
+// (one acquire, or a waiting one) for the session, within ctx and the
+// session's life.
+func (s *Session) acquire(ctx context.Context, read func() (acquireOptions, error),
 	do func(ctx context.Context, ao acquireOptions) (*Lease, error)) (*Lease, error) {
 	if err := s.ended(); err != nil {
 		return nil, err
 	}
-	ao, err := s.c.acquireOptions(resource, opts)
+	ao, err := read()
 	if err != nil {
 		return nil, err
 	}

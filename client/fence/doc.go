@@ -12,8 +12,11 @@
 // between the check and the write. Only the resource can refuse the write.
 //
 // jetlock gives every grant a fencing token that is strictly larger than
-// every earlier grant's for the same resource (client Lease.Token()). The
-// resource remembers the highest token it has accepted:
+// every earlier grant's for the same resource (client Lease.Token(); for a
+// lock set, which holds several resources under one lease, each resource
+// has its own: Lease.TokenOf(resource), and each resource's guard checks
+// that resource's token). The resource remembers the highest token it has
+// accepted:
 //
 //	A acquires (token 7), writes with 7      accepted, highest = 7
 //	A pauses; its lease expires

@@ -48,8 +48,10 @@ type exitError struct {
 	// kind is the error's code, a wire contract code or one of jetlock's
 	// (codeUsage…); empty when msg says it all.
 	kind string
-	// holder is the holder of a locked resource, for --json.
-	holder *streams.Holder
+	// holder is the holder of a locked resource, for --json; holders,
+	// for a lock set, every held resource's (holder is the first).
+	holder  *streams.Holder
+	holders []streams.Holder
 }
 
 func (e *exitError) Error() string { return e.line() }
@@ -86,13 +88,15 @@ func (e *exitError) jsonCode() string {
 }
 
 // errorJSON is a --json error: {"error":{"code","message","exit_code",
-// "holder"?}}, the wire contract's error body plus the exit code.
+// "holder"?,"holders"?}}, the wire contract's error body plus the exit
+// code; "holders" for a lock set, as the contract's.
 type errorJSON struct {
 	Error struct {
-		Code     string          `json:"code"`
-		Message  string          `json:"message"`
-		ExitCode int             `json:"exit_code"`
-		Holder   *streams.Holder `json:"holder,omitempty"`
+		Code     string           `json:"code"`
+		Message  string           `json:"message"`
+		ExitCode int              `json:"exit_code"`
+		Holder   *streams.Holder  `json:"holder,omitempty"`
+		Holders  []streams.Holder `json:"holders,omitempty"`
 	} `json:"error"`
 }
 
@@ -108,6 +112,7 @@ func (e *exitError) report(stdout, stderr io.Writer, asJSON bool) {
 	}
 	var out errorJSON
 	out.Error.Code, out.Error.Message, out.Error.ExitCode, out.Error.Holder = e.jsonCode(), oneLine(e.msg), e.code, e.holder
+	out.Error.Holders = e.holders
 	_ = json.NewEncoder(stdout).Encode(out)
 }
 
@@ -142,10 +147,23 @@ func classify(err error) *exitError {
 		errors.Is(err, nats.ErrPermissionViolation), errors.Is(err, nats.ErrAuthorization):
 		return kindf(exitNoPerm, codePermission, "%s %s", permissionDetail(err), permissionHint)
 	case errors.As(err, &held):
-		e := kindf(exitLocked, streams.CodeLocked, "resource is held by another lease (%s)", holderText(held.Owner, held.Token))
+		e := kindf(exitLocked, streams.CodeLocked, "%s", heldText(held))
 		e.holder = &streams.Holder{Owner: held.Owner, Token: held.Token}
 		if !held.ExpiresAt.IsZero() {
 			e.holder.ExpiresAt = streams.FormatTime(held.ExpiresAt)
+		}
+		if held.Set != nil {
+			e.holder.Resource = held.Resource
+			for _, h := range held.Holders {
+				wh := streams.Holder{Resource: h.Resource, Owner: h.Owner, Token: h.Token}
+				if !h.ExpiresAt.IsZero() {
+					wh.ExpiresAt = streams.FormatTime(h.ExpiresAt)
+				}
+				e.holders = append(e.holders, wh)
+			}
+			if len(held.Holders) == 0 {
+				e.holder = nil
+			}
 		}
 		return e
 	case errors.Is(err, client.ErrLeaseLost):

@@ -46,7 +46,7 @@ func (c *lsCmd) Run(g *globals) error {
 			}
 			all.Leases = append(all.Leases, streams.LeaseInfo{Resource: st.Resource, Owner: st.Owner, Token: st.Token,
 				ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil),
-				InSession: st.InSession, SessionOwner: st.SessionOwner})
+				InSession: st.InSession, SessionOwner: st.SessionOwner, SetSize: st.SetSize})
 			if len(all.Leases) >= 100_000 {
 				break // bounded: a listing this long is not for a terminal
 			}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"strconv"
 	"strings"
 	"time"
 
@@ -25,8 +24,12 @@ type runCmd struct {
 	RequestID string         `help:"Request id of the acquire (default: random); reuse it to make a retried run idempotent."`
 	Grace     *time.Duration `help:"After a lost lease, how long the command has between SIGTERM and SIGKILL (default: 10s, capped at the most the TTL allows: half the TTL less min(1s, TTL/4), e.g. 14s for a 30s TTL, 1.5s for 5s)." placeholder:"D"`
 
-	Resource string   `arg:"" help:"Resource to lock: letters, digits and - _ . / = : @ (1 to 200 bytes)."`
-	Command  []string `arg:"" optional:"" passthrough:"" help:"The command and its arguments, after --."`
+	Resource string   `arg:"" help:"Resource to lock: letters, digits and - _ . / = : @ (1 to 200 bytes). Several, before --, are held as one lock set."`
+	Command  []string `arg:"" optional:"" passthrough:"" help:"More resources, then the command and its arguments, after --."`
+
+	// resources are the resources to lock (Resource and those after it,
+	// before --), set by Validate.
+	resources []string
 }
 
 // Help is the long help of `jetlock run`.
@@ -37,6 +40,15 @@ and JETLOCK_LEASE_ID in its environment. jetlock renews the lease while the
 command runs, releases it when the command (and its process group) has
 exited, and exits with the command's code (128+N if signal N killed it).
 SIGINT, SIGTERM and SIGHUP sent to jetlock are forwarded to the command.
+
+Several resources before -- (jetlock run [FLAGS] A B C -- CMD) are held as
+one lock set: granted all at once or not at all (waiting in every
+resource's queue at once, with --wait), renewed, released and lost whole,
+up to 64 resources. Each has its own fencing token: the command gets
+JETLOCK_RESOURCE_<n> and JETLOCK_TOKEN_<n> for n = 1.. in sorted order, and
+JETLOCK_TOKENS, a JSON object resource -> token; JETLOCK_RESOURCE and
+JETLOCK_TOKEN are not set for a set (pass each resource its own token).
+These three are set for a single resource too (n = 1).
 
 When the lease is lost (a renewal refused, a revoke) the command's group gets
 SIGTERM, then SIGKILL after --grace, and jetlock exits 79. When renewals
@@ -60,19 +72,20 @@ The command runs in its own process group: it is not the terminal's
 foreground group, so it cannot read from a terminal.
 
 Example:
-  jetlock run --wait 1m --ttl 30s --owner backup lock:backup:user123 -- ./backup.sh user123`
+  jetlock run --wait 1m --ttl 30s --owner backup lock:backup:user123 -- ./backup.sh user123
+  jetlock run --wait 1m account:17 account:42 -- ./transfer.sh 17 42`
 }
 
 // Validate checks the flags before anything connects or starts.
 func (r *runCmd) Validate() error {
-	if err := checkResource(r.Resource); err != nil {
+	if r.resources == nil { // split once
+		r.resources, r.Command = splitRun(r.Resource, r.Command)
+	}
+	if err := checkResources(r.resources); err != nil {
 		return err
 	}
-	if len(r.Command) > 0 && r.Command[0] == "--" {
-		r.Command = r.Command[1:]
-	}
 	if len(r.Command) == 0 || r.Command[0] == "" {
-		return usagef("no command after --: jetlock run RESOURCE -- CMD [ARGS...]")
+		return usagef("no command after --: jetlock run RESOURCE... -- CMD [ARGS...]")
 	}
 	return firstErr(
 		checkDuration("wait", r.Wait, time.Millisecond, 24*time.Hour),
@@ -182,17 +195,14 @@ func (r *runCmd) grace(lease *client.Lease) (time.Duration, error) {
 func (r *runCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*client.Lease, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, r.Wait+4*g.Timeout)
 	defer cancel()
-	spec := acquireSpec{resource: r.Resource, owner: r.Owner, requestID: r.RequestID, ttl: r.TTL, maxHold: r.MaxHold, wait: r.Wait}
+	spec := acquireSpec{resources: r.resources, owner: r.Owner, requestID: r.RequestID, ttl: r.TTL, maxHold: r.MaxHold, wait: r.Wait}
 	return spec.take(ctx, cancel, s, sigs, 2*g.Timeout, "nothing started")
 }
 
 // supervise runs the command under its guard while the lease lasts, and
 // returns its exit code, or an exitError when the lease was lost.
 func (r *runCmd) supervise(lease *client.Lease, path string, grace time.Duration, sigs <-chan os.Signal) (int, error) {
-	env := append(os.Environ(),
-		"JETLOCK_RESOURCE="+lease.Resource(),
-		"JETLOCK_TOKEN="+strconv.FormatUint(lease.Token(), 10),
-		"JETLOCK_LEASE_ID="+lease.ID())
+	env := leaseEnv(os.Environ(), lease)
 	renewed := lease.Renewed()
 	g, err := startGuarded(path, r.Command, env, grace, lease.Expires())
 	if err != nil {

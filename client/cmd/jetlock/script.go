@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,8 +26,8 @@ type acquireCmd struct {
 	Owner     string        `help:"Owner text shown to others (default: HOST:PID)."`
 	RequestID string        `help:"Request id (default: random); reuse it to make a retried acquire idempotent."`
 	JSON      bool          `name:"json" help:"Print the service's reply as JSON (lease_id included); errors as JSON too."`
-	Env       bool          `name:"env" help:"Print 'export JETLOCK_RESOURCE=... JETLOCK_TOKEN=... JETLOCK_LEASE_ID=... JETLOCK_TTL=...' for eval."`
-	Resource  string        `arg:"" help:"Resource to lock."`
+	Env       bool          `name:"env" help:"Print 'export JETLOCK_RESOURCE=... JETLOCK_TOKEN=... JETLOCK_LEASE_ID=... JETLOCK_TTL=...' (and the per-resource JETLOCK_RESOURCE_<n>, JETLOCK_TOKEN_<n>, JETLOCK_TOKENS) for eval."`
+	Resources []string      `arg:"" name:"resource" help:"Resource to lock; several are acquired as one lock set."`
 }
 
 // Help is the long help of `jetlock acquire`.
@@ -38,14 +39,25 @@ prefer 'jetlock run', which renews for you.
 
 --env prints the lease for eval: JETLOCK_RESOURCE, JETLOCK_TOKEN,
 JETLOCK_LEASE_ID, and JETLOCK_TTL (--ttl, or the TTL granted), which
-'jetlock renew' and 'jetlock release' read. SIGINT or SIGTERM while
-acquiring (waiting with --wait) cancels the request at the service, so the
-lock never goes to the vanished caller, and exits 128+N.
+'jetlock renew' and 'jetlock release' read; also JETLOCK_RESOURCE_<n> and
+JETLOCK_TOKEN_<n> (n = 1.. in sorted order) and JETLOCK_TOKENS (a JSON
+object resource -> token). SIGINT or SIGTERM while acquiring (waiting with
+--wait) cancels the request at the service, so the lock never goes to the
+vanished caller, and exits 128+N.
+
+Several resources are acquired as one lock set: all at once or none, one
+lease id and TTL, one fencing token per resource. Renew and release it with
+the same resources ('jetlock renew A B C'). --env then leaves
+JETLOCK_RESOURCE and JETLOCK_TOKEN unset (each resource has its own token);
+--json prints {"lease_id",...,"resources":[{"resource","token"},...]}.
 
 Example:
   eval "$(jetlock acquire --env --ttl 1m lock:backup:user123)"
   ./backup.sh --token "$JETLOCK_TOKEN"; jetlock renew lock:backup:user123  # --ttl from $JETLOCK_TTL
-  jetlock release lock:backup:user123   # lease id from $JETLOCK_LEASE_ID`
+  jetlock release lock:backup:user123   # lease id from $JETLOCK_LEASE_ID
+
+  eval "$(jetlock acquire --env account:17 account:42)"
+  ./transfer.sh "$JETLOCK_TOKENS"; jetlock release account:17 account:42`
 }
 
 // Validate checks the flags before anything connects.
@@ -54,7 +66,7 @@ func (a *acquireCmd) Validate() error {
 		return usagef("--json and --env exclude each other")
 	}
 	return firstErr(
-		checkResource(a.Resource),
+		checkResources(a.Resources),
 		checkDuration("wait", a.Wait, time.Millisecond, 24*time.Hour),
 		checkDuration("ttl", a.TTL, time.Second, streams.MaxRecordTTL),
 		checkDuration("max-hold", a.MaxHold, time.Second, streams.MaxHoldCeiling),
@@ -81,7 +93,10 @@ func (a *acquireCmd) Run(g *globals) error {
 	// The process exits now, and with it the client's renewer: the lease
 	// lasts its TTL unless the script renews it.
 	r := lease.Reply()
+	set := len(a.Resources) > 1
 	switch {
+	case a.JSON && set:
+		return printJSON(setReply(lease))
 	case a.JSON:
 		return printJSON(r)
 	case a.Env:
@@ -89,8 +104,11 @@ func (a *acquireCmd) Run(g *globals) error {
 		if ttl == 0 {
 			ttl = time.Duration(r.TTLms) * time.Millisecond
 		}
-		fmt.Printf("export JETLOCK_RESOURCE=%s JETLOCK_TOKEN=%d JETLOCK_LEASE_ID=%s JETLOCK_TTL=%s\n",
-			shellQuote(r.Resource), r.Token, shellQuote(r.LeaseID), durationText(ttl))
+		fmt.Println(exportLine(lease.Resources(), lease.TokenOf, r.LeaseID, durationText(ttl)))
+	case set:
+		fmt.Printf("acquired %s: tokens %s, ttl %s, expires %s%s\nlease_id %s\n", strings.Join(lease.Resources(), " "),
+			setTokens(setReply(lease).Resources), durationText(time.Duration(r.TTLms)*time.Millisecond), r.ExpiresAt,
+			holdText(r.HoldUntil), r.LeaseID)
 	default:
 		fmt.Printf("acquired %s: token %d, ttl %s, expires %s%s\nlease_id %s\n", r.Resource, r.Token,
 			durationText(time.Duration(r.TTLms)*time.Millisecond), r.ExpiresAt, holdText(r.HoldUntil), r.LeaseID)
@@ -111,14 +129,16 @@ var interruptSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP
 func (a *acquireCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*client.Lease, error) {
 	ctx, cancel := s.opCtx(g, a.Wait)
 	defer cancel()
-	spec := acquireSpec{resource: a.Resource, owner: a.Owner, requestID: a.RequestID, ttl: a.TTL, maxHold: a.MaxHold, wait: a.Wait}
+	spec := acquireSpec{resources: a.Resources, owner: a.Owner, requestID: a.RequestID, ttl: a.TTL, maxHold: a.MaxHold, wait: a.Wait}
 	return spec.take(ctx, cancel, s, sigs, g.Timeout, "the request was cancelled")
 }
 
-// acquireSpec is what an acquire asks for, from acquire's or run's flags.
+// acquireSpec is what an acquire asks for, from acquire's or run's flags:
+// one resource, or several as one lock set.
 type acquireSpec struct {
-	resource, owner, requestID string
-	ttl, maxHold, wait         time.Duration
+	resources          []string
+	owner, requestID   string
+	ttl, maxHold, wait time.Duration
 }
 
 // take acquires the lease within ctx, giving up on the first signal from
@@ -153,10 +173,15 @@ func (spec acquireSpec) take(ctx context.Context, cancel context.CancelFunc, s *
 	}()
 	var lease *client.Lease
 	var err error
-	if spec.wait > 0 {
-		lease, err = s.c.Acquire(ctx, spec.resource, append(opts, client.Wait(spec.wait))...)
-	} else {
-		lease, err = s.c.TryAcquire(ctx, spec.resource, opts...)
+	switch set := len(spec.resources) > 1; {
+	case spec.wait > 0 && set:
+		lease, err = s.c.AcquireAll(ctx, spec.resources, append(opts, client.Wait(spec.wait))...)
+	case spec.wait > 0:
+		lease, err = s.c.Acquire(ctx, spec.resources[0], append(opts, client.Wait(spec.wait))...)
+	case set:
+		lease, err = s.c.TryAcquireAll(ctx, spec.resources, opts...)
+	default:
+		lease, err = s.c.TryAcquire(ctx, spec.resources[0], opts...)
 	}
 	close(stop)
 	<-watcher
@@ -167,7 +192,7 @@ func (spec acquireSpec) take(ctx context.Context, cancel context.CancelFunc, s *
 			defer rcancel()
 			_ = lease.Release(rctx)
 		}
-		return nil, kindf(signalExit(sig), codeInterrupted, "%s while acquiring %s; %s", signalName(sig), spec.resource, after)
+		return nil, kindf(signalExit(sig), codeInterrupted, "%s while acquiring %s; %s", signalName(sig), strings.Join(spec.resources, " "), after)
 	default:
 	}
 	if err != nil {
@@ -201,10 +226,10 @@ func signalName(sig os.Signal) string {
 }
 
 type renewCmd struct {
-	LeaseID  string        `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire'."`
-	TTL      time.Duration `name:"ttl" env:"JETLOCK_TTL" help:"New TTL (default: the TTL 'jetlock acquire --env' exported, else the service's default, 30s)." placeholder:"D"`
-	JSON     bool          `name:"json" help:"Print the service's reply as JSON (without the lease id); errors as JSON too."`
-	Resource string        `arg:"" help:"Resource of the lease."`
+	LeaseID   string        `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire'."`
+	TTL       time.Duration `name:"ttl" env:"JETLOCK_TTL" help:"New TTL (default: the TTL 'jetlock acquire --env' exported, else the service's default, 30s)." placeholder:"D"`
+	JSON      bool          `name:"json" help:"Print the service's reply as JSON (without the lease id); errors as JSON too."`
+	Resources []string      `arg:"" name:"resource" help:"Resource of the lease; for a lock set, all its resources."`
 }
 
 // Help is the long help of `jetlock renew`.
@@ -214,13 +239,16 @@ no longer current: expired, released, revoked, or past its hold limit.
 The TTL asked for is --ttl, else $JETLOCK_TTL (set by 'jetlock acquire
 --env'), else the service's default (30s), whatever TTL the lease had.
 
+A lock set (acquired with several resources) is renewed whole: name all its
+resources, in any order. Exit 79 if any of them no longer holds the lease.
+
 Example:
   JETLOCK_LEASE_ID=... jetlock renew --ttl 1m lock:backup:user123`
 }
 
 // Validate checks the flags before anything connects.
 func (r *renewCmd) Validate() error {
-	return firstErr(checkResource(r.Resource), checkLeaseID(r.LeaseID),
+	return firstErr(checkResources(r.Resources), checkLeaseID(r.LeaseID),
 		checkDuration("ttl", r.TTL, time.Second, streams.MaxRecordTTL))
 }
 
@@ -241,9 +269,12 @@ func checkLeaseID(id string) error {
 
 // Run renews and prints.
 func (r *renewCmd) Run(g *globals) error {
+	if len(r.Resources) > 1 {
+		return r.runSet(g)
+	}
 	var resp *streams.LeaseResponse
 	err := g.request(func(ctx context.Context, c *client.Client) (err error) {
-		resp, err = c.Renew(ctx, r.Resource, r.LeaseID, r.TTL)
+		resp, err = c.Renew(ctx, r.Resources[0], r.LeaseID, r.TTL)
 		return err
 	})
 	if err != nil {
@@ -258,6 +289,28 @@ func (r *renewCmd) Run(g *globals) error {
 	return nil
 }
 
+// runSet renews a lock set and prints.
+func (r *renewCmd) runSet(g *globals) error {
+	var resp *streams.SetLeaseResponse
+	err := g.request(func(ctx context.Context, c *client.Client) (err error) {
+		resp, err = c.RenewAll(ctx, r.Resources, r.LeaseID, r.TTL)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if r.JSON {
+		return printJSON(setGrantView{TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt, HoldUntil: resp.HoldUntil, Resources: resp.Resources})
+	}
+	names := make([]string, len(resp.Resources))
+	for i, m := range resp.Resources {
+		names[i] = m.Resource
+	}
+	fmt.Printf("renewed %s: tokens %s, ttl %s, expires %s%s\n", strings.Join(names, " "), setTokens(resp.Resources),
+		durationText(time.Duration(resp.TTLms)*time.Millisecond), resp.ExpiresAt, holdText(resp.HoldUntil))
+	return nil
+}
+
 // grantView is a lease reply without its lease id.
 type grantView struct {
 	Resource  string `json:"resource"`
@@ -268,15 +321,16 @@ type grantView struct {
 }
 
 type releaseCmd struct {
-	LeaseID  string `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire'."`
-	JSON     bool   `name:"json" help:"Print the service's reply as JSON; errors as JSON too."`
-	Resource string `arg:"" help:"Resource of the lease."`
+	LeaseID   string   `name:"lease-id" env:"JETLOCK_LEASE_ID" help:"The lease id printed by 'jetlock acquire'."`
+	JSON      bool     `name:"json" help:"Print the service's reply as JSON; errors as JSON too."`
+	Resources []string `arg:"" name:"resource" help:"Resource of the lease; for a lock set, all its resources."`
 }
 
 // Help is the long help of `jetlock release`.
 func (r *releaseCmd) Help() string {
 	return `Releases a lease acquired with 'jetlock acquire'. Idempotent: a lease that has
-ended already answers "released": false, exit 0.
+ended already answers "released": false, exit 0. A lock set is released
+whole: name all its resources, in any order.
 
 Example:
   jetlock release --lease-id "$JETLOCK_LEASE_ID" lock:backup:user123`
@@ -284,26 +338,34 @@ Example:
 
 // Validate checks the flags before anything connects.
 func (r *releaseCmd) Validate() error {
-	return firstErr(checkResource(r.Resource), checkLeaseID(r.LeaseID))
+	return firstErr(checkResources(r.Resources), checkLeaseID(r.LeaseID))
 }
 
 // Run releases and prints.
 func (r *releaseCmd) Run(g *globals) error {
+	set := len(r.Resources) > 1
 	var released bool
 	err := g.request(func(ctx context.Context, c *client.Client) (err error) {
-		released, err = c.Release(ctx, r.Resource, r.LeaseID)
+		if set {
+			released, err = c.ReleaseAll(ctx, r.Resources, r.LeaseID)
+		} else {
+			released, err = c.Release(ctx, r.Resources[0], r.LeaseID)
+		}
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	if r.JSON {
-		return printJSON(streams.ReleaseResponse{Resource: r.Resource, Released: released})
-	}
-	if released {
-		fmt.Printf("released %s\n", r.Resource)
-	} else {
-		fmt.Printf("%s: the lease had already ended\n", r.Resource)
+	names := strings.Join(r.Resources, " ")
+	switch {
+	case r.JSON && set:
+		return printJSON(streams.SetReleaseResponse{Resources: slices.Sorted(slices.Values(r.Resources)), Released: released})
+	case r.JSON:
+		return printJSON(streams.ReleaseResponse{Resource: r.Resources[0], Released: released})
+	case released:
+		fmt.Printf("released %s\n", names)
+	default:
+		fmt.Printf("%s: the lease had already ended\n", names)
 	}
 	return nil
 }
@@ -339,7 +401,7 @@ func (c *statusCmd) Run(g *globals) error {
 	if c.JSON {
 		return printJSON(streams.StatusResponse{Resource: st.Resource, Held: st.Held, Owner: st.Owner, Token: st.Token,
 			ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil),
-			InSession: st.InSession, SessionOwner: st.SessionOwner})
+			InSession: st.InSession, SessionOwner: st.SessionOwner, SetSize: st.SetSize})
 	}
 	if !st.Held {
 		fmt.Printf("%s: free, %d waiting\n", st.Resource, st.Waiters)
@@ -351,6 +413,9 @@ func (c *statusCmd) Run(g *globals) error {
 		if st.SessionOwner != "" {
 			in = " in session " + strconv.Quote(st.SessionOwner)
 		}
+	}
+	if st.SetSize > 0 {
+		in += fmt.Sprintf(" (one of a lock set of %d)", st.SetSize)
 	}
 	fmt.Printf("%s: held by %s%s, token %d, expires in %s, %d waiting\n", st.Resource, ownerText(st.Owner), in, st.Token,
 		expiresIn(st.ExpiresAt), st.Waiters)
