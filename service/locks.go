@@ -423,6 +423,9 @@ func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Du
 			l.report.renewRefused(resource, "not_current", who)
 			return nil, newOpError(streams.CodeLeaseLost, "lease is no longer current")
 		}
+		if o.rec.Set != "" {
+			return nil, errSetMember()
+		}
 		if o.rec.Session != "" {
 			return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
 		}
@@ -455,7 +458,12 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 		return nil, err
 	}
 	defer st.unlock()
-	ended, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool { return sameLease(rec.LeaseID, leaseID) }, endRelease, who, "")
+	if o, ok := l.tracker.get(key); ok && o.held() && o.rec.Set != "" && sameLease(o.rec.LeaseID, leaseID) {
+		return nil, errSetMember()
+	}
+	ended, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool {
+		return sameLease(rec.LeaseID, leaseID) && rec.Set == ""
+	}, endRelease, who, "")
 	if err != nil {
 		return nil, err
 	}

@@ -388,6 +388,12 @@ func (l *locks) heldSet(ctx context.Context, resources, keys []string, leaseID s
 	return nil, nil, tooManyConflicts()
 }
 
+// errSetMember answers a renewal or release of one resource of a lock set:
+// a set is renewed and released whole.
+func errSetMember() *opError {
+	return newOpError(streams.CodeInvalidRequest, "the lease holds a lock set: renew or release it whole, naming every resource (\"resources\")")
+}
+
 // setKeysOf returns the lease keys of sorted resources.
 func setKeysOf(resources []string) []string {
 	keys := make([]string, len(resources))

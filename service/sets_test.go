@@ -308,3 +308,24 @@ func TestSetInSession(t *testing.T) {
 		t.Fatal("the session's set outlived it")
 	}
 }
+
+// A set is renewed and released whole: a renewal or release naming one of
+// its resources is refused and changes nothing.
+func TestSetMemberAloneRefused(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	l := c.mustAcquireSet("m", 5000, "mm/a", "mm/b")
+	if _, r := c.renew("mm/a", l.LeaseID, 60000); r.errCode != streams.CodeInvalidRequest || !strings.Contains(r.err.Message, "whole") {
+		t.Fatalf("renewal of one resource of a set: %q %q", r.errCode, r.err.Message)
+	}
+	if ok, r := c.release("mm/a", l.LeaseID); ok || r.errCode != streams.CodeInvalidRequest {
+		t.Fatalf("release of one resource of a set: %v %q", ok, r.errCode)
+	}
+	for _, m := range l.Resources {
+		st := c.status(m.Resource)
+		if !st.Held || st.Token != m.Token || st.ExpiresAt != l.ExpiresAt {
+			t.Fatalf("%s after the refused requests: %+v", m.Resource, st)
+		}
+	}
+}
