@@ -39,6 +39,7 @@ func (c *Caller) owner() string {
 type reply struct {
 	result Result
 	code   string
+	msg    string // the error's message
 	data   []byte
 }
 
@@ -68,9 +69,9 @@ func (c *Caller) call(op string, body any, extra time.Duration) reply {
 			code = "status " + h
 		}
 		if code == streams.CodeUnavailable || code == streams.CodeInternal {
-			return reply{result: Unknown, code: code}
+			return reply{result: Unknown, code: code, msg: er.Error.Message}
 		}
-		return reply{result: Fail, code: code}
+		return reply{result: Fail, code: code, msg: er.Error.Message}
 	}
 	return reply{result: OK, data: msg.Data}
 }

@@ -17,9 +17,7 @@ type hist []Op
 
 func (h hist) add(o Op) hist {
 	o.ID = len(h)
-	if o.Result == OK && (o.Kind == KAcquire || o.Kind == KRenew) && o.Deadline == 0 {
-		o.Deadline = o.Invoke + o.TTL
-	}
+	defaultDeadline(&o)
 	return append(h, o)
 }
 
@@ -160,7 +158,8 @@ func sameKinds(got, want []string) bool {
 		}
 		var out []string
 		for _, k := range []string{"overlap", "renewal-lost", "token", "request-id", "release-lost", "cancel-lost",
-			"linearizability", "fence", "no-quorum", "stale-read", "lease-id", "renewal"} {
+			"linearizability", "fence", "no-quorum", "stale-read", "lease-id", "renewal",
+			"keepalive-lost", "close-lost", "session-closed", "session-lost", "session-id"} {
 			if m[k] {
 				out = append(out, k)
 			}

@@ -73,13 +73,14 @@ func (r *Report) Summary() string {
 // lease is everything the history says about one lease id.
 type lease struct {
 	res, id, req string
+	session      string // the session it was granted in, if any
 	token        uint64
 	grant        *Op           // first granting reply
 	granted      time.Duration // earliest granting reply
 	firstInvoke  time.Duration // earliest acquire of its request id: the grant may be that old
-	deadline     time.Duration // latest client deadline of an acknowledged grant or renewal
+	deadline     time.Duration // latest client deadline of an acknowledged grant or renewal (of its session's open or keepalive)
 	deadlineOp   *Op
-	end          time.Duration // min(deadline, release or cancel invoked)
+	end          time.Duration // min(deadline, release or cancel invoked, its session's close invoked)
 	endOp        *Op
 }
 
@@ -90,9 +91,12 @@ type reqKey struct{ res, req string }
 //   - mutual exclusion: a lease is valid from its granting reply until the
 //     client's deadline (send time of the last acknowledged grant or
 //     renewal plus its TTL) or until its holder invoked release or cancel,
-//     whichever is first; two leases of one resource must never be valid
-//     at once. An overlap caused by a renewal's deadline is an
-//     acknowledged renewal lost;
+//     whichever is first; a lease granted in a session, until its
+//     session's deadline (send time of the last acknowledged keepalive or
+//     open plus the session's TTL), its release or cancel, or its
+//     session's close, whichever is first. Two leases of one resource must
+//     never be valid at once. An overlap caused by a renewal's or a
+//     keepalive's deadline is an acknowledged renewal or keepalive lost;
 //   - tokens: distinct leases have distinct tokens, a lease keeps its
 //     token, and a grant answered before another grant's request was first
 //     sent has the smaller token, on one resource and across resources
@@ -102,8 +106,16 @@ type reqKey struct{ res, req string }
 //     only tokens that were granted;
 //   - an acknowledged release or cancel is not undone: no renewal or
 //     acquire of that lease or request succeeds when sent afterwards;
+//   - sessions (checkSessions): after an acknowledged close, nothing in
+//     that session succeeds when sent (a keepalive, an open, an acquire, a
+//     close answered closed:true, a release answered released:true); the
+//     service answers that a session has ended only after its client
+//     deadline, and once a keepalive or open was answered lease_lost,
+//     nothing in it succeeds when sent afterwards; an open's request id
+//     names one session;
 //   - a request id is never granted two leases;
-//   - no acquire or renewal succeeds within a no-quorum window;
+//   - no acquire, renewal, open or keepalive succeeds within a no-quorum
+//     window;
 //   - per resource, the answers are linearizable with respect to a model
 //     of the lock record (porcupine).
 func Check(ops []Op, regLog map[string][]uint64, opt CheckOptions) *Report {
@@ -111,7 +123,7 @@ func Check(ops []Op, regLog map[string][]uint64, opt CheckOptions) *Report {
 	firstInvoke := map[reqKey]time.Duration{}
 	for i := range ops {
 		o := &ops[i]
-		rep.Counts[o.Kind.String()+"/"+o.Result.String()]++
+		rep.Counts[o.label()+"/"+o.Result.String()]++
 		if o.Kind == KAcquire {
 			k := reqKey{o.Resource, o.RequestID}
 			if t, ok := firstInvoke[k]; !ok || o.Invoke < t {
@@ -130,13 +142,13 @@ func Check(ops []Op, regLog map[string][]uint64, opt CheckOptions) *Report {
 		}
 		l := leases[o.LeaseID]
 		if l == nil {
-			l = &lease{res: o.Resource, id: o.LeaseID, req: o.RequestID, token: o.Token, grant: o, granted: o.Complete,
+			l = &lease{res: o.Resource, id: o.LeaseID, req: o.RequestID, session: o.Session, token: o.Token, grant: o, granted: o.Complete,
 				firstInvoke: firstInvoke[reqKey{o.Resource, o.RequestID}]}
 			leases[o.LeaseID] = l
 			byReq[reqKey{o.Resource, o.RequestID}] = append(byReq[reqKey{o.Resource, o.RequestID}], l)
 		}
 		switch {
-		case l.res != o.Resource || l.req != o.RequestID:
+		case l.res != o.Resource || l.req != o.RequestID || l.session != o.Session:
 			rep.add("lease-id", "lease %s granted to %s/%s (%v) and to %s/%s (%v)", short(l.id), l.res, l.req, l.grant, o.Resource, o.RequestID, o)
 		case l.token != o.Token:
 			rep.add("token", "lease %s granted with token %d (%v) and %d (%v)", short(l.id), l.token, l.grant, o.Token, o)
@@ -167,12 +179,22 @@ func Check(ops []Op, regLog map[string][]uint64, opt CheckOptions) *Report {
 		if o.Note != "" && o.Kind == KRenew {
 			rep.add("renewal", "%v", o)
 		}
+		if l.session != "" {
+			continue // valid as long as its session is
+		}
 		if o.Deadline > l.deadline {
 			l.deadline, l.deadlineOp = o.Deadline, o
 		}
 	}
+	sessions := sessionsOf(ops)
 	for _, l := range leases {
+		if s := sessions[l.session]; l.session != "" && s != nil {
+			l.deadline, l.deadlineOp = s.deadline, s.deadlineOp
+		}
 		l.end, l.endOp = l.deadline, l.deadlineOp
+		if s := sessions[l.session]; l.session != "" && s != nil && s.closeOp != nil && s.closeOp.Invoke < l.end {
+			l.end, l.endOp = s.closeOp.Invoke, s.closeOp
+		}
 	}
 	for i := range ops {
 		o := &ops[i]
@@ -193,6 +215,7 @@ func Check(ops []Op, regLog map[string][]uint64, opt CheckOptions) *Report {
 	}
 
 	checkAfterEnd(ops, leases, rep)
+	checkSessions(ops, sessions, leases, rep)
 	checkLeases(leases, rep)
 	checkStreamOrder(leases, rep)
 	checkQuorum(ops, opt.NoQuorum, rep)
@@ -312,6 +335,9 @@ func checkLeases(leases map[string]*lease, rep *Report) {
 					if a.endOp != nil && a.endOp.Kind == KRenew {
 						kind = "renewal-lost"
 					}
+					if a.endOp != nil && a.endOp.Kind == KKeepalive {
+						kind = "keepalive-lost"
+					}
 					rep.add(kind, "two valid leases of %s: %s valid [%v, %v] (until %v) and %s granted at %v (%v)",
 						a.res, short(a.id), a.granted, a.end, a.endOp, short(b.id), b.granted, b.grant)
 				}
@@ -323,7 +349,7 @@ func checkLeases(leases map[string]*lease, rep *Report) {
 func checkQuorum(ops []Op, windows []Window, rep *Report) {
 	for i := range ops {
 		o := &ops[i]
-		if o.Result != OK || (o.Kind != KAcquire && o.Kind != KRenew) {
+		if o.Result != OK || (o.Kind != KAcquire && o.Kind != KRenew && o.Kind != KOpen && o.Kind != KKeepalive) {
 			continue
 		}
 		for _, w := range windows {

@@ -16,21 +16,33 @@
 // waiting in the queue), renews, releases and cancels leases on a few hot
 // and many cold resources, drops replies and retries with the same
 // request_id, and writes through a fenced register (client/fence Memory
-// guard) with its tokens, including late writes of ended leases. Every
+// guard) with its tokens, including late writes of ended leases. Session
+// actors, in the scenarios that ask for them and in the soak, open
+// sessions (raw session.open), keep them alive at a third of their TTL or
+// stop doing so, acquire several resources in each (some waiting), write
+// with each lease's token, release some, and close the session, sometimes
+// while its acquires are in flight, then probe the closed session. Every
 // operation is recorded with its invocation and completion time and
 // result, and the history is checked afterwards (Check): no two leases of
 // a resource valid at once (a lease is valid from its grant's reply until
 // the client's deadline, counted from the send time of its last
 // acknowledged grant or renewal, or until its holder released or
-// cancelled it); tokens unique and increasing in real-time order, per
-// resource and across resources (they are revisions of one stream); the
-// register never accepting a smaller token after a larger one; no
-// acknowledged renewal, release or cancel lost; one lease at most per
-// request_id; nothing granted or renewed without a quorum; and, per
-// resource, linearizability of the answers against a model of the lock
-// record (porcupine). Status replies are checked too, but a stale status
-// read is reported as an anomaly: the contract does not promise
-// linearizable status.
+// cancelled it; a lease in a session, until the session's deadline,
+// counted from the send time of its last acknowledged keepalive or open,
+// or until its holder released or cancelled it or closed the session);
+// tokens unique and increasing in real-time order, per resource and
+// across resources (they are revisions of one stream); the register never
+// accepting a smaller token after a larger one; no acknowledged renewal,
+// keepalive, release, cancel or close lost (nothing succeeds in a session
+// after its close was answered, nor after the service answered that it
+// had ended, and the service never says so before the session's
+// deadline); one lease at most per request_id and one session per open's
+// request_id; nothing granted, renewed or kept alive without a quorum;
+// and, per resource, linearizability of the answers against a model of
+// the lock record (porcupine), a session's close acting on each of its
+// resources. Status replies are checked too, but a stale status read is
+// reported as an anomaly: the contract does not promise linearizable
+// status.
 //
 // The scenario tests (Test…) run in CI, each in well under a minute. A
 // soak runs every fault at random for as long as asked:

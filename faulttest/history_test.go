@@ -9,9 +9,11 @@ import (
 // Kind is the kind of a recorded operation.
 type Kind uint8
 
-// Operation kinds: the five requests of the contract, a write to the
-// fenced register, and a client's own view of how long its lease is valid
-// (for leases of the Go client, whose renewals are not recorded).
+// Operation kinds: the five requests of the contract on leases, a write
+// to the fenced register, a client's own view of how long its lease is
+// valid (for leases of the Go client, whose renewals are not recorded),
+// and the three requests on sessions. An acquire made in a session is a
+// KAcquire whose Session is set.
 const (
 	KAcquire Kind = iota + 1
 	KRenew
@@ -21,10 +23,14 @@ const (
 	KWrite
 	KHeld
 	KFault
+	KOpen
+	KKeepalive
+	KClose
 )
 
 func (k Kind) String() string {
-	return [...]string{"?", "acquire", "renew", "release", "cancel", "status", "write", "held", "fault"}[k]
+	return [...]string{"?", "acquire", "renew", "release", "cancel", "status", "write", "held", "fault",
+		"open", "keepalive", "close"}[k]
 }
 
 // Result is what the caller learnt of an operation.
@@ -72,13 +78,42 @@ type Op struct {
 	// client's deadline: until then no other lease of the resource may be
 	// granted. It defaults to Invoke + TTL.
 	Deadline time.Duration
-	// Retry marks an acquire whose request id was sent before.
+	// Retry marks an acquire (or open) whose request id was sent before.
 	Retry bool
-	Note  string
+	// Session is the session id an open was answered with, or the session
+	// a keepalive, a close or an acquire in a session names.
+	Session string
+	Note    string
+}
+
+// label is the name of o's kind in counts and dumps: an acquire in a
+// session is a "session-acquire".
+func (o *Op) label() string {
+	if o.Kind == KAcquire && o.Session != "" {
+		return "session-acquire"
+	}
+	return o.Kind.String()
+}
+
+// defaultDeadline sets the client's deadline of an acknowledged grant,
+// renewal, open or keepalive that has none: send time plus the TTL
+// answered. An acquire in a session has none of its own: its lease is
+// valid as long as the session is (see Check).
+func defaultDeadline(o *Op) {
+	if o.Result != OK || o.Deadline != 0 {
+		return
+	}
+	switch {
+	case o.Kind == KAcquire && o.Session == "", o.Kind == KRenew, o.Kind == KOpen, o.Kind == KKeepalive:
+		o.Deadline = o.Invoke + o.TTL
+	}
 }
 
 func (o *Op) String() string {
-	s := fmt.Sprintf("#%d c%d %s %s", o.ID, o.Client, o.Kind, o.Resource)
+	s := fmt.Sprintf("#%d c%d %s %s", o.ID, o.Client, o.label(), o.Resource)
+	if o.Session != "" {
+		s += " session=" + short(o.Session)
+	}
 	if o.RequestID != "" {
 		s += " req=" + o.RequestID
 	}
@@ -93,7 +128,7 @@ func (o *Op) String() string {
 		s += fmt.Sprintf(" token=%d", o.Token)
 	}
 	switch o.Kind {
-	case KRelease, KCancel, KStatus, KWrite:
+	case KRelease, KCancel, KStatus, KWrite, KClose:
 		s += fmt.Sprintf(" flag=%v", o.Flag)
 	}
 	if o.Deadline != 0 {
@@ -152,9 +187,7 @@ func (h *History) End(op *Op, r Result, fill func(*Op)) {
 	if fill != nil {
 		fill(op)
 	}
-	if r == OK && (op.Kind == KAcquire || op.Kind == KRenew) && op.Deadline == 0 {
-		op.Deadline = op.Invoke + op.TTL
-	}
+	defaultDeadline(op)
 }
 
 // Event records a fault (for the post-mortem; checks ignore it).

@@ -20,9 +20,15 @@ import (
 // answered with a lease (it may be the write that granted that lease). Any
 // other unknown acquire or renewal can only make later answers harder to
 // explain, never easier, so leaving it out cannot hide a violation.
+//
+// A lease granted in a session has its session's client deadline (see
+// sessionsOf), and a close of the session is an operation on every
+// resource the session was granted a lease of: it ends the session's lease
+// there, if that is the current one.
 
 type lockState struct {
 	lease, req string
+	session    string // the session the current lease was granted in
 	token      uint64
 	deadline   int64  // client deadline of the current lease
 	max        uint64 // highest token granted so far
@@ -34,8 +40,9 @@ type lockInput struct {
 	kind     Kind
 	lease    string // renew, release: the lease named; status: the lease that had the token read, if known
 	req      string
-	at       int64 // reply time: by then the operation took effect
-	deadline int64 // of a granted acquire or renewal
+	session  string // acquire: the session it was made in; close: the session closed
+	at       int64  // reply time: by then the operation took effect
+	deadline int64  // of a granted acquire or renewal
 	unknown  bool
 }
 
@@ -75,7 +82,7 @@ func lockStep(state, input, output any) []any {
 		if held && !mayExpire || out.token <= s.max {
 			return nil
 		}
-		return one(lockState{lease: out.lease, req: in.req, token: out.token, deadline: in.deadline, max: out.token})
+		return one(lockState{lease: out.lease, req: in.req, session: in.session, token: out.token, deadline: in.deadline, max: out.token})
 	case KRenew:
 		switch {
 		case out.result == OK:
@@ -128,6 +135,22 @@ func lockStep(state, input, output any) []any {
 			return nil
 		}
 		return one(s) // a waiter dequeued, or nothing to cancel
+	case KClose:
+		mine := held && s.session != "" && s.session == in.session
+		switch {
+		case !mine:
+			return one(s)
+		case in.unknown:
+			return []any{s, s.free()}
+		case out.result != OK:
+			return one(s)
+		case out.flag, mayExpire:
+			// closed:true ends the session's lease here; closed:false
+			// says the session had ended, which it may only have done
+			// once its deadline passed.
+			return one(s.free())
+		}
+		return nil
 	case KStatus:
 		switch {
 		case out.result != OK:
@@ -166,7 +189,14 @@ func checkLinearizable(ops []Op, leases map[string]*lease, status bool, timeout 
 	}
 	tokenLease := map[string]map[uint64]string{}
 	firstLease := map[reqKey]*lease{}
+	sessionRes := map[string]map[string]bool{} // session -> resources it was granted leases of
 	for _, l := range leases {
+		if l.session != "" {
+			if sessionRes[l.session] == nil {
+				sessionRes[l.session] = map[string]bool{}
+			}
+			sessionRes[l.session][l.res] = true
+		}
 		if f := firstLease[reqKey{l.res, l.req}]; f == nil || l.granted < f.granted {
 			firstLease[reqKey{l.res, l.req}] = l
 		}
@@ -178,11 +208,16 @@ func checkLinearizable(ops []Op, leases map[string]*lease, status bool, timeout 
 	byRes := map[string][]porcupine.Operation{}
 	for i := range ops {
 		o := &ops[i]
-		in := lockInput{kind: o.Kind, lease: o.LeaseID, req: o.RequestID, at: int64(o.Complete), deadline: int64(o.Deadline)}
+		in := lockInput{kind: o.Kind, lease: o.LeaseID, req: o.RequestID, session: o.Session, at: int64(o.Complete), deadline: int64(o.Deadline)}
 		out := lockOutput{result: o.Result, code: o.Code, lease: o.LeaseID, token: o.Token, flag: o.Flag}
 		ret := int64(o.Complete)
 		switch o.Kind {
 		case KAcquire:
+			if o.Result == OK && o.Session != "" {
+				if l := leases[o.LeaseID]; l != nil {
+					in.deadline = int64(l.deadline) // its session's
+				}
+			}
 			if o.Result != Unknown {
 				break
 			}
@@ -191,7 +226,20 @@ func checkLinearizable(ops []Op, leases map[string]*lease, status bool, timeout 
 				continue
 			}
 			in.unknown, in.at, in.deadline, ret = true, int64(l.granted), int64(o.Invoke+o.TTL), int64(o.Invoke+maxEffectDelay)
+			if o.Session != "" {
+				in.deadline = int64(l.deadline)
+			}
 			out = lockOutput{result: OK, lease: l.id, token: l.token}
+		case KClose:
+			if o.Result == Unknown {
+				in.unknown, in.at, ret = true, math.MaxInt64, int64(o.Invoke+maxEffectDelay)
+			}
+			for res := range sessionRes[o.Session] {
+				byRes[res] = append(byRes[res], porcupine.Operation{
+					ClientId: o.Client, Input: in, Output: out, Call: int64(o.Invoke), Return: ret, Metadata: o.ID,
+				})
+			}
+			continue
 		case KRenew:
 			if o.Result == Unknown {
 				continue
@@ -217,7 +265,7 @@ func checkLinearizable(ops []Op, leases map[string]*lease, status bool, timeout 
 		Step: lockStep,
 		DescribeOperation: func(input, output any) string {
 			in, out := input.(lockInput), output.(lockOutput)
-			return fmt.Sprintf("%s lease=%s req=%s -> %s %s lease=%s token=%d flag=%v", in.kind, short(in.lease), in.req, out.result, out.code, short(out.lease), out.token, out.flag)
+			return fmt.Sprintf("%s lease=%s req=%s session=%s -> %s %s lease=%s token=%d flag=%v", in.kind, short(in.lease), in.req, short(in.session), out.result, out.code, short(out.lease), out.token, out.flag)
 		},
 	}).ToModel()
 	res := make([]string, 0, len(byRes))

@@ -73,6 +73,20 @@ func (r *Run) Check(t *testing.T, opt CheckOptions) *Report {
 	t.Logf("%d ops checked in %v: %s", len(ops), time.Since(start).Round(time.Millisecond), rep.Summary())
 	g := &r.W.goStats
 	t.Logf("go clients: %d grants, %d lost at once, %d gave up mid-wait", g.grants.Load(), g.lostAtGrant.Load(), g.abandoned.Load())
+	if s := &r.W.sessStats; r.W.Sessions > 0 {
+		codes := map[string]int{}
+		for i := range ops {
+			if o := &ops[i]; o.Result == Fail && (o.Session != "" || o.Kind == KOpen) {
+				codes[o.label()+"/"+o.Code]++
+				if o.Kind == KOpen {
+					t.Logf("open refused: %v", o)
+				}
+			}
+		}
+		t.Logf("refusals in sessions: %v", codes)
+		t.Logf("sessions: %d opened, %d closed (%d with acquires in flight), %d no longer kept alive, %d lost, %d leases, %d probes",
+			s.opened.Load(), s.closed.Load()+s.closedInFlight.Load(), s.closedInFlight.Load(), s.abandoned.Load(), s.lost.Load(), s.grants.Load(), s.probes.Load())
+	}
 	for _, v := range rep.Anomalies {
 		t.Logf("anomaly (not a safety violation) %v", v)
 	}
@@ -102,10 +116,26 @@ func dumpHistory(t *testing.T, ops []Op, rep *Report) {
 	path := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+".history")
 	var faults []Op
 	byRes := map[string][]Op{}
+	// The opens, keepalives and closes of a session are shown with every
+	// resource it acquired.
+	sessionRes := map[string]map[string]bool{}
 	for _, o := range ops {
-		if o.Kind == KFault {
+		if o.Kind == KAcquire && o.Session != "" {
+			if sessionRes[o.Session] == nil {
+				sessionRes[o.Session] = map[string]bool{}
+			}
+			sessionRes[o.Session][o.Resource] = true
+		}
+	}
+	for _, o := range ops {
+		switch {
+		case o.Kind == KFault:
 			faults = append(faults, o)
-		} else {
+		case o.Resource == "" && len(sessionRes[o.Session]) > 0:
+			for r := range sessionRes[o.Session] {
+				byRes[r] = append(byRes[r], o)
+			}
+		default:
 			byRes[o.Resource] = append(byRes[o.Resource], o)
 		}
 	}

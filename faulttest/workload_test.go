@@ -16,8 +16,10 @@ import (
 // queue), renew, release, cancel, lose replies and retry with the same
 // request id, and write through the fenced register; and Go clients
 // (package client) that wait for hot resources, sometimes giving up
-// mid-wait. Every operation is recorded in Hist. Zero values of the
-// tuning fields take the defaults given.
+// mid-wait; and, when asked, session actors (runSession) that open
+// sessions, keep them alive and hold several leases in each. Every
+// operation is recorded in Hist. Zero values of the tuning fields take the
+// defaults given.
 type Workload struct {
 	H    *Harness
 	Hist *History
@@ -33,6 +35,11 @@ type Workload struct {
 	// Raw and Go are the numbers of raw and Go-client actors. Defaults 12
 	// and 3; Go may be set negative for none.
 	Raw, Go int
+	// Sessions is the number of session actors. The default is none.
+	Sessions int
+	// MinSessionTTL and MaxSessionTTL bound the TTL of each session, drawn
+	// at random between them. Defaults 2s and 4s.
+	MinSessionTTL, MaxSessionTTL time.Duration
 	// TTL is the lease TTL. The default is 3s.
 	TTL time.Duration
 	// DropReply is the share of acquires whose first reply is dropped
@@ -48,10 +55,11 @@ type Workload struct {
 	// The default is 100000.
 	MaxIterations int64
 
-	iter    atomic.Int64
-	actors  []*actor
-	goStats goStats
-	wg      sync.WaitGroup
+	iter      atomic.Int64
+	actors    []*actor
+	goStats   goStats
+	sessStats sessionStats
+	wg        sync.WaitGroup
 }
 
 type actor struct {
@@ -87,6 +95,12 @@ func (w *Workload) defaults() {
 	if w.TTL == 0 {
 		w.TTL = 3 * time.Second
 	}
+	if w.MinSessionTTL == 0 {
+		w.MinSessionTTL = 2 * time.Second
+	}
+	if w.MaxSessionTTL == 0 {
+		w.MaxSessionTTL = 4 * time.Second
+	}
 	if w.MaxIterations == 0 {
 		w.MaxIterations = 100000
 	}
@@ -101,7 +115,7 @@ func (w *Workload) defaults() {
 // own proxy. Call it from the test goroutine before Run.
 func (w *Workload) Prepare() {
 	w.defaults()
-	for i := 0; i < w.Raw+max(w.Go, 0); i++ {
+	for i := 0; i < w.Raw+max(w.Go, 0)+w.Sessions; i++ {
 		nc, p := w.H.Connect(i%devcluster.Size, fmt.Sprintf("actor-%d", i))
 		w.actors = append(w.actors, &actor{w: w, id: i, c: &Caller{NC: nc, H: w.Hist, Client: i}, proxy: p,
 			rng: rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))})
@@ -134,10 +148,13 @@ func (w *Workload) Run(ctx context.Context) {
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
-			if i < w.Raw {
+			switch {
+			case i < w.Raw:
 				a.runRaw(ctx)
-			} else {
+			case i < w.Raw+max(w.Go, 0):
 				a.runGo(ctx)
+			default:
+				a.runSession(ctx)
 			}
 		}()
 	}

@@ -1,0 +1,48 @@
+package faulttest
+
+import (
+	"testing"
+	"time"
+)
+
+// A retried session.open is answered lease_lost ("request_id … opened a
+// session before, and that session has ended") while the session its
+// first attempt opened is alive: the same open, sent 200ms later, is
+// answered with that session. Nobody could have ended it (nobody had its
+// id), so the answer can only come from openSession's branch for a write
+// JetStream acknowledges as a duplicate (service/sessions.go: "Opened
+// before (and since ended, or the read above was stale)"), taken with the
+// read already fresh. The likely path: the retry reaches another instance
+// while the first attempt's write is being proposed; its write with the
+// same message id is refused as a duplicate in process (a conflict), its
+// fresh read does not show the first write yet, and its next write is
+// acknowledged as a duplicate of the first, stored meanwhile. Acquire, in
+// the same place, answers from the earlier write's revision
+// (earlierGrant). The contract: a retry while the session lives returns
+// the same session_id. Found by this suite (TestSessionsAcrossLeaderChanges:
+// an open whose reply was dropped, retried within its TTL); about one
+// retry in thirty sent right after the first attempt is answered so.
+func TestRetriedOpenWhileTheFirstIsInFlight(t *testing.T) {
+	t.Parallel()
+	h := StartHarness(t)
+	for node := 0; node < 3; node++ {
+		h.Serve(node, ServiceConfig())
+	}
+	nc, _ := h.Connect(0, "client")
+	c := &Caller{NC: nc, H: NewHistory(), Client: 1}
+	const ttl = 5 * time.Second
+	for i := 0; i < 300; i++ {
+		rid := "retried-" + itoa(i)
+		c.OpenDropReply(rid, ttl)
+		op := c.OpenSession(rid, ttl, true)
+		switch {
+		case op.Result == OK:
+			c.CloseSession(op.Session)
+		case op.Result == Fail && op.Code == "lease_lost":
+			time.Sleep(200 * time.Millisecond)
+			again := c.OpenSession(rid, ttl, true)
+			t.Fatalf("open %s, retried right after its first attempt (TTL %v), was answered that its session had ended: %v; 200ms later the same open: %v",
+				rid, ttl, &op, &again)
+		}
+	}
+}
