@@ -176,17 +176,48 @@ func (l *locks) openSession(ctx context.Context, r *sessionReq) (*streams.Sessio
 			return nil, err
 		}
 		if dup {
-			// Opened before (and since ended, or the read above was
-			// stale): decide on a fresh read.
-			if fresh {
-				return nil, sessionEnded(r.requestID)
-			}
-			fresh = true
-			continue
+			// Opened before, at seq: the same session if it is still
+			// the key's record, else it has ended. A read can still miss
+			// that write (it committed while this request was deciding):
+			// decide on a read that has seen it.
+			return l.earlierOpen(ctx, r, seq)
 		}
 		l.tracker.observe(r.key, entry{rev: seq, rec: rec})
 		l.report.session("opened", r.owner, r.who)
 		return &streams.SessionResponse{SessionID: sessionID(r.hash, rec), TTLms: rec.TTLms, ExpiresAt: rec.ExpiresAt}, nil
+	}
+	return nil, tooManyConflicts()
+}
+
+// earlierOpen answers an open whose write JetStream reported as a
+// duplicate of an earlier write at seq (an earlier attempt of the same
+// open): that session, kept alive, while it is the key's record; once the
+// key has moved past it, lease_lost.
+func (l *locks) earlierOpen(ctx context.Context, r *sessionReq, seq uint64) (*streams.SessionResponse, error) {
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		o, err := l.current(ctx, r.key, true)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case o.rev < seq:
+			conflictPause(ctx) // the read has not seen the earlier write yet
+			continue
+		case !o.held():
+			return nil, sessionEnded(r.requestID)
+		case o.rec.Owner != r.owner:
+			// The key is the tenant's and the request id's: the record
+			// is that open's, kept alive since.
+			return nil, newOpError(streams.CodeInvalidRequest, "request_id %q opened a session for another owner", r.requestID)
+		}
+		resp, err := l.extend(ctx, "", r.key, o, r.ttl)
+		if errors.Is(err, errConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &streams.SessionResponse{SessionID: sessionID(r.hash, o.rec), TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt}, nil
 	}
 	return nil, tooManyConflicts()
 }
