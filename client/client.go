@@ -145,6 +145,8 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		TTLms:     ao.ttl.Milliseconds(),
 		WaitMs:    wait.Milliseconds(),
 		MaxHoldMs: ao.maxHold.Milliseconds(),
+		Limit:     ao.limit,
+		Value:     ao.value,
 	}
 	if ao.session != nil {
 		req.SessionID = ao.session.id
@@ -156,22 +158,30 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		return c.call(ctx, streams.OpAcquire, &req, &resp, wait)
 	})
 	if errors.Is(err, ErrUnavailable) || (err != nil && ctx.Err() != nil) {
-		c.abandon(resource, ao.set, ao.requestID)
+		c.abandon(resource, ao)
 	}
 	if err != nil {
 		if errors.Is(err, ErrLocked) {
 			var he *HeldError
 			if errors.As(err, &he) {
 				he.about(resource, ao.set)
+				if ao.limit > 0 {
+					he.Limit, he.Holders = ao.limit, nil
+				}
 			}
 		}
 		return nil, err
+	}
+	if ao.limit > 0 && (resp.Permit < 1 || resp.Permit > ao.limit) {
+		// A grant the client cannot renew or release: give it back.
+		c.abandon(resource, ao)
+		return nil, fmt.Errorf("%w: semaphore %s: bad reply: permit %d of %d", ErrInternal, resource, resp.Permit, ao.limit)
 	}
 	var members []streams.SetMember
 	if ao.set != nil {
 		if members, err = setMembers(ao.set, &resp); err != nil {
 			// A grant the client cannot use: give it back.
-			c.abandon(resource, ao.set, ao.requestID)
+			c.abandon(resource, ao)
 			return nil, err
 		}
 	}
@@ -181,7 +191,7 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 	} else {
 		l = c.newLease(resource, ao.owner, ao.ttl, &resp.LeaseResponse, sent)
 	}
-	l.members = members
+	l.members, l.permit, l.value = members, resp.Permit, ao.value
 	if err := l.start(ctx, wait > 0); err != nil {
 		// Granted, but not provably held any more: give it back.
 		rctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
@@ -192,15 +202,16 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 	return l, nil
 }
 
-// abandon cancels an acquire (of resource, or of the lock set set) whose
-// outcome is unknown or whose caller gave up, so that a grant nobody will
-// use is released at once. Best effort, bounded by the request timeout.
-func (c *Client) abandon(resource string, set []string, requestID string) {
+// abandon cancels an acquire (of resource, of the lock set ao.set, or of
+// a permit of the semaphore resource of ao.limit permits) whose outcome is
+// unknown or whose caller gave up, so that a grant nobody will use is
+// released at once. Best effort, bounded by the request timeout.
+func (c *Client) abandon(resource string, ao acquireOptions) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
 	defer cancel()
 	var resp streams.CancelResponse // a set's reply decodes into it as well; nothing reads it
 	_ = c.retry(ctx, func() error {
-		return c.call(ctx, streams.OpCancel, &streams.CancelRequest{Resource: resource, Resources: set, RequestID: requestID}, &resp, 0)
+		return c.call(ctx, streams.OpCancel, &streams.CancelRequest{Resource: resource, Resources: ao.set, Limit: ao.limit, RequestID: ao.requestID}, &resp, 0)
 	})
 }
 

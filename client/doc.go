@@ -56,6 +56,19 @@
 // Lease.TokenOf(resource) with every write to that resource (Token is 0
 // for a set).
 //
+// # Elections and semaphores
+//
+// Client.NewElection (and Session.NewElection) is an election, in the
+// shape of etcd's concurrency.Election: Campaign waits in the election's
+// FIFO queue and returns a Leadership, a lease whose Token is the leader's
+// fencing token and whose Lost closes before anyone else could be elected;
+// Proclaim changes the leader's value, Resign hands over at once, Leader
+// reads the leader and Observe follows it (events, at most once, plus
+// status reads). Client.NewSemaphore is a counting semaphore: Acquire gets
+// one of its N permits, a lease with a fencing token of its own per permit
+// (Lease.Permit, Lease.FenceKey). Both are only as safe as the fencing at
+// the resource; docs/recipes.md says what each guarantees.
+//
 // # Retries and idempotency
 //
 // Every acquire carries a request id (random unless RequestID is given).

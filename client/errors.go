@@ -73,6 +73,11 @@ type HeldError struct {
 	// Set is the lock set the acquire asked for, sorted; nil for an
 	// acquire of one resource.
 	Set []string
+	// Limit, for a permit of a semaphore (Semaphore), is its number of
+	// permits, none of which was free for the acquire (all held, or the
+	// free ones reserved for the waiters ahead); the service names no
+	// holder then. 0 otherwise.
+	Limit int
 }
 
 // Holder is a held resource and who holds it, in a HeldError.
@@ -89,6 +94,9 @@ type Holder struct {
 }
 
 func (e *HeldError) Error() string {
+	if e.Limit > 0 {
+		return fmt.Sprintf("jetlock: semaphore %s has no free permit (limit %d)", e.Resource, e.Limit)
+	}
 	if e.Set == nil {
 		return fmt.Sprintf("jetlock: %s is locked by %q (token %d, expires %s)", e.Resource, e.Owner, e.Token, e.ExpiresAt.Format(time.RFC3339))
 	}

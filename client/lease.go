@@ -38,6 +38,10 @@ type Lease struct {
 	// grant.
 	members []streams.SetMember
 
+	// permit is the permit of a semaphore the lease holds (Semaphore), 0
+	// for a lease of a lock. Never changed after the grant.
+	permit int
+
 	// want is the TTL asked for on renewal (zero: the service's default).
 	// A lease granted after waiting starts with a shorter TTL, which the
 	// first renewal extends.
@@ -55,6 +59,9 @@ type Lease struct {
 
 	mu       sync.Mutex
 	released bool
+	// value is the lease's value (Election.Campaign, Leadership.Proclaim);
+	// guarded by mu.
+	value string
 
 	// reply is the service's reply to the last successful acquire or
 	// renew (see Reply); guarded by mu.
@@ -118,7 +125,7 @@ func (l *Lease) sendRenew(ctx context.Context, resp *streams.LeaseResponse) erro
 	if l.members != nil {
 		return l.sendRenewSet(ctx, resp)
 	}
-	return l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds()}, resp, 0)
+	return l.c.call(ctx, streams.OpRenew, &streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds(), Permit: l.permit}, resp, 0)
 }
 
 // renew sends one renewal, sent at sent, and moves the deadline on
@@ -274,7 +281,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	var resp streams.ReleaseResponse // a set's reply decodes into it as well; nothing reads it
-	req := streams.ReleaseRequest{Resource: l.resource, Resources: l.setNames(), LeaseID: l.id}
+	req := streams.ReleaseRequest{Resource: l.resource, Resources: l.setNames(), LeaseID: l.id, Permit: l.permit}
 	err := l.c.retry(rctx, func() error {
 		return l.c.call(rctx, streams.OpRelease, &req, &resp, 0)
 	})

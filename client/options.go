@@ -92,6 +92,11 @@ type acquireOptions struct {
 	// set is the lock set to acquire (AcquireAll), sorted; nil for one
 	// resource.
 	set []string
+	// limit is the number of permits of the semaphore to acquire a permit
+	// of (Semaphore), 0 for a lock.
+	limit int
+	// value is the lease's value (Election.Campaign), "" for none.
+	value string
 }
 
 // TTL sets the lease's time to live. The default is the service's default

@@ -152,6 +152,9 @@ func classify(err error) *exitError {
 		if !held.ExpiresAt.IsZero() {
 			e.holder.ExpiresAt = streams.FormatTime(held.ExpiresAt)
 		}
+		if held.Limit > 0 {
+			e.holder = nil // a full semaphore: the service names no holder
+		}
 		if held.Set != nil {
 			e.holder.Resource = held.Resource
 			for _, h := range held.Holders {

@@ -4,6 +4,9 @@
 //	go install github.com/jetlock/jetlock/client/cmd/jetlock@latest
 //
 //	jetlock run --wait 1m lock:backup:user123 -- ./backup.sh user123
+//	jetlock run --limit 3 --wait 10m encoders -- ./encode.sh video42
+//	jetlock elect scheduler --value "$(hostname)" -- ./scheduler
+//	jetlock leader --watch scheduler
 //	jetlock ls lock:backup:
 //	jetlock --user operator --password operator revoke lock:backup:user123 --reason "stuck job"
 //
@@ -13,27 +16,30 @@
 //
 // Exit codes (see exitcodes.go):
 //
-//	0    success; `run` passes the command's own code through
+//	0    success; `run` and `elect` pass the command's own code through
 //	1    any other failure (internal error, too_many_waiters)
 //	2    bad input: unknown flag, invalid resource, duration out of bounds,
 //	     no command after --, or invalid_request from the service; nothing started
 //	69   unavailable: no service answered, or NATS could not be reached
-//	75   locked: the resource is held by another lease (no --wait, or it ran out)
+//	75   locked: the resource is held by another lease, or a semaphore
+//	     (run --limit) has no free permit (no --wait, or it ran out); elect:
+//	     --wait ran out as a standby
 //	77   permission denied (revoke needs operator credentials, watch an
 //	     inspector's)
-//	79   lease lost: `run` stopped its command (SIGTERM, SIGKILL after --grace)
-//	     because renewal was refused or unprovable, the lease was revoked, or
-//	     its hold limit passed; `renew` of a lease that is no longer current
-//	126  `run`: the command could not be started
-//	127  `run`: the command was not found
-//	128+N `run`: the command was killed by signal N (like a shell);
-//	     `run`, `acquire`: signal N arrived while acquiring (the request
-//	     is cancelled at the service first)
+//	79   lease lost: `run` (or `elect`) stopped its command (SIGTERM, SIGKILL
+//	     after --grace) because renewal was refused or unprovable, the lease
+//	     (the leadership) was revoked, or its hold limit passed; `renew` of a
+//	     lease that is no longer current
+//	126  `run`, `elect`: the command could not be started
+//	127  `run`, `elect`: the command was not found
+//	128+N `run`, `elect`: the command was killed by signal N (like a shell);
+//	     `run`, `acquire`, `elect`: signal N arrived while acquiring or
+//	     campaigning (the request is cancelled at the service first)
 //
 // Every error is one line on stderr: "jetlock: CODE: message", with the
 // wire contract's code where the service gave one, else jetlock's own
 // (usage, permission_denied, interrupted). With --json (acquire, renew,
-// release, status, ls, revoke, watch) it is one JSON line on stdout
+// release, status, ls, revoke, watch, leader) it is one JSON line on stdout
 // instead, and stderr stays empty:
 //
 //	{"error":{"code":"locked","message":"...","exit_code":75,"holder":{...}}}
@@ -61,6 +67,8 @@ type cli struct {
 	Ls      lsCmd      `cmd:"" help:"List held locks (resource, owner, token, expires in, waiters, session)."`
 	Revoke  revokeCmd  `cmd:"" help:"End a lease, whoever holds it (operators only)."`
 	Watch   watchCmd   `cmd:"" help:"Print grants, releases and expiries as they happen (inspectors only)."`
+	Elect   electCmd   `cmd:"" help:"Run a command while this process leads an election; a standby waits."`
+	Leader  leaderCmd  `cmd:"" help:"Show an election's leader (value, token); --watch follows it."`
 }
 
 const description = `jetlock: exclusive leases with fencing tokens over NATS.
@@ -72,6 +80,8 @@ found, 128+N command killed by signal N (or signal N while acquiring).
 
 Examples:
   jetlock -s nats://127.0.0.1:4222 run --wait 1m lock:backup:user123 -- ./backup.sh user123
+  jetlock run --limit 3 --wait 10m encoders -- ./encode.sh video42
+  jetlock elect scheduler --value "$(hostname)" -- ./scheduler
   jetlock ls lock:backup:
   jetlock --user operator --password operator revoke lock:backup:user123 --reason "stuck"
 Every command has --help with an example.`
@@ -115,7 +125,8 @@ func realMain(args []string) int {
 }
 
 // jsonCommands are the commands that have --json.
-var jsonCommands = map[string]bool{"acquire": true, "renew": true, "release": true, "status": true, "ls": true, "revoke": true, "watch": true}
+var jsonCommands = map[string]bool{"acquire": true, "renew": true, "release": true, "status": true, "ls": true, "revoke": true, "watch": true,
+	"leader": true}
 
 // jsonOutput reports whether args ask a command that has --json for it.
 // It reads args itself, so that an error kong finds in them is JSON too.
@@ -138,7 +149,7 @@ func jsonOutput(args []string) bool {
 func commandOf(args []string) string {
 	for _, a := range args {
 		switch a {
-		case "run", "acquire", "renew", "release", "status", "ls", "revoke", "watch":
+		case "run", "acquire", "renew", "release", "status", "ls", "revoke", "watch", "elect", "leader":
 			return a + " "
 		case "--":
 			return ""

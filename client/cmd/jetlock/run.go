@@ -23,6 +23,7 @@ type runCmd struct {
 	Owner     string         `help:"Owner text shown to others (default: HOST:PID)."`
 	RequestID string         `help:"Request id of the acquire (default: random); reuse it to make a retried run idempotent."`
 	Grace     *time.Duration `help:"After a lost lease, how long the command has between SIGTERM and SIGKILL (default: 10s, capped at the most the TTL allows: half the TTL less min(1s, TTL/4), e.g. 14s for a 30s TTL, 1.5s for 5s)." placeholder:"D"`
+	Limit     *int           `help:"Run at most N at once across the fleet: RESOURCE is a counting semaphore of N permits (1 to 1000), and the command holds one (JETLOCK_PERMIT in its environment). Every run of RESOURCE must give the same N." placeholder:"N"`
 
 	Resource string   `arg:"" help:"Resource to lock: letters, digits and - _ . / = : @ (1 to 200 bytes). Several, before --, are held as one lock set."`
 	Command  []string `arg:"" optional:"" passthrough:"" help:"More resources, then the command and its arguments, after --."`
@@ -50,6 +51,13 @@ JETLOCK_TOKENS, a JSON object resource -> token; JETLOCK_RESOURCE and
 JETLOCK_TOKEN are not set for a set (pass each resource its own token).
 These three are set for a single resource too (n = 1).
 
+With --limit N, RESOURCE is a counting semaphore: at most N runs hold one
+of its N permits at once, the others wait (--wait) or exit 75. The command
+gets JETLOCK_PERMIT (1..N) besides JETLOCK_RESOURCE and JETLOCK_TOKEN; the
+token rises per permit, so fence the command's writes per permit, under
+"$JETLOCK_RESOURCE#$JETLOCK_PERMIT". Every run of a semaphore must give the
+same N (another is refused while it has holders or waiters: exit 2).
+
 When the lease is lost (a renewal refused, a revoke) the command's group gets
 SIGTERM, then SIGKILL after --grace, and jetlock exits 79. When renewals
 fail, or the hold limit (--max-hold) comes, the group gets SIGTERM at the
@@ -73,7 +81,8 @@ foreground group, so it cannot read from a terminal.
 
 Example:
   jetlock run --wait 1m --ttl 30s --owner backup lock:backup:user123 -- ./backup.sh user123
-  jetlock run --wait 1m account:17 account:42 -- ./transfer.sh 17 42`
+  jetlock run --wait 1m account:17 account:42 -- ./transfer.sh 17 42
+  jetlock run --limit 3 --wait 10m encoders -- ./encode.sh video42`
 }
 
 // Validate checks the flags before anything connects or starts.
@@ -86,6 +95,14 @@ func (r *runCmd) Validate() error {
 	}
 	if len(r.Command) == 0 || r.Command[0] == "" {
 		return usagef("no command after --: jetlock run RESOURCE... -- CMD [ARGS...]")
+	}
+	if r.Limit != nil {
+		if err := checkLimit(*r.Limit); err != nil {
+			return err
+		}
+		if len(r.resources) > 1 {
+			return usagef("--limit with %d resources: --limit makes one resource a semaphore; a lock set has none", len(r.resources))
+		}
 	}
 	return firstErr(
 		checkDuration("wait", r.Wait, time.Millisecond, 24*time.Hour),
@@ -130,8 +147,22 @@ func graceTooLong(d, ttl time.Duration) error {
 		durationText(d), durationText(ttl), durationText(graceBudget(ttl)))
 }
 
+// checkLimit refuses a --limit outside [1, streams.MaxLimit].
+func checkLimit(n int) error {
+	if n < 1 || n > streams.MaxLimit {
+		return usagef("--limit %d outside [1, %d]", n, streams.MaxLimit)
+	}
+	return nil
+}
+
 // Run acquires, runs the command and returns its exit.
 func (r *runCmd) Run(g *globals) error {
+	return r.hold(g, r.acquire)
+}
+
+// hold takes a lease with take (run's acquire, elect's campaign), runs the
+// command under it and releases it, and returns the command's exit.
+func (r *runCmd) hold(g *globals, take func(g *globals, s *session, sigs <-chan os.Signal) (*client.Lease, error)) error {
 	path, err := exec.LookPath(r.Command[0])
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
@@ -150,7 +181,7 @@ func (r *runCmd) Run(g *globals) error {
 		return err
 	}
 	defer s.close()
-	lease, err := r.acquire(g, s, sigs)
+	lease, err := take(g, s, sigs)
 	if err != nil {
 		return err
 	}
@@ -196,6 +227,9 @@ func (r *runCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*client
 	ctx, cancel := context.WithTimeout(s.ctx, r.Wait+4*g.Timeout)
 	defer cancel()
 	spec := acquireSpec{resources: r.resources, owner: r.Owner, requestID: r.RequestID, ttl: r.TTL, maxHold: r.MaxHold, wait: r.Wait}
+	if r.Limit != nil {
+		spec.limit = *r.Limit
+	}
 	return spec.take(ctx, cancel, s, sigs, 2*g.Timeout, "nothing started")
 }
 

@@ -133,12 +133,16 @@ func (a *acquireCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*cl
 	return spec.take(ctx, cancel, s, sigs, g.Timeout, "the request was cancelled")
 }
 
-// acquireSpec is what an acquire asks for, from acquire's or run's flags:
-// one resource, or several as one lock set.
+// acquireSpec is what an acquire asks for, from acquire's, run's or
+// elect's flags: one resource, several as one lock set, a permit of a
+// semaphore of limit permits, or (with a value) leadership of an
+// election, for which it always waits (up to wait, if set).
 type acquireSpec struct {
 	resources          []string
 	owner, requestID   string
 	ttl, maxHold, wait time.Duration
+	limit              int
+	value              string
 }
 
 // take acquires the lease within ctx, giving up on the first signal from
@@ -174,6 +178,10 @@ func (spec acquireSpec) take(ctx context.Context, cancel context.CancelFunc, s *
 	var lease *client.Lease
 	var err error
 	switch set := len(spec.resources) > 1; {
+	case spec.value != "":
+		lease, err = spec.campaign(ctx, s, opts)
+	case spec.limit > 0:
+		lease, err = spec.permit(ctx, s, opts)
 	case spec.wait > 0 && set:
 		lease, err = s.c.AcquireAll(ctx, spec.resources, append(opts, client.Wait(spec.wait))...)
 	case spec.wait > 0:
@@ -199,6 +207,36 @@ func (spec acquireSpec) take(ctx context.Context, cancel context.CancelFunc, s *
 		return nil, s.fail(err)
 	}
 	return lease, nil
+}
+
+// campaign stands for election spec.resources[0] with spec.value, and
+// waits until elected (or spec.wait, if set, has passed).
+func (spec acquireSpec) campaign(ctx context.Context, s *session, opts []client.AcquireOption) (*client.Lease, error) {
+	if spec.wait > 0 {
+		opts = append(opts, client.Wait(spec.wait))
+	}
+	e, err := s.c.NewElection(spec.resources[0], opts...)
+	if err != nil {
+		return nil, err
+	}
+	ld, err := e.Campaign(ctx, spec.value)
+	if err != nil {
+		return nil, err
+	}
+	return ld.Lease, nil
+}
+
+// permit acquires a permit of semaphore spec.resources[0] of spec.limit
+// permits, waiting up to spec.wait.
+func (spec acquireSpec) permit(ctx context.Context, s *session, opts []client.AcquireOption) (*client.Lease, error) {
+	m, err := s.c.NewSemaphore(spec.resources[0], spec.limit)
+	if err != nil {
+		return nil, err
+	}
+	if spec.wait > 0 {
+		return m.Acquire(ctx, append(opts, client.Wait(spec.wait))...)
+	}
+	return m.TryAcquire(ctx, opts...)
 }
 
 // defaultOwner is the owner of an acquire without --owner: HOST:PID, as

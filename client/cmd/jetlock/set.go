@@ -26,6 +26,8 @@ import (
 //	                               resource; unset for a set, whose tokens are
 //	                               per resource (a fence compares the tokens of
 //	                               one resource only)
+//	JETLOCK_PERMIT                 the permit (1..N) of a semaphore's lease
+//	                               (run --limit N); its token rises per permit
 
 // splitRun splits run's arguments after its first resource (first, rest)
 // into the resources to lock and the command: the resources are those
@@ -76,6 +78,9 @@ func leaseEnv(base []string, lease *client.Lease) []string {
 	for _, v := range leaseVars(lease.Resources(), lease.TokenOf, lease.ID()) {
 		env = append(env, v.name+"="+v.value)
 	}
+	if p := lease.Permit(); p > 0 {
+		env = append(env, "JETLOCK_PERMIT="+strconv.Itoa(p))
+	}
 	return env
 }
 
@@ -106,7 +111,7 @@ func leaseVars(resources []string, tokenOf func(string) (uint64, bool), id strin
 // for some lease.
 func isLeaseVar(name string) bool {
 	switch name {
-	case "JETLOCK_RESOURCE", "JETLOCK_TOKEN", "JETLOCK_LEASE_ID", "JETLOCK_TOKENS":
+	case "JETLOCK_RESOURCE", "JETLOCK_TOKEN", "JETLOCK_LEASE_ID", "JETLOCK_TOKENS", "JETLOCK_PERMIT":
 		return true
 	}
 	for _, p := range []string{"JETLOCK_RESOURCE_", "JETLOCK_TOKEN_"} {
@@ -172,6 +177,9 @@ type setGrantView struct {
 // heldText says who holds what in a locked error: for one resource, the
 // holder; for a set, every held member.
 func heldText(held *client.HeldError) string {
+	if held.Limit > 0 {
+		return fmt.Sprintf("semaphore %s has no free permit (limit %d)", held.Resource, held.Limit)
+	}
 	if held.Set == nil {
 		return "resource is held by another lease (" + holderText(held.Owner, held.Token) + ")"
 	}
