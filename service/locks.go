@@ -191,6 +191,26 @@ func (l *locks) extend(ctx context.Context, resource, key string, o observation,
 	return leaseResponse(resource, rec.Token, &rec), nil
 }
 
+// proclaim writes the lease observed in o (its value already replaced)
+// by compare-and-set on its revision, its times unchanged.
+func (l *locks) proclaim(ctx context.Context, resource, key string, o observation) (*streams.LeaseResponse, error) {
+	rec := *o.rec
+	rec.Token = o.rec.TokenAt(o.rev)
+	seq, _, err := l.store.put(ctx, key, &rec, o.rev, "")
+	if err != nil {
+		if !errors.Is(err, errConflict) {
+			l.tracker.forget(key)
+		}
+		return nil, err
+	}
+	l.tracker.observe(key, entry{rev: seq, rec: &rec})
+	resp := leaseResponse(resource, rec.Token, &rec)
+	if so, ok := l.tracker.get(streams.SessionKey(rec.Session)); ok && so.held() {
+		resp = sessionLeaseResponse(resource, rec.Token, &rec, so.rec)
+	}
+	return resp, nil
+}
+
 // confirmNegative proves, before a negative answer, that the fresh read o
 // is current: a stream leader cut off by a partition that has just healed
 // can still answer reads from old state. On errConflict the caller reads
@@ -426,13 +446,24 @@ func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Du
 		if o.rec.Set != "" {
 			return nil, errSetMember()
 		}
-		if o.rec.Session != "" {
-			return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
-		}
 		if value != "" {
 			rec := *o.rec
 			rec.Value = value
 			o.rec = &rec
+		}
+		if o.rec.Session != "" {
+			if value == "" {
+				return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
+			}
+			// A new value for a lease of a session (an election's leader
+			// held in a session proclaims): the value only, its expiry
+			// stays the session's.
+			resp, err := l.proclaim(ctx, resource, key, o)
+			if errors.Is(err, errConflict) {
+				fresh = true
+				continue
+			}
+			return resp, err
 		}
 		resp, err := l.extend(ctx, resource, key, o, ttl)
 		switch {

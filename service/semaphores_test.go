@@ -237,3 +237,30 @@ func TestElectionValueAndEvents(t *testing.T) {
 		}
 	}
 }
+
+// A leader held in a session proclaims a new value with a renewal that
+// names it; its lease stays the session's.
+func TestElectionInSessionProclaims(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	id := c.mustOpen("leader", 3000)
+	l, r := c.acquire(streams.AcquireRequest{Resource: "es/1", RequestID: "c", SessionID: id, Value: "v1"})
+	if r.errCode != "" {
+		t.Fatal(r.errCode)
+	}
+	var p streams.LeaseResponse
+	c.send(streams.OpRenew, streams.RenewRequest{Resource: "es/1", LeaseID: l.LeaseID, Value: "v2"}).decode(t, &p)
+	if p.Token != l.Token || p.TTLms != 3000 {
+		t.Fatalf("proclaim in a session: %+v", p)
+	}
+	if st := c.status("es/1"); st.Value != "v2" || !st.InSession {
+		t.Fatalf("status: %+v", st)
+	}
+	if _, r := c.renew("es/1", l.LeaseID, 0); r.errCode != streams.CodeInvalidRequest {
+		t.Fatalf("a renewal without a value of a session lease: %q", r.errCode)
+	}
+	if cr := c.closeSession(id); cr.Released != 1 {
+		t.Fatalf("close: %+v", cr)
+	}
+}
