@@ -221,10 +221,8 @@ func (ld *Leadership) Value() string {
 
 // Proclaim replaces the leader's value (1 to 1024 bytes, as Campaign's)
 // without a new election: the token stays, and observers see a
-// "proclaimed" change. It renews the leadership as well. A leadership
-// held in a session cannot proclaim (the service renews no lease of a
-// session): Proclaim returns an error wrapping ErrInvalidRequest and
-// sends nothing. When the service
+// "proclaimed" change. It renews the leadership as well (one held in a
+// session changes its value only: the session keeps it). When the service
 // refuses it because the leadership has ended, Lost closes and Proclaim
 // returns an error wrapping ErrLeaseLost; ErrUnavailable means the value
 // may or may not have been replaced (Proclaim again: it is idempotent).
@@ -239,10 +237,10 @@ func (ld *Leadership) Proclaim(ctx context.Context, value string) error {
 		return wrapErr(ErrLeaseLost, fmt.Errorf("proclaim: %w", context.Cause(l.life.ctx)))
 	default:
 	}
-	if l.sess != nil {
-		return fmt.Errorf("%w: proclaim: a leadership held in a session keeps the value it was won with (the service renews no lease of a session); resign and campaign again, or campaign without a session", ErrInvalidRequest)
+	req := streams.RenewRequest{Resource: l.resource, LeaseID: l.id, Value: value}
+	if l.sess == nil {
+		req.TTLms = l.want.Milliseconds()
 	}
-	req := streams.RenewRequest{Resource: l.resource, LeaseID: l.id, TTLms: l.want.Milliseconds(), Value: value}
 	var resp streams.LeaseResponse
 	var sent time.Time
 	err := l.c.retry(ctx, func() error {
@@ -258,7 +256,11 @@ func (ld *Leadership) Proclaim(ctx context.Context, value string) error {
 	if resp.Token != l.token {
 		return fmt.Errorf("%w: proclaim: reply has token %d, the leadership %d", ErrInternal, resp.Token, l.token)
 	}
-	l.life.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+	if l.sess == nil {
+		// A leadership of its own is renewed too; one held in a session
+		// changes its value only, and lives as its session does.
+		l.life.setDeadline(sent, time.Duration(resp.TTLms)*time.Millisecond)
+	}
 	l.recordReply(&resp)
 	l.mu.Lock()
 	l.value = value

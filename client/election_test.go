@@ -431,8 +431,11 @@ func TestSessionElection(t *testing.T) {
 	if err != nil || !leader.InSession || leader.Token != la.Token() || leader.Value != "a" {
 		t.Fatalf("Leader %+v %v", leader, err)
 	}
-	if err := la.Proclaim(ctx, "a2"); !errors.Is(err, client.ErrInvalidRequest) {
-		t.Fatalf("Proclaim in a session: %v, want ErrInvalidRequest", err)
+	if err := la.Proclaim(ctx, "a2"); err != nil {
+		t.Fatalf("Proclaim in a session: %v", err)
+	}
+	if leader, err := a.Leader(ctx); err != nil || leader.Value != "a2" || leader.Token != la.Token() {
+		t.Fatalf("Leader after Proclaim in a session: %+v %v", leader, err)
 	}
 	notLost(t, "leadership", la.Lost(), la.Context())
 	b := newElection(t, newCaller(t, env), name)
