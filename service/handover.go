@@ -178,12 +178,12 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 		}
 		defer gate.unlock()
 	}
-	token, err := l.store.handOver(ctx, key, rec, o.rev, grantMsgID(w.hash), wkey, w.rev, sess)
+	token, removed, err := l.store.handOver(ctx, key, rec, o.rev, grantMsgID(w.hash), wkey, w.rev, sess)
 	if err != nil {
 		return err
 	}
 	l.tracker.observe(key, entry{rev: token, rec: rec})
-	l.tracker.observe(wkey, entry{rev: token + 1})
+	l.tracker.observe(wkey, entry{rev: removed})
 	l.report.granted(resource, token, w.owner, origin{}, "handover")
 	resp := leaseResponse(resource, token, rec)
 	if w.session != "" {

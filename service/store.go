@@ -278,16 +278,18 @@ func (s *store) tombstone(ctx context.Context, hash, leaseKey string, leaseRev u
 // the waiter's record at waitKey, revision waitRev. The grant carries
 // msgID, the waiter's grant message id, so a cancelled waiter is never
 // granted (errDuplicate). A grant to a waiter of a session also checks
-// the session (see grantMsgs). It returns the grant's revision, its token.
-func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Record, leaseRev uint64, msgID, waitKey string, waitRev uint64, session check) (uint64, error) {
+// the session (see grantMsgs). It returns the grant's revision, its token,
+// and the revision of the waiter record's removal.
+func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Record, leaseRev uint64, msgID, waitKey string, waitRev uint64, session check) (token, removed uint64, err error) {
 	buf := encode(rec)
 	defer buf.free()
 	msgs := s.grantMsgs(leaseKey, buf.b, leaseRev, msgID, session)
-	msgs = append(msgs, s.deleteMsg(waitKey, waitRev, nil))
+	remove := s.deleteMsg(waitKey, waitRev, nil)
+	msgs = append(msgs, remove)
 	if _, err := s.batch(ctx, "handover", msgs); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return msgs[0].seq, nil
+	return msgs[0].seq, remove.seq, nil
 }
 
 // grantInSession writes the grant rec of a session's lease at key over
