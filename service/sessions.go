@@ -249,14 +249,21 @@ func (l *locks) ownedSession(ctx context.Context, key, secret string, who origin
 	return observation{}, false, tooManyConflicts()
 }
 
+// lockSession splits the session id id and locks its session's key.
+func (l *locks) lockSession(ctx context.Context, id string) (hash, key, secret string, st *keyLock, err error) {
+	if hash, secret, err = streams.SplitSessionID(id); err != nil {
+		return "", "", "", nil, err
+	}
+	key = streams.SessionKey(hash)
+	if st, err = l.lock(ctx, key); err != nil {
+		return "", "", "", nil, err
+	}
+	return hash, key, secret, st, nil
+}
+
 // keepalive extends the session id by ttl (zero: its TTL so far).
 func (l *locks) keepalive(ctx context.Context, id string, ttl time.Duration, who origin) (*streams.KeepaliveResponse, error) {
-	hash, secret, err := streams.SplitSessionID(id)
-	if err != nil {
-		return nil, err
-	}
-	key := streams.SessionKey(hash)
-	st, err := l.lock(ctx, key)
+	hash, key, secret, st, err := l.lockSession(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -300,12 +307,7 @@ func (l *locks) keepalive(ctx context.Context, id string, ttl time.Duration, who
 // it made end with it. Closing a session that has ended already (or is
 // not the caller's) answers closed:false.
 func (l *locks) closeSession(ctx context.Context, id string, who origin) (*streams.SessionCloseResponse, error) {
-	hash, secret, err := streams.SplitSessionID(id)
-	if err != nil {
-		return nil, err
-	}
-	key := streams.SessionKey(hash)
-	st, err := l.lock(ctx, key)
+	_, key, secret, st, err := l.lockSession(ctx, id)
 	if err != nil {
 		return nil, err
 	}
