@@ -15,6 +15,24 @@ import (
 // compare-and-set means another writer made progress.
 const maxAttempts = 8
 
+// sessionAttempts bounds that loop instead for the writes that check or
+// rewrite a session's record (grants to it, its keepalives, its end).
+// JetStream refuses such a write while another that checks the same
+// record is being proposed, and the grants of one session served by two
+// instances can keep each other out for a while: each loses to the
+// other's commit, pauses for about a commit (conflictPause) and tries
+// again, within the request's deadline.
+const sessionAttempts = 64
+
+// attempts is the bound of the decision loop of a request made in
+// session (empty: none).
+func attempts(session string) int {
+	if session != "" {
+		return sessionAttempts
+	}
+	return maxAttempts
+}
+
 // locks makes every lock decision — grant, renew, release, cancel,
 // revoke, expire, hand over — and commits each by compare-and-set on the
 // bucket. It knows nothing of how requests arrive or how replies leave;
@@ -152,7 +170,7 @@ func leaseEnded(requestID string) *opError {
 }
 
 func tooManyConflicts() error {
-	return fmt.Errorf("%w: %d attempts lost to concurrent writers", errConflict, maxAttempts)
+	return fmt.Errorf("%w: every attempt lost to concurrent writers", errConflict)
 }
 
 // holdLimit returns the hold limit of a lease granted at now for maxHold
@@ -245,7 +263,7 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 		return nil, leaseEnded(g.requestID)
 	}
 	var sess observation
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	for attempt := 0; attempt < attempts(g.session); attempt++ {
 		if g.session != "" {
 			var err error
 			if sess, err = l.session(ctx, g, fresh); err != nil {
@@ -371,7 +389,7 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 		case errors.Is(err, errDuplicate):
 			seq, dup, err = 0, true, nil
 		case errors.Is(err, errConflict):
-			conflictPause(ctx) // perhaps another instance's write to the session
+			l.conflictPause(ctx) // perhaps another instance's write to the session
 		}
 	}
 	if err != nil {

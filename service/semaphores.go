@@ -74,7 +74,7 @@ func (l *locks) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.L
 	}
 	var sess observation
 attempts:
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	for attempt := 0; attempt < attempts(g.session); attempt++ {
 		if g.session != "" {
 			var err error
 			if sess, err = l.session(ctx, g, fresh); err != nil {

@@ -70,9 +70,13 @@ func (l *locks) sessionGate(ctx context.Context, hash string) (*keyLock, error) 
 }
 
 // conflictPause waits a moment before a write that lost to a write still
-// being proposed is decided again: a commit's time, jittered.
-func conflictPause(ctx context.Context) {
-	t := time.NewTimer(time.Duration(500+rand.IntN(2500)) * time.Microsecond)
+// being proposed is decided again: about the time a commit takes now
+// (half to twice the recent mean, at least half a millisecond), so that
+// the write it lost to has committed, and the retries of contending
+// instances spread out.
+func (l *locks) conflictPause(ctx context.Context) {
+	base := max(l.store.commitMean(), time.Millisecond)
+	t := time.NewTimer(base/2 + time.Duration(rand.Int64N(int64(3*base/2))))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -194,14 +198,14 @@ func (l *locks) openSession(ctx context.Context, r *sessionReq) (*streams.Sessio
 // open): that session, kept alive, while it is the key's record; once the
 // key has moved past it, lease_lost.
 func (l *locks) earlierOpen(ctx context.Context, r *sessionReq, seq uint64) (*streams.SessionResponse, error) {
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	for attempt := 0; attempt < sessionAttempts; attempt++ {
 		o, err := l.current(ctx, r.key, true)
 		if err != nil {
 			return nil, err
 		}
 		switch {
 		case o.rev < seq:
-			conflictPause(ctx) // the read has not seen the earlier write yet
+			l.conflictPause(ctx) // the read has not seen the earlier write yet
 			continue
 		case !o.held():
 			return nil, sessionEnded(r.requestID)
@@ -227,7 +231,7 @@ func (l *locks) earlierOpen(ctx context.Context, r *sessionReq, seq uint64) (*st
 // rests on a read proven by a conditional write. The caller holds the
 // session key's lock.
 func (l *locks) ownedSession(ctx context.Context, key, secret string, who origin, fresh bool) (observation, bool, error) {
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	for attempt := 0; attempt < sessionAttempts; attempt++ {
 		o, err := l.current(ctx, key, fresh)
 		if err != nil {
 			return observation{}, false, err
@@ -269,7 +273,7 @@ func (l *locks) keepalive(ctx context.Context, id string, ttl time.Duration, who
 	}
 	defer st.unlock()
 	fresh := false
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	for attempt := 0; attempt < sessionAttempts; attempt++ {
 		o, ok, err := l.ownedSession(ctx, key, secret, who, fresh)
 		if err != nil {
 			return nil, err
@@ -289,7 +293,7 @@ func (l *locks) keepalive(ctx context.Context, id string, ttl time.Duration, who
 		gate.unlock()
 		if errors.Is(err, errConflict) {
 			l.report.conflict()
-			conflictPause(ctx)
+			l.conflictPause(ctx)
 			fresh = true
 			continue
 		}
@@ -313,7 +317,7 @@ func (l *locks) closeSession(ctx context.Context, id string, who origin) (*strea
 	}
 	defer st.unlock()
 	fresh := false
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	for attempt := 0; attempt < sessionAttempts; attempt++ {
 		o, ok, err := l.ownedSession(ctx, key, secret, who, fresh)
 		if err != nil {
 			return nil, err
@@ -324,7 +328,7 @@ func (l *locks) closeSession(ctx context.Context, id string, who origin) (*strea
 		n, err := l.endSession(ctx, key, o, endSessionClose, who)
 		if errors.Is(err, errConflict) {
 			l.report.conflict()
-			conflictPause(ctx)
+			l.conflictPause(ctx)
 			fresh = true
 			continue
 		}
@@ -531,7 +535,7 @@ func (l *locks) expireSession(ctx context.Context, key string, o observation) er
 // caller's is lease_lost, on a read proven by a conditional write.
 func (l *locks) session(ctx context.Context, g *grantReq, fresh bool) (observation, error) {
 	key := streams.SessionKey(g.session)
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	for attempt := 0; attempt < sessionAttempts; attempt++ {
 		o, err := l.current(ctx, key, fresh)
 		if err != nil {
 			return observation{}, err
@@ -573,7 +577,7 @@ func (l *locks) confirmSession(ctx context.Context, hash string, o observation) 
 	err = l.confirmNegative(ctx, streams.SessionKey(hash), o)
 	gate.unlock()
 	if errors.Is(err, errConflict) {
-		conflictPause(ctx)
+		l.conflictPause(ctx)
 	}
 	return err
 }

@@ -140,7 +140,7 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 		_ = i
 	}
 	var sess observation
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	for attempt := 0; attempt < attempts(r.session); attempt++ {
 		if r.session != "" {
 			var err error
 			if sess, err = l.session(ctx, r.grantReq(0), fresh); err != nil {
@@ -167,7 +167,7 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 		case errors.Is(err, errConflict):
 			l.report.conflict()
 			if r.session != "" {
-				conflictPause(ctx)
+				l.conflictPause(ctx)
 			}
 			fresh = true
 			continue

@@ -96,7 +96,13 @@ type store struct {
 	// grant so written is not handed out.
 	floor     atomic.Uint64
 	regressed func(seq, floor uint64)
+
+	// mean is a moving mean of the writes' round trips, in nanoseconds.
+	mean atomic.Int64
 }
+
+// commitMean returns the recent mean round trip of a write.
+func (s *store) commitMean() time.Duration { return time.Duration(s.mean.Load()) }
 
 func newStore(nc *nats.Conn, bucket string, retryWindow time.Duration) *store {
 	stream := streams.StreamName(bucket)
@@ -487,7 +493,11 @@ func (s *store) publish(ctx context.Context, op string, m *nats.Msg) (uint64, bo
 	if err != nil {
 		return 0, false, classify(err)
 	}
-	s.commit(op, time.Since(start))
+	d := time.Since(start)
+	s.commit(op, d)
+	// Racy by design: a lost update of a moving mean costs nothing.
+	mean := s.mean.Load()
+	s.mean.Store(mean - mean/8 + int64(d)/8)
 	seq, dup, err := s.parseAck(msg.Data)
 	if err == nil && !dup && seq <= floor {
 		s.regressed(seq, floor)
