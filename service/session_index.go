@@ -220,17 +220,3 @@ func (t *tracker) sessionInfo(hash string) (owner, expires string, ok bool) {
 	}
 	return "", "", false
 }
-
-// sessionSizes returns the number of leases of every session that holds
-// any, for the metrics.
-func (t *tracker) sessionSizes() []int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := make([]int, 0, len(t.sessions))
-	for _, m := range t.sessions {
-		if n := len(m.leases); n > 0 {
-			out = append(out, n)
-		}
-	}
-	return out
-}
