@@ -164,7 +164,7 @@ func (c *Caller) Status(res string) Op {
 		if json.Unmarshal(data, &st) != nil {
 			o.Result, o.Code = Unknown, "bad reply"
 		}
-		o.Flag, o.Token = st.Held, st.Token
+		o.Flag, o.Token, o.Value, o.SetSize = st.Held, st.Token, st.Value, st.SetSize
 	})
 	return *op
 }

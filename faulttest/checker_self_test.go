@@ -159,7 +159,8 @@ func sameKinds(got, want []string) bool {
 		var out []string
 		for _, k := range []string{"overlap", "renewal-lost", "token", "request-id", "release-lost", "cancel-lost",
 			"linearizability", "fence", "no-quorum", "stale-read", "lease-id", "renewal",
-			"keepalive-lost", "close-lost", "session-closed", "session-lost", "session-id"} {
+			"keepalive-lost", "close-lost", "session-closed", "session-lost", "session-id",
+			"stream-order", "set-grant", "set-member", "set-partial", "permits", "events", "leaders", "leader-overlap", "values"} {
 			if m[k] {
 				out = append(out, k)
 			}

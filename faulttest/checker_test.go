@@ -24,6 +24,9 @@ type CheckOptions struct {
 	// Timeout bounds the linearizability check; the default is 60s. A
 	// check that runs out is reported, not counted as a violation.
 	Timeout time.Duration
+	// Bucket is what a watch of the lock bucket saw (BucketWatch), for
+	// checkBucket; none when nil.
+	Bucket []BucketWrite
 }
 
 // Violation is one broken invariant.
@@ -117,13 +120,23 @@ type reqKey struct{ res, req string }
 //   - no acquire, renewal, open or keepalive succeeds within a no-quorum
 //     window;
 //   - per resource, the answers are linearizable with respect to a model
-//     of the lock record (porcupine).
+//     of the lock record (porcupine);
+//   - lock sets, semaphores and elections (checkPrimitives): each resource
+//     of a set and each permit of a semaphore counts as a lease of its own
+//     key for every invariant above (see expand); a set is granted whole,
+//     and renewed and released only whole; no more permits of a semaphore
+//     are valid at once than it has; the election events never show two
+//     leaders at once, nor a leader while an earlier one's lease is valid.
 func Check(ops []Op, regLog map[string][]uint64, opt CheckOptions) *Report {
 	rep := &Report{Counts: map[string]int{}}
+	for i := range ops {
+		rep.Counts[ops[i].label()+"/"+ops[i].Result.String()]++
+	}
+	recorded := ops
+	ops = expand(ops)
 	firstInvoke := map[reqKey]time.Duration{}
 	for i := range ops {
 		o := &ops[i]
-		rep.Counts[o.label()+"/"+o.Result.String()]++
 		if o.Kind == KAcquire {
 			k := reqKey{o.Resource, o.RequestID}
 			if t, ok := firstInvoke[k]; !ok || o.Invoke < t {
@@ -220,6 +233,7 @@ func Check(ops []Op, regLog map[string][]uint64, opt CheckOptions) *Report {
 	checkStreamOrder(leases, rep)
 	checkQuorum(ops, opt.NoQuorum, rep)
 	checkRegister(regLog, leases, rep)
+	checkPrimitives(recorded, leases, opt.Bucket, rep)
 	rep.Linearizable = checkLinearizable(ops, leases, false, opt.Timeout, func(res string, n, culprit int) {
 		rep.add("linearizability", "no order of the %d operations on %s explains their answers; the first that cannot be explained: %v", n, res, &ops[culprit])
 	})

@@ -21,15 +21,29 @@
 // sessions (raw session.open), keep them alive at a third of their TTL or
 // stop doing so, acquire several resources in each (some waiting), write
 // with each lease's token, release some, and close the session, sometimes
-// while its acquires are in flight, then probe the closed session. Every
-// operation is recorded with its invocation and completion time and
-// result, and the history is checked afterwards (Check): no two leases of
-// a resource valid at once (a lease is valid from its grant's reply until
-// the client's deadline, counted from the send time of its last
-// acknowledged grant or renewal, or until its holder released or
-// cancelled it; a lease in a session, until the session's deadline,
-// counted from the send time of its last acknowledged keepalive or open,
-// or until its holder released or cancelled it or closed the session);
+// while its acquires are in flight, then probe the closed session. Actors
+// of lock sets, semaphores and elections, in the scenarios that ask for
+// them and in the soak, are raw clients too: set actors acquire sets of 2
+// to 4 resources out of a small pool, overlapping and named in random
+// orders, some waiting, and sometimes one resource of the pool alone, in
+// the same queues; they write to each resource with its own token, renew
+// and release the set whole (and probe that one resource alone is
+// refused), cancel it or abandon it. Semaphore actors take one of the N=3
+// permits of a semaphore (some waiting), renew and release it by its
+// number, and fence each permit's writes on its own key, "<sem>#<k>".
+// Candidates campaign for an election (an acquire with a value, usually
+// waiting), proclaim new values with their renewals, read the status, and
+// resign, are cancelled or stop renewing. An observer records every
+// election event, and an inspector watches every write to the bucket, in
+// revision order. Every operation is recorded with its invocation and
+// completion time and result, and the history is checked afterwards
+// (Check): no two leases of a resource valid at once (a lease is valid
+// from its grant's reply until the client's deadline, counted from the
+// send time of its last acknowledged grant or renewal, or until its
+// holder released or cancelled it; a lease in a session, until the
+// session's deadline, counted from the send time of its last acknowledged
+// keepalive or open, or until its holder released or cancelled it or
+// closed the session);
 // tokens unique and increasing in real-time order, per resource and
 // across resources (they are revisions of one stream); the register never
 // accepting a smaller token after a larger one; no acknowledged renewal,
@@ -40,9 +54,23 @@
 // request_id; nothing granted, renewed or kept alive without a quorum;
 // and, per resource, linearizability of the answers against a model of
 // the lock record (porcupine), a session's close acting on each of its
-// resources. Status replies are checked too, but a stale status read is
-// reported as an anomaly: the contract does not promise linearizable
-// status.
+// resources. Each resource of a lock set and each permit of a semaphore
+// counts as a lease of its own key for all of these (the resource, and
+// "<sem>#<k>"), so a set's resources and a semaphore's permits are
+// excluded, tokened, fenced and linearized one by one. Besides: a set
+// grant's reply lists every resource of the set with a token, a set is
+// renewed and released only whole, a status shows a set's resource with
+// its set's size, and the bucket never shows a set's lease on part of its
+// resources between two commits; no more permits of a semaphore are valid
+// at once than it has, each permit granted is one of its N, and one
+// request gets one permit at most; the election events, ordered by
+// revision, never show a lease still leading at or after the grant of a
+// later one (two leaders without an end between them; missing events are
+// tolerated), nor a lease leading after its end, nor a new leader while
+// an earlier leader's lease is valid by its holder's deadline, and the
+// values they and status show are the ones the leaders sent. Status
+// replies are checked too, but a stale status read is reported as an
+// anomaly: the contract does not promise linearizable status.
 //
 // The scenario tests (Test…) run in CI, each in well under a minute. A
 // soak runs every fault at random for as long as asked:

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/jetlock/jetlock/streams"
 )
 
 // Kind is the kind of a recorded operation.
@@ -12,8 +14,10 @@ type Kind uint8
 // Operation kinds: the five requests of the contract on leases, a write
 // to the fenced register, a client's own view of how long its lease is
 // valid (for leases of the Go client, whose renewals are not recorded),
-// and the three requests on sessions. An acquire made in a session is a
-// KAcquire whose Session is set.
+// the three requests on sessions, and an election event an observer
+// received. An acquire made in a session is a KAcquire whose Session is
+// set; a request on a lock set has Resources, one on a semaphore a Limit
+// or a Permit, a campaign or a proclaim a Value.
 const (
 	KAcquire Kind = iota + 1
 	KRenew
@@ -26,11 +30,12 @@ const (
 	KOpen
 	KKeepalive
 	KClose
+	KEvent
 )
 
 func (k Kind) String() string {
 	return [...]string{"?", "acquire", "renew", "release", "cancel", "status", "write", "held", "fault",
-		"open", "keepalive", "close"}[k]
+		"open", "keepalive", "close", "event"}[k]
 }
 
 // Result is what the caller learnt of an operation.
@@ -83,14 +88,45 @@ type Op struct {
 	// Session is the session id an open was answered with, or the session
 	// a keepalive, a close or an acquire in a session names.
 	Session string
-	Note    string
+	// Resources are the resources of a lock set that an acquire, renew,
+	// release or cancel names, in the order sent; Members, of a granted
+	// or renewed set, each resource and token the reply listed (of a
+	// semaphore's status, each permit held, as "<sem>#<k>" and token).
+	Resources []string
+	Members   []streams.SetMember
+	// Limit is the number of permits of the semaphore an acquire, cancel
+	// or status names; Permit the permit a grant was answered with, or
+	// that a renewal or release names.
+	Limit, Permit int
+	// Value is the value of a campaign (an acquire) or a proclaim (a
+	// renewal), the value a status or an event showed.
+	Value string
+	// SetSize is the set_size a status showed.
+	SetSize int
+	// Event and Revision are an election event's kind and revision.
+	Event    string
+	Revision uint64
+	Note     string
 }
 
 // label is the name of o's kind in counts and dumps: an acquire in a
 // session is a "session-acquire".
 func (o *Op) label() string {
-	if o.Kind == KAcquire && o.Session != "" {
+	switch {
+	case o.Kind == KAcquire && o.Session != "":
 		return "session-acquire"
+	case len(o.Resources) > 0:
+		return "set-" + o.Kind.String()
+	case o.Kind == KStatus && o.Limit > 0:
+		return "semaphore-status"
+	case o.Limit > 0 || o.Permit > 0:
+		return "permit-" + o.Kind.String()
+	case o.Kind == KAcquire && o.Value != "":
+		return "campaign"
+	case o.Kind == KRenew && o.Value != "":
+		return "proclaim"
+	case o.Kind == KEvent:
+		return "event-" + o.Event
 	}
 	return o.Kind.String()
 }
@@ -111,6 +147,15 @@ func defaultDeadline(o *Op) {
 
 func (o *Op) String() string {
 	s := fmt.Sprintf("#%d c%d %s %s", o.ID, o.Client, o.label(), o.Resource)
+	if len(o.Resources) > 0 {
+		s += fmt.Sprintf("%v", o.Resources)
+	}
+	if o.Limit != 0 {
+		s += fmt.Sprintf(" limit=%d", o.Limit)
+	}
+	if o.Permit != 0 {
+		s += fmt.Sprintf(" permit=%d", o.Permit)
+	}
 	if o.Session != "" {
 		s += " session=" + short(o.Session)
 	}
@@ -126,6 +171,24 @@ func (o *Op) String() string {
 	}
 	if o.Token != 0 {
 		s += fmt.Sprintf(" token=%d", o.Token)
+	}
+	if len(o.Members) > 0 {
+		s += " members="
+		for i, m := range o.Members {
+			if i > 0 {
+				s += ","
+			}
+			s += fmt.Sprintf("%s:%d", m.Resource, m.Token)
+		}
+	}
+	if o.Revision != 0 {
+		s += fmt.Sprintf(" revision=%d", o.Revision)
+	}
+	if o.Value != "" {
+		s += fmt.Sprintf(" value=%q", o.Value)
+	}
+	if o.SetSize != 0 {
+		s += fmt.Sprintf(" set_size=%d", o.SetSize)
 	}
 	switch o.Kind {
 	case KRelease, KCancel, KStatus, KWrite, KClose:

@@ -236,7 +236,7 @@ func checkLinearizable(ops []Op, leases map[string]*lease, status bool, timeout 
 			}
 			for res := range sessionRes[o.Session] {
 				byRes[res] = append(byRes[res], porcupine.Operation{
-					ClientId: o.Client, Input: in, Output: out, Call: int64(o.Invoke), Return: ret, Metadata: o.ID,
+					ClientId: o.Client, Input: in, Output: out, Call: int64(o.Invoke), Return: ret, Metadata: i,
 				})
 			}
 			continue
@@ -257,7 +257,7 @@ func checkLinearizable(ops []Op, leases map[string]*lease, status bool, timeout 
 			continue
 		}
 		byRes[o.Resource] = append(byRes[o.Resource], porcupine.Operation{
-			ClientId: o.Client, Input: in, Output: out, Call: int64(o.Invoke), Return: ret, Metadata: o.ID,
+			ClientId: o.Client, Input: in, Output: out, Call: int64(o.Invoke), Return: ret, Metadata: i,
 		})
 	}
 	model := (&porcupine.NondeterministicModel{
@@ -295,9 +295,10 @@ func checkLinearizable(ops []Op, leases map[string]*lease, status bool, timeout 
 	return verdict
 }
 
-// firstUnexplained returns the id of the operation that ends the shortest
-// prefix (by invocation) of an illegal history that is already illegal,
-// found by bisection: usually the answer to look at first.
+// firstUnexplained returns the index (in the operations checked) of the
+// operation that ends the shortest prefix (by invocation) of an illegal
+// history that is already illegal, found by bisection: usually the answer
+// to look at first.
 func firstUnexplained(model porcupine.Model, ops []porcupine.Operation) int {
 	sorted := append([]porcupine.Operation(nil), ops...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Call < sorted[j].Call })

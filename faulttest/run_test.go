@@ -67,6 +67,9 @@ func (r *Run) Drive(t *testing.T, d time.Duration, faults func(ctx context.Conte
 // any violation, writing the history of the resources involved to a file.
 func (r *Run) Check(t *testing.T, opt CheckOptions) *Report {
 	t.Helper()
+	if bucket := r.W.stopObservers(); opt.Bucket == nil {
+		opt.Bucket = bucket
+	}
 	ops := r.Hist.Ops()
 	start := time.Now()
 	rep := Check(ops, r.Reg.Log(), opt)
@@ -86,6 +89,19 @@ func (r *Run) Check(t *testing.T, opt CheckOptions) *Report {
 		t.Logf("refusals in sessions: %v", codes)
 		t.Logf("sessions: %d opened, %d closed (%d with acquires in flight), %d no longer kept alive, %d lost, %d leases, %d probes",
 			s.opened.Load(), s.closed.Load()+s.closedInFlight.Load(), s.closedInFlight.Load(), s.abandoned.Load(), s.lost.Load(), s.grants.Load(), s.probes.Load())
+	}
+	if r.W.primitives() > 0 {
+		codes := map[string]int{}
+		for i := range ops {
+			if o := &ops[i]; o.Result != OK && (len(o.Resources) > 0 || o.Limit > 0 || o.Permit > 0 || o.Value != "") {
+				codes[o.label()+"/"+o.Code]++
+			}
+		}
+		t.Logf("refusals and unknown outcomes of sets, semaphores and elections: %v", codes)
+		for _, o := range unexplainedLeaseLost(ops) {
+			t.Logf("acquire answered lease_lost, neither cancelled nor granted before (not a safety violation): %v", o)
+		}
+		t.Logf("sets, semaphores and elections: %v; %d election events observed, %d bucket writes watched", &r.W.prim, r.W.observer.Received(), len(opt.Bucket))
 	}
 	for _, v := range rep.Anomalies {
 		t.Logf("anomaly (not a safety violation) %v", v)
@@ -133,6 +149,11 @@ func dumpHistory(t *testing.T, ops []Op, rep *Report) {
 			faults = append(faults, o)
 		case o.Resource == "" && len(sessionRes[o.Session]) > 0:
 			for r := range sessionRes[o.Session] {
+				byRes[r] = append(byRes[r], o)
+			}
+		case len(o.Resources) > 0:
+			// An operation on a lock set is shown with each resource.
+			for _, r := range o.Resources {
 				byRes[r] = append(byRes[r], o)
 			}
 		default:

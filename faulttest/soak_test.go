@@ -12,13 +12,13 @@ import (
 
 var soak = flag.Duration("soak", 0, "run TestSoak for this long, e.g. -soak=1h (0, the default, skips it)")
 
-// TestSoak runs the workload (sessions included) on one cluster for the
-// -soak duration, in rounds of about two minutes, each with a fresh
-// history checked at its end, while faults of every kind are injected at
-// random: leader
-// step-downs, an isolated follower or leader, no quorum anywhere, paused
-// and cut clients, paused and replaced service instances, a node stopped
-// and restarted, the whole cluster crashed and restarted.
+// TestSoak runs the workload (sessions, lock sets, semaphores and
+// elections included) on one cluster for the -soak duration, in rounds of
+// about two minutes, each with a fresh history checked at its end, while
+// faults of every kind are injected at random: leader step-downs, an
+// isolated follower or leader, no quorum anywhere, paused and cut clients,
+// paused and replaced service instances, a node stopped and restarted, the
+// whole cluster crashed and restarted.
 //
 //	go test ./faulttest -run Soak -soak=1h -timeout 2h
 func TestSoak(t *testing.T) {
@@ -41,7 +41,8 @@ func TestSoak(t *testing.T) {
 		hist := NewHistory()
 		h.Events = hist
 		r := &Run{H: h, Hist: hist, Reg: NewRegister(hist)}
-		r.W = &Workload{H: h, Hist: hist, Reg: r.Reg, Prefix: fmt.Sprintf("s%d", round), Raw: 14, Go: 4, Sessions: 5}
+		r.W = &Workload{H: h, Hist: hist, Reg: r.Reg, Prefix: fmt.Sprintf("s%d", round), Raw: 14, Go: 4, Sessions: 5,
+			Sets: 4, Sems: 4, Candidates: 4, Elections: 2}
 		r.W.Prepare()
 		f := &faulter{t: t, r: r, live: live}
 		r.Drive(t, d, f.run)

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/jetlock/jetlock/internal/devcluster"
 )
 
@@ -17,7 +19,9 @@ import (
 // request id, and write through the fenced register; and Go clients
 // (package client) that wait for hot resources, sometimes giving up
 // mid-wait; and, when asked, session actors (runSession) that open
-// sessions, keep them alive and hold several leases in each. Every
+// sessions, keep them alive and hold several leases in each, and actors of
+// lock sets, semaphores and elections (primitives_workload_test.go), with
+// an observer of election events and a watch of the bucket. Every
 // operation is recorded in Hist. Zero values of the tuning fields take the
 // defaults given.
 type Workload struct {
@@ -40,6 +44,14 @@ type Workload struct {
 	// MinSessionTTL and MaxSessionTTL bound the TTL of each session, drawn
 	// at random between them. Defaults 2s and 4s.
 	MinSessionTTL, MaxSessionTTL time.Duration
+	// Sets, Sems and Candidates are the numbers of lock-set, semaphore
+	// and election actors. The default is none.
+	Sets, Sems, Candidates int
+	// SetPool is the number of resources the sets are drawn from (default
+	// 8); Semaphores the number of semaphores (default 1), each of
+	// Permits permits (default 3); Elections the number of elections
+	// (default 1).
+	SetPool, Semaphores, Permits, Elections int
 	// TTL is the lease TTL. The default is 3s.
 	TTL time.Duration
 	// DropReply is the share of acquires whose first reply is dropped
@@ -59,7 +71,14 @@ type Workload struct {
 	actors    []*actor
 	goStats   goStats
 	sessStats sessionStats
+	prim      primitiveStats
 	wg        sync.WaitGroup
+
+	observer  *Observer
+	obsConn   *nats.Conn
+	bucket    *BucketWatch
+	bucketLog []BucketWrite
+	stopOnce  sync.Once
 }
 
 type actor struct {
@@ -109,13 +128,17 @@ func (w *Workload) defaults() {
 	def(&w.WaitShare, 0.2)
 	def(&w.CancelShare, 0.3)
 	def(&w.StaleWrite, 0.15)
+	w.primitiveDefaults()
 }
 
 // Prepare connects the actors, spread over the nodes, each through its
-// own proxy. Call it from the test goroutine before Run.
+// own proxy, and starts the observer of election events and the watch of
+// the bucket if there are actors of sets, semaphores or elections. Call it
+// from the test goroutine before Run.
 func (w *Workload) Prepare() {
 	w.defaults()
-	for i := 0; i < w.Raw+max(w.Go, 0)+w.Sessions; i++ {
+	w.startObservers()
+	for i := 0; i < w.Raw+max(w.Go, 0)+w.Sessions+w.primitives(); i++ {
 		nc, p := w.H.Connect(i%devcluster.Size, fmt.Sprintf("actor-%d", i))
 		w.actors = append(w.actors, &actor{w: w, id: i, c: &Caller{NC: nc, H: w.Hist, Client: i}, proxy: p,
 			rng: rand.New(rand.NewPCG(uint64(i), uint64(time.Now().UnixNano())))})
@@ -125,9 +148,13 @@ func (w *Workload) Prepare() {
 // Close closes the actors' connections and proxies (also done at the
 // test's cleanup); call it after Run to free them early.
 func (w *Workload) Close() {
+	w.stopObservers()
 	for _, a := range w.actors {
 		a.c.NC.Close()
 		a.proxy.Close()
+	}
+	if w.obsConn != nil {
+		w.obsConn.Close()
 	}
 }
 
@@ -153,8 +180,14 @@ func (w *Workload) Run(ctx context.Context) {
 				a.runRaw(ctx)
 			case i < w.Raw+max(w.Go, 0):
 				a.runGo(ctx)
-			default:
+			case i < w.Raw+max(w.Go, 0)+w.Sessions:
 				a.runSession(ctx)
+			case i < w.Raw+max(w.Go, 0)+w.Sessions+w.Sets:
+				a.runSet(ctx)
+			case i < w.Raw+max(w.Go, 0)+w.Sessions+w.Sets+w.Sems:
+				a.runSem(ctx)
+			default:
+				a.runCandidate(ctx)
 			}
 		}()
 	}
