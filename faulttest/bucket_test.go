@@ -43,7 +43,7 @@ type BucketWrite struct {
 }
 
 func (w *BucketWrite) String() string {
-	s := fmt.Sprintf("rev %d %s", w.Rev, w.Key)
+	s := fmt.Sprintf("rev %d (seen at %v) %s", w.Rev, w.At.Round(time.Millisecond), w.Key)
 	switch {
 	case w.Res == "":
 	case w.Put:

@@ -236,7 +236,6 @@ type Observer struct {
 	sub *nats.Subscription
 	mu  sync.Mutex
 	n   int
-	bad int
 }
 
 // Observe subscribes nc to every election event (streams.EventSubject of
@@ -255,9 +254,6 @@ func Observe(nc *nats.Conn, h *History, client int) (*Observer, error) {
 		})
 		o.mu.Lock()
 		o.n++
-		if bad {
-			o.bad++
-		}
 		o.mu.Unlock()
 	})
 	if err != nil {
