@@ -511,7 +511,10 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 		return nil, errSetMember()
 	}
 	ended, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool {
-		return sameLease(rec.LeaseID, leaseID) && rec.Set == ""
+		// A lease of a session that has ended ended with it: it is not
+		// released again (its record, if this instance missed it when the
+		// session ended, is swept).
+		return sameLease(rec.LeaseID, leaseID) && rec.Set == "" && !l.tracker.sessionLeaseEnded(rec)
 	}, endRelease, who, "")
 	if err != nil {
 		return nil, err

@@ -165,10 +165,30 @@ func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID 
 		return nil, err
 	}
 	defer st.unlock()
-	if _, err := l.tombstone(ctx, key, hash); err != nil {
-		return nil, err
+	// The tombstone carries the grant's message id: refused as a
+	// duplicate, it proves the request was granted (or cancelled before),
+	// and the permit is then looked for on fresh reads, not only in this
+	// instance's view, which may have missed the grant.
+	granted := false
+	for attempt := 0; ; attempt++ {
+		if attempt == maxAttempts {
+			return nil, tooManyConflicts()
+		}
+		o, err := l.current(ctx, key, true)
+		if err != nil {
+			return nil, err
+		}
+		_, dup, err := l.store.tombstone(ctx, hash, key, o.rev)
+		if errors.Is(err, errConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		granted = dup
+		break
 	}
-	released, err := l.cancelPermit(ctx, sem, limit, requestID, who)
+	released, err := l.cancelPermit(ctx, sem, limit, requestID, who, granted)
 	if err != nil {
 		return nil, err
 	}
@@ -181,10 +201,20 @@ func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID 
 }
 
 // cancelPermit ends the permit of semaphore sem that the request holds, if
-// any; the caller has written the request's tombstone and holds the queue
-// key's lock.
-func (l *locks) cancelPermit(ctx context.Context, sem string, limit int, requestID string, who origin) (bool, error) {
+// any: as this instance knows the permits, or on a fresh read of each when
+// the request is known to have been granted. The caller has written the
+// request's tombstone and holds the queue key's lock.
+func (l *locks) cancelPermit(ctx context.Context, sem string, limit int, requestID string, who origin, granted bool) (bool, error) {
 	k := l.heldPermit(sem, limit, requestID, who.tenant())
+	for j := 1; k == 0 && granted && j <= limit; j++ {
+		o, err := l.current(ctx, permitKey(sem, j), true)
+		if err != nil {
+			return false, err
+		}
+		if o.held() && o.rec.RequestID == requestID && o.rec.Tenant == who.tenant() {
+			k = j
+		}
+	}
 	if k == 0 {
 		return false, nil
 	}

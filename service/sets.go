@@ -133,11 +133,10 @@ func (l *locks) acquireSet(ctx context.Context, r *setReq) (*streams.SetLeaseRes
 // revisions of r's waiter records (nil when it has none); a grant removes
 // them in the same commit. The caller holds every key's lock.
 func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint64) (*streams.SetLeaseResponse, error) {
-	for i, k := range r.keys {
+	for _, k := range r.keys {
 		if l.tracker.hasEnded(k, r.requestID, r.tenant) {
 			return nil, leaseEnded(r.requestID)
 		}
-		_ = i
 	}
 	var sess observation
 	for attempt := 0; attempt < attempts(r.session); attempt++ {
@@ -165,10 +164,11 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 		resp, err = l.grantSet(ctx, r, obs, queued, sess)
 		switch {
 		case errors.Is(err, errConflict):
+			// Another writer's commit on one of the keys (perhaps this
+			// request's own attempt on another instance, still being
+			// applied): decide again once it has committed.
 			l.report.conflict()
-			if r.session != "" {
-				l.conflictPause(ctx)
-			}
+			l.conflictPause(ctx)
 			fresh = true
 			continue
 		case errors.Is(err, errDuplicate):
@@ -200,7 +200,11 @@ func (l *locks) decideSet(r *setReq, obs []observation, fresh bool, sess observa
 		return setResponse(r.resources, obs, sess.rec), true, nil
 	case mine > 0:
 		// Part of the set's lease has ended (a revoke of one key): the
-		// lease is over.
+		// lease is over. Unless the keys were seen apart from the grant's
+		// commit (this instance's view lags, or the reads straddled it).
+		if !fresh || straddles(r, obs) {
+			return nil, false, errReadFirst
+		}
 		return nil, true, leaseEnded(r.requestID)
 	}
 	var held []int
@@ -315,21 +319,51 @@ func (l *locks) setGrantMsgs(r *setReq, obs []observation, queued []uint64, sess
 	return msgs, rec
 }
 
+// straddles reports whether obs, one read per key of r, straddles the
+// commit of r's grant: a key that does not hold r's lease was read at a
+// revision below that of a key that does (a grant writes every key in one
+// commit, at consecutive revisions). Keys read one at a time can see a
+// commit apply between two reads; reading again tells.
+func straddles(r *setReq, obs []observation) bool {
+	var low uint64
+	for _, o := range obs {
+		if o.held() && r.mine(o.rec) && (low == 0 || o.rev < low) {
+			low = o.rev
+		}
+	}
+	for _, o := range obs {
+		if !(o.held() && r.mine(o.rec)) && o.rev < low {
+			return true
+		}
+	}
+	return false
+}
+
 // earlierSet answers a set acquire whose grant JetStream refused as a
 // duplicate (an earlier attempt of the request was granted, or it was
 // cancelled): the same lease while every key still holds it, else
 // lease_lost, never a second lease.
 func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record) (*streams.SetLeaseResponse, error) {
-	obs, err := l.readAll(ctx, r.keys, true)
-	if err != nil {
-		return nil, err
-	}
-	for _, o := range obs {
-		if !o.held() || !r.mine(o.rec) || o.rec.LeaseID != obs[0].rec.LeaseID {
-			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", r.requestID)
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		obs, err := l.readAll(ctx, r.keys, true)
+		if err != nil {
+			return nil, err
 		}
+		all := true
+		for _, o := range obs {
+			if !o.held() || !r.mine(o.rec) || o.rec.LeaseID != obs[0].rec.LeaseID {
+				all = false
+			}
+		}
+		switch {
+		case all:
+			return setResponse(r.resources, obs, sess), nil
+		case straddles(r, obs):
+			continue // read again
+		}
+		return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", r.requestID)
 	}
-	return setResponse(r.resources, obs, sess), nil
+	return nil, tooManyConflicts()
 }
 
 // setResponse is the grant of the set lease observed in obs (one per

@@ -329,3 +329,50 @@ func TestSetMemberAloneRefused(t *testing.T) {
 		}
 	}
 }
+
+// A retried waiting set acquire (its first reply lost) keeps its places
+// and is granted, wherever each attempt is served.
+func TestSetWaitRetryKeepsPlace(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	h := c.mustAcquire("rt/a", "h", 30000)
+	req := streams.AcquireRequest{Resources: []string{"rt/a", "rt/b"}, RequestID: "set", TTLms: 5000, WaitMs: 20000}
+	for range 3 {
+		// The caller gives up on the reply; the wait goes on.
+		if _, err := c.try(streams.OpAcquire, req, 300*time.Millisecond); err == nil {
+			t.Fatal("the waiting set was answered while rt/a is held")
+		}
+	}
+	retry := c.acquireAsync(req)
+	waitForWaiters(t, c, "rt/b", 1)
+	if ok, _ := c.release("rt/a", h.LeaseID); !ok {
+		t.Fatal("release")
+	}
+	var l streams.SetLeaseResponse
+	(<-retry).decode(t, &l)
+	if len(l.Resources) != 2 || l.Resources[0].Token <= h.Token {
+		t.Fatalf("the retried set: %+v", l)
+	}
+}
+
+// A retry of a set acquire that another instance granted gets that lease,
+// not lease_lost, whatever this instance has seen of the grant so far.
+func TestSetRetryAcrossInstances(t *testing.T) {
+	env := testenv.Start(t)
+	env.Serve(testenv.Config())
+	env.Serve(testenv.Config())
+	c := caller{t: t, nc: env.Connect()}
+	for i := range 20 {
+		req := streams.AcquireRequest{Resources: []string{fmt.Sprintf("ra/%d/a", i), fmt.Sprintf("ra/%d/b", i), fmt.Sprintf("ra/%d/c", i)}, RequestID: "r", TTLms: 5000}
+		first := c.acquireAsync(req)
+		second := c.acquireAsync(req)
+		var a, b streams.SetLeaseResponse
+		(<-first).decode(t, &a)
+		(<-second).decode(t, &b)
+		if a.LeaseID != b.LeaseID {
+			t.Fatalf("round %d: two attempts of one request got two leases", i)
+		}
+	}
+}

@@ -86,6 +86,12 @@ func (w *setWaiter) checkPlaces(ctx context.Context) error {
 	lost := false
 	for i, k := range w.wkeys {
 		o, ok := w.l.tracker.get(k)
+		if ok && o.held() && o.rec.Wake != w.wake && o.rev > w.places[i] {
+			// A retry of the request, served by another instance, has
+			// taken over the places: it serves the caller now.
+			clear(w.places)
+			return newOpError(streams.CodeLeaseLost, "the waiting acquire was taken over by a retry")
+		}
 		if !ok || !o.held() || o.rev != w.places[i] && o.rec.Wake != w.wake {
 			lost = true
 		}
@@ -135,8 +141,13 @@ attempts:
 				// A place gone since checkPlaces: queue again next step.
 				clear(w.places)
 				return nil
+			case o.held() && r.mine(o.rec):
+				// A retry of the request, served here: it takes over the
+				// place and keeps the ticket (the instance that queued
+				// it first stops).
+				rec.Token, rec.GrantedAt = o.rec.TokenAt(o.rev), o.rec.GrantedAt
 			case o.held():
-				return newOpError(streams.CodeLeaseLost, "the waiting acquire was taken over by a retry")
+				return newOpError(streams.CodeLeaseLost, "the waiting acquire's place is held by another request")
 			default:
 				n, owned := l.tracker.waiterCounts(resourceOf(r.keys[i]), r.tenant)
 				if n >= cfg.MaxWaitersPerResource {
