@@ -45,6 +45,8 @@ type config struct {
 	failoverMode, cpuProfile, memProfile string
 	carriedRate, overloadFactor          float64
 	floodRate                            float64
+	sessions                             int
+	sessionsPause                        time.Duration
 
 	flags *flag.FlagSet // the parsed flags, holding the derived values too
 }
@@ -142,6 +144,8 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
 	fs.Float64Var(&c.carriedRate, "carried-rate", 0, "overload: the acquire rate the deployment carries at the design mix, as --scenario ramp reports it; 0: the overload scenario runs that ramp first to find it")
 	fs.Float64Var(&c.overloadFactor, "overload-factor", 3, "overload: acquires (and releases in the design proportion) at this many times --carried-rate, beside the design load's renewals")
+	fs.IntVar(&c.sessions, "sessions", 0, "steady (and the service's steady phase of raw and all): after the design load with each lease renewed on its own, run it again with the same leases and acquire and release rates spread over this many sessions, opened before and closed after, each kept alive every TTL/3 (± --renew-jitter) instead of renewing each lease, and compare the two: raft commits, stream messages and writes, errors, acquire latency")
+	fs.DurationVar(&c.sessionsPause, "sessions-pause", -time.Second, "with --sessions: the longest wait between the two modes for the first mode's delete markers to expire (they expire a retry window after their release, and expiring costs the nodes work the first mode did not bear); negative: the stream's duplicate window (the retry window) plus 30s; 0: none")
 	fs.Float64Var(&c.floodRate, "flood-rate", 5000, "noisy: requests per second of the flooding tenant (user app of account APP: cancels of random request ids, renewals and releases of bogus lease ids, list pages of 1,000, 2s waits on resources it holds); unless --service-user-rate is set, the service holds every tenant to 500 a second and the design load's account, CALLERS, to none (--service-tenant-rates CALLERS=0)")
 }
 
@@ -198,6 +202,9 @@ func (c *config) finishModes() error {
 	check(c.failoverMode != "kill" && c.failoverMode != "stepdown", "--failover-mode %q: want kill or stepdown", c.failoverMode)
 	check(c.scenario == "noisy" && (!own || !c.auth), "noisy floods as a tenant of the bench's own cluster's accounts: it needs no --server and --auth")
 	check(c.carriedRate < 0 || c.overloadFactor <= 0 || c.floodRate <= 0, "--carried-rate must not be negative, --overload-factor and --flood-rate must be positive")
+	check(c.sessions < 0, "--sessions must not be negative")
+	check(c.sessions > 0 && (!slices.Contains([]string{"steady", "raw", "all"}, c.scenario) || c.target != "service"),
+		"--sessions runs the steady design load against the service a second time in sessions: it needs --scenario steady, raw or all, and --target service")
 	if _, err := c.tune.rates(); err != nil {
 		errs = append(errs, err)
 	}
@@ -242,7 +249,7 @@ func (c *config) finishLoad() error {
 var reported = strings.Fields(`duration resources leases acquire-rate release-rate renew-rate renew-interval
 	renew-jitter ttl timeout conns p99-target ramp-start ramp-step ramp-step-duration hot-resources waiters
 	hold wait service target retries failover-mode leader clients instances workers carried-rate overload-factor
-	flood-rate`)
+	flood-rate sessions sessions-pause`)
 
 // settings lists the reported flags' values (the derived ones as
 // finishModes and finishLoad filled them in), with "_" for "-".

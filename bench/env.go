@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/jetlock/jetlock/bench/internal/load"
 	"github.com/jetlock/jetlock/bench/internal/procstat"
+	"github.com/jetlock/jetlock/bench/internal/raftwal"
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
@@ -43,6 +45,9 @@ type env struct {
 	rq      *load.Requester
 	admin   *nats.Conn // as the store user
 	js      jetstream.JetStream
+
+	walMu sync.Mutex
+	wals  map[string]*raftwal.Log // raft logs read, by node and group
 }
 
 func setup(ctx context.Context, cfg *config) (_ *env, err error) {
@@ -335,6 +340,15 @@ func (e *env) workload(kind string, be load.Backend, rq *load.Requester, log *lo
 	return load.NewWorkload(load.Config{Resources: c.resources, Leases: c.leases, TTL: c.ttl, RenewInterval: c.renewInterval,
 		RenewJitter: c.renewJitter, Timeout: c.timeout, Retries: c.retries, RetryBackoff: 250 * time.Millisecond,
 		Names: e.names(kind), RunID: e.runID}, be, rq, log)
+}
+
+// sessionWorkload returns a workload of the flags' shape on the service
+// in session mode, in --sessions sessions.
+func (e *env) sessionWorkload(kind string, log *load.GrantLog) *load.Workload {
+	wl := e.workload(kind, e.serviceBackend(), e.rq, log)
+	cfg := wl.Config()
+	cfg.Sessions = e.cfg.sessions
+	return load.NewWorkload(cfg, wl.Backend(), e.rq, log)
 }
 
 func (e *env) serviceBackend() *load.Service {

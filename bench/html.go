@@ -193,6 +193,9 @@ func phaseCharts(ph *phase) []template.HTML {
 	if len(ph.commits) > 0 {
 		rate = append(rate, chartSeries{name: "commits", pts: ph.commits, color: "#000", dash: true})
 	}
+	if len(ph.raft) > 0 {
+		rate = append(rate, chartSeries{name: "raft commits", pts: ph.raft, color: "#888", dash: true})
+	}
 	for i, n := range sortedKeys(ph.cpu, strings.Compare) {
 		cpu = append(cpu, chartSeries{name: n, pts: ph.cpu[n], color: palette[i%len(palette)]})
 	}
@@ -254,7 +257,7 @@ func phaseTable(ph *phase) template.HTML {
 		rows = append(rows, []string{op, fmt.Sprint(s.Count), fmt.Sprintf("%.0f", s.Rate), fmt.Sprintf("%.0f", s.TargetRate),
 			fmtMs(s.P50), fmtMs(s.P95), fmtMs(s.P99), fmtMs(s.P999), fmtMs(s.Max), errorText(s)})
 	}
-	return htmlTable(rows) + template.HTML(fmt.Sprintf(`<p>commits %.0f/s over %.1fs. %s</p>`, ph.CommitsPerSec, ph.DurationS, esc(procsText(ph.Processes))))
+	return htmlTable(rows) + template.HTML(fmt.Sprintf(`<p>%s, over %.1fs. %s</p>`, esc(commitsText(ph)), ph.DurationS, esc(procsText(ph.Processes))))
 }
 
 var reportTmpl = template.Must(template.New("report").Parse(`<!DOCTYPE html>

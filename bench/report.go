@@ -39,6 +39,7 @@ type Summary struct {
 	Degraded      *DegradedResult             `json:"degraded,omitempty"`
 	Overload      *OverloadResult             `json:"overload,omitempty"`
 	Noisy         *NoisyResult                `json:"noisy,omitempty"`
+	Sessions      *SessionsResult             `json:"sessions,omitempty"`
 	Safety        *load.SafetyResult          `json:"safety,omitempty"`
 	Notes         []string                    `json:"notes,omitempty"`
 }
@@ -113,7 +114,7 @@ func printPhase(w io.Writer, ph *phase) {
 			fmtMs(s.P50), fmtMs(s.P95), fmtMs(s.P99), fmtMs(s.Max), errorText(s))
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "commits: %.0f/s\n", ph.CommitsPerSec)
+	fmt.Fprintln(w, commitsText(ph))
 	if c := ph.CPU; c != nil && costText(c) != "" {
 		fmt.Fprintf(w, "cpu per op: %s over %d answered ops and %d commits\n", costText(c), c.Answered, c.Commits)
 	}
@@ -123,6 +124,14 @@ func printPhase(w io.Writer, ph *phase) {
 			parts = append(parts, fmt.Sprintf("%s %s", op, fmtMs(ph.ServiceMs[op])))
 		}
 		fmt.Fprintf(w, "service's own mean time, receipt to reply: %s\n", strings.Join(parts, ", "))
+	}
+	if len(ph.ServiceCommitMs) > 0 {
+		var parts []string
+		for _, op := range sortedKeys(ph.ServiceCommitMs, strings.Compare) {
+			parts = append(parts, fmt.Sprintf("%s %s (%d)", op, fmtMs(ph.ServiceCommitMs[op]), ph.ServiceCommits[op]))
+		}
+		fmt.Fprintf(w, "service's writes to the bucket, mean round trip (count): %s; compare-and-set races decided again: %d\n",
+			strings.Join(parts, ", "), ph.ServiceConflicts)
 	}
 	if ph.ServiceShed != nil {
 		fmt.Fprintf(w, "service shed (answered unavailable unprocessed): %d after waiting in its queue, %d with its queue full, %d while renewals went first\n",
@@ -135,6 +144,16 @@ func printPhase(w io.Writer, ph *phase) {
 	for _, e := range ph.Events {
 		fmt.Fprintf(w, "event at %.1fs: %s\n", e.T, e.What)
 	}
+}
+
+// commitsText renders a phase's commits (stream messages) and raft
+// commits per second.
+func commitsText(ph *phase) string {
+	if ph.RaftRead {
+		return fmt.Sprintf("commits: %.0f/s (stream messages); raft commits: %.0f/s (appends of the stream's raft group, %.1f messages each)",
+			ph.CommitsPerSec, ph.RaftCommitsPerSec, ratio(ph.CommitsPerSec, ph.RaftCommitsPerSec))
+	}
+	return fmt.Sprintf("commits: %.0f/s (stream messages)", ph.CommitsPerSec)
 }
 
 // costText renders the CPU costs that were measured.
@@ -215,6 +234,9 @@ func printSummary(w io.Writer, s *Summary) {
 	}
 	if s.Noisy != nil {
 		printNoisy(w, s.Noisy)
+	}
+	if s.Sessions != nil {
+		printSessions(w, s.Sessions)
 	}
 	if sf := s.Safety; sf != nil && sf.Checked {
 		fmt.Fprintf(w, "\nsafety: %d grants on %d resources checked, %d violations\n", sf.Grants, sf.Resources, sf.Violations)

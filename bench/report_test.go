@@ -40,7 +40,8 @@ func TestCPUCost(t *testing.T) {
 	}
 }
 
-// The service's figures of a phase sum every instance's metrics.
+// The service's figures of a phase sum every instance's metrics; the
+// store's commit times and conflicts are read from one here.
 func TestParseMetricsSumsInstances(t *testing.T) {
 	st := newSvcStats()
 	for _, text := range []string{`# HELP jetlock_request_duration_seconds Time from receipt to reply, by operation.
@@ -61,6 +62,11 @@ jetlock_requests_shed_total{op="acquire",reason="queue_full"} 7
 jetlock_requests_shed_total{op="acquire",reason="waited"} 8
 # TYPE jetlock_wakes_total counter
 jetlock_wakes_total 2
+# TYPE jetlock_store_commit_duration_seconds histogram
+jetlock_store_commit_duration_seconds_sum{op="grant"} 0.5
+jetlock_store_commit_duration_seconds_count{op="grant"} 10
+# TYPE jetlock_cas_conflicts_total counter
+jetlock_cas_conflicts_total 4
 `} {
 		if err := parseMetrics(strings.NewReader(text), st); err != nil {
 			t.Fatal(err)
@@ -74,6 +80,9 @@ jetlock_wakes_total 2
 	}
 	if *st.wakes != 7 {
 		t.Errorf("wakes %v, want 7", *st.wakes)
+	}
+	if got := st.commits["grant"]; got.count != 10 || got.sum != 0.5 || *st.conflicts != 4 {
+		t.Errorf("grant commits %+v, conflicts %v; want 10 in 0.5 s, 4", got, *st.conflicts)
 	}
 }
 

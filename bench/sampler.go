@@ -11,6 +11,7 @@ import (
 
 	"github.com/jetlock/jetlock/bench/internal/load"
 	"github.com/jetlock/jetlock/bench/internal/procstat"
+	"github.com/jetlock/jetlock/bench/internal/raftwal"
 )
 
 var round2 = load.Round2
@@ -30,16 +31,29 @@ type seriesPoint struct {
 // phase is one measured stretch of a run: its recorders and what the
 // sampler saw meanwhile.
 type phase struct {
-	Name          string                      `json:"name"`
-	Target        string                      `json:"target"` // service or raw
-	Rates         map[string]float64          `json:"target_rates,omitempty"`
-	DurationS     float64                     `json:"duration_s"`
-	Ops           map[string]load.OpSummary   `json:"ops"`
-	CommitsPerSec float64                     `json:"commits_per_s"`
-	Commits       int64                       `json:"commits"`
-	CPU           *CPUCost                    `json:"cpu_per_op,omitempty"`
-	Processes     map[string]procstat.Summary `json:"processes"`
-	Events        []Event                     `json:"events,omitempty"`
+	Name      string                    `json:"name"`
+	Target    string                    `json:"target"` // service or raw
+	Rates     map[string]float64        `json:"target_rates,omitempty"`
+	DurationS float64                   `json:"duration_s"`
+	Ops       map[string]load.OpSummary `json:"ops"`
+	// CommitsPerSec and Commits count the messages the stream stored,
+	// from its last sequence: each message of an atomic batch counts.
+	CommitsPerSec float64 `json:"commits_per_s"`
+	Commits       int64   `json:"commits"`
+	// RaftCommitsPerSec and RaftCommits count replicated commits: the
+	// appends of the stream's raft group, read from the stream leader's
+	// raft log on disk (see internal/raftwal), when RaftRead. An append
+	// carries an atomic batch whole, and whatever other proposals reached
+	// the leader while it was busy with the one before: under load they
+	// are far fewer than the messages, and their number follows the time
+	// a round of replication takes more than the number of writes.
+	// Without access to the nodes' files (--server), RaftRead is false.
+	RaftCommitsPerSec float64                     `json:"raft_commits_per_s,omitempty"`
+	RaftCommits       int64                       `json:"raft_commits,omitempty"`
+	RaftRead          bool                        `json:"raft_read"`
+	CPU               *CPUCost                    `json:"cpu_per_op,omitempty"`
+	Processes         map[string]procstat.Summary `json:"processes"`
+	Events            []Event                     `json:"events,omitempty"`
 	// ServiceMs is the service's own mean time per operation, receipt to
 	// reply, from its metrics (when the bench runs the service).
 	ServiceMs map[string]float64 `json:"service_mean_ms,omitempty"`
@@ -47,6 +61,14 @@ type phase struct {
 	// without processing them, by reason: waited (longer than its queue
 	// wait) or queue_full (when the bench runs the service).
 	ServiceShed map[string]int64 `json:"service_shed,omitempty"`
+	// ServiceCommitMs is the service's mean round trip of its writes to
+	// the bucket, by kind, and ServiceCommits their number (the kind
+	// "grant" is a session's grant, an atomic batch); ServiceConflicts
+	// counts its compare-and-set writes that lost a race and were decided
+	// again (when the bench runs the service).
+	ServiceCommitMs  map[string]float64 `json:"service_commit_mean_ms,omitempty"`
+	ServiceCommits   map[string]int64   `json:"service_commits,omitempty"`
+	ServiceConflicts int64              `json:"service_cas_conflicts,omitempty"`
 	// Machine is how the whole machine's CPU time went.
 	Machine *procstat.MachineCPU `json:"machine_cpu,omitempty"`
 
@@ -58,6 +80,7 @@ type phase struct {
 	start    time.Time
 	end      time.Time
 	commits  []seriesPoint
+	raft     []seriesPoint // raft commits a second
 	cpu      map[string][]seriesPoint
 	evMu     sync.Mutex
 	inflight func() int64
@@ -125,19 +148,56 @@ func cpuCost(procs map[string]procstat.Summary, ops map[string]load.OpSummary, c
 	return c
 }
 
-// lastSeq reads the stream's last sequence, waiting at most 900ms: a
-// reading must not hold up the next one a second later.
+// lastSeq reads the stream's last sequence and, when the bench can read
+// the nodes' files, the last index of the stream's raft group on its
+// leader, waiting at most 900ms: a reading must not hold up the next one
+// a second later.
 func (e *env) lastSeq(ctx context.Context, stream string) seqReading {
 	info, err := e.streamInfo(ctx, stream, 900*time.Millisecond)
 	if err != nil {
 		return seqReading{}
 	}
-	return seqReading{seq: info.State.LastSeq, at: time.Now()}
+	rd := seqReading{seq: info.State.LastSeq, at: time.Now()}
+	if c := info.Cluster; c != nil && c.Leader != "" && c.RaftGroup != "" {
+		rd.raft, rd.raftOK = e.raftIndex(c.Leader, c.RaftGroup)
+	}
+	return rd
+}
+
+// raftIndex returns the last index of raft group in the log of node
+// (a server name), read from its files (when the bench runs the cluster).
+func (e *env) raftIndex(node, group string) (uint64, bool) {
+	if e.cluster == nil {
+		return 0, false
+	}
+	i := e.cluster.Node(node)
+	if i < 0 {
+		return 0, false
+	}
+	e.walMu.Lock()
+	defer e.walMu.Unlock()
+	key := node + "/" + group
+	l := e.wals[key]
+	if l == nil {
+		dir, err := raftwal.Dir(e.cluster.Dir(i), group)
+		if err != nil {
+			return 0, false
+		}
+		l = raftwal.Open(dir)
+		if e.wals == nil {
+			e.wals = map[string]*raftwal.Log{}
+		}
+		e.wals[key] = l
+	}
+	idx, err := l.Last()
+	return idx, err == nil
 }
 
 type seqReading struct {
-	seq uint64
-	at  time.Time // zero: no reading
+	seq    uint64
+	raft   uint64    // the raft group's last index on the stream leader
+	raftOK bool      // raft was read
+	at     time.Time // zero: no reading
 }
 
 // sampling is the sampling of one phase: a reading every second while
@@ -145,14 +205,17 @@ type seqReading struct {
 // the stream's last sequence, and the CPU and memory of the processes;
 // and a progress line every --progress.
 type sampling struct {
-	e            *env
-	ph           *phase
-	pt           *procstat.Tracker
-	m0           procstat.MachineSample
-	m0err        error
-	first, last  seqReading
-	prevTick     time.Time
-	lastProgress time.Time
+	e           *env
+	ph          *phase
+	pt          *procstat.Tracker
+	m0          procstat.MachineSample
+	m0err       error
+	first, last seqReading
+	// firstRaft and lastRaft are the first and the latest readings that
+	// read the raft log.
+	firstRaft, lastRaft seqReading
+	prevTick            time.Time
+	lastProgress        time.Time
 }
 
 // sample begins sampling ph and returns the function that stops it and
@@ -162,6 +225,9 @@ func (e *env) sample(ctx context.Context, ph *phase) (stop func()) {
 	r := &sampling{e: e, ph: ph, pt: procstat.NewTracker(ph.start), prevTick: ph.start, lastProgress: ph.start}
 	r.first = e.lastSeq(ctx, ph.stream)
 	r.last = r.first
+	if r.first.raftOK {
+		r.firstRaft, r.lastRaft = r.first, r.first
+	}
 	r.pt.Sample(e.procs())
 	r.m0, r.m0err = procstat.ReadMachine()
 	sctx, cancel := context.WithCancel(ctx)
@@ -197,7 +263,7 @@ func (r *sampling) tick(ctx context.Context, now time.Time, final bool) {
 	for _, rec := range ph.rec.All() {
 		pts[rec.Name] = rec.Tick(el, iv, stub)
 	}
-	commits := -1.0
+	commits, raft := -1.0, -1.0
 	if rd := r.e.lastSeq(ctx, ph.stream); !rd.at.IsZero() {
 		if !r.last.at.IsZero() && rd.seq >= r.last.seq && !stub {
 			commits = float64(rd.seq-r.last.seq) / rd.at.Sub(r.last.at).Seconds()
@@ -207,6 +273,19 @@ func (r *sampling) tick(ctx context.Context, now time.Time, final bool) {
 			r.first = rd
 		}
 		r.last = rd
+		if rd.raftOK {
+			// A new leader's log may stand a little behind the old one's.
+			if !r.lastRaft.at.IsZero() && rd.raft >= r.lastRaft.raft && !stub {
+				raft = float64(rd.raft-r.lastRaft.raft) / rd.at.Sub(r.lastRaft.at).Seconds()
+				ph.raft = append(ph.raft, seriesPoint{el, round2(raft)})
+			}
+			if r.firstRaft.at.IsZero() {
+				r.firstRaft = rd
+			}
+			if rd.raft >= r.lastRaft.raft {
+				r.lastRaft = rd
+			}
+		}
 	}
 	cpu := r.pt.Sample(r.e.procs())
 	for name, v := range cpu {
@@ -216,7 +295,7 @@ func (r *sampling) tick(ctx context.Context, now time.Time, final bool) {
 	}
 	if progress := r.e.cfg.progress; progress > 0 && now.Sub(r.lastProgress) >= progress-50*time.Millisecond && !final {
 		r.lastProgress = now
-		fmt.Fprintln(r.e.out, progressLine(ph.Name, el, pts, commits, cpu, ph.inflight))
+		fmt.Fprintln(r.e.out, progressLine(ph.Name, el, pts, commits, raft, cpu, ph.inflight))
 	}
 	if final {
 		r.finish(now)
@@ -236,6 +315,11 @@ func (r *sampling) finish(now time.Time) {
 		ph.Commits = int64(r.last.seq - r.first.seq)
 		ph.CommitsPerSec = round2(float64(ph.Commits) / r.last.at.Sub(r.first.at).Seconds())
 	}
+	if !r.firstRaft.at.IsZero() && r.lastRaft.at.After(r.firstRaft.at) {
+		ph.RaftCommits = int64(r.lastRaft.raft - r.firstRaft.raft)
+		ph.RaftCommitsPerSec = round2(float64(ph.RaftCommits) / r.lastRaft.at.Sub(r.firstRaft.at).Seconds())
+		ph.RaftRead = true
+	}
 	d := ph.end.Sub(ph.start)
 	if ph.sched > 0 && ph.sched < d {
 		d = ph.sched
@@ -248,7 +332,7 @@ func (r *sampling) finish(now time.Time) {
 }
 
 // progressLine renders one line of progress.
-func progressLine(name string, el float64, pts map[string]load.Point, commits float64, cpu map[string]float64, inflight func() int64) string {
+func progressLine(name string, el float64, pts map[string]load.Point, commits, raft float64, cpu map[string]float64, inflight func() int64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[%s %4.0fs]", name, el)
 	var errs int64
@@ -261,6 +345,9 @@ func progressLine(name string, el float64, pts map[string]load.Point, commits fl
 	}
 	if commits >= 0 {
 		fmt.Fprintf(&b, " commits %.0f/s |", commits)
+	}
+	if raft >= 0 {
+		fmt.Fprintf(&b, " raft commits %.0f/s |", raft)
 	}
 	fmt.Fprintf(&b, " errors %d", errs)
 	if inflight != nil {
@@ -326,5 +413,13 @@ func (e *env) measure(ctx context.Context, sum *Summary, ph *phase, f func()) *p
 	for reason, n := range after.shed {
 		ph.ServiceShed[reason] = int64(n - before.shed[reason])
 	}
+	ph.ServiceCommitMs, ph.ServiceCommits = map[string]float64{}, map[string]int64{}
+	for op, t := range after.commits {
+		if n := t.count - before.commits[op].count; n > 0 {
+			ph.ServiceCommitMs[op] = round2(1000 * (t.sum - before.commits[op].sum) / n)
+			ph.ServiceCommits[op] = int64(n)
+		}
+	}
+	ph.ServiceConflicts = int64(*after.conflicts - *before.conflicts)
 	return ph
 }

@@ -138,14 +138,16 @@ func TestOverload(t *testing.T) {
 
 // --carried-rate (given, the scenario runs no ramp) must not be negative,
 // --overload-factor and --flood-rate positive; noisy needs the bench's own
-// cluster with its accounts.
+// cluster with its accounts; --sessions runs only with the steady design
+// load against the service.
 func TestOverloadFlags(t *testing.T) {
 	cfg, err := parseFlags([]string{"--scenario", "overload", "--carried-rate", "700", "--overload-factor", "2.5"})
 	if err != nil || cfg.carriedRate != 700 || cfg.overloadFactor != 2.5 {
 		t.Fatalf("flags: %+v, %v", cfg, err)
 	}
 	for _, bad := range [][]string{{"--carried-rate", "-1"}, {"--overload-factor", "0"}, {"--flood-rate", "0"},
-		{"--scenario", "noisy", "--auth=false"}, {"--scenario", "noisy", "--server", "nats://a:4222"}} {
+		{"--scenario", "noisy", "--auth=false"}, {"--scenario", "noisy", "--server", "nats://a:4222"},
+		{"--sessions", "-1"}, {"--sessions", "10", "--scenario", "hotlock"}, {"--sessions", "10", "--target", "raw"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
@@ -195,5 +197,62 @@ func TestNoisy(t *testing.T) {
 	}
 	if n.AcquireP99Ratio != ratio(n.Noisy.AcquireP99, n.Quiet.AcquireP99) || n.RenewP50Ratio != ratio(n.Noisy.RenewP50, n.Quiet.RenewP50) {
 		t.Fatalf("ratios %+v", n)
+	}
+}
+
+// --sessions runs the design load with each lease renewed, then the same
+// leases, acquires and releases in sessions kept alive instead, in one
+// run, and counts both modes' replicated commits from the lock stream's
+// raft log. The renewals are made heavy (every 2s, TTL 6s) so that a
+// session's one keepalive for its ten leases shows in the commits; the
+// pause for the first mode's delete markers is left out.
+func TestSteadyWithSessions(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--sessions", "20", "--leases", "200", "--acquire-rate", "50", "--ttl", "6s",
+		"--renew-interval", "2s", "--duration", "3s", "--sessions-pause", "0")
+	if err := runSteady(ctx, e, sum); err != nil {
+		t.Fatal(err)
+	}
+	s := sum.Sessions
+	if s == nil {
+		t.Fatal("no sessions result")
+	}
+	if s.Opened != 20 || s.Session.LeasesHeld != 200 || s.LeasesPerSession != 10 || s.KeepaliveEveryS != 2 {
+		t.Fatalf("sessions %+v", s)
+	}
+	// Leases were held in the sessions across the phase: closing them
+	// released every one held then.
+	if s.HeldAtClose < 100 || s.ClosedReleased != int64(s.HeldAtClose) {
+		t.Fatalf("%d leases held at the close, %d released by it", s.HeldAtClose, s.ClosedReleased)
+	}
+	p, q := s.PerLease, s.Session
+	if q.Errors != 0 || q.LeasesLost != 0 || q.Granted == 0 || q.CheckMsgs != q.Granted || p.CheckMsgs != 0 || p.Errors != 0 {
+		t.Fatalf("per-lease %+v, session %+v", p, q)
+	}
+	if !s.RaftRead || p.RaftCommits == 0 || q.RaftCommits == 0 || p.StreamMsgs == 0 || q.StreamMsgs < q.CheckMsgs {
+		t.Fatalf("commits: raft read %v, per-lease %+v, session %+v", s.RaftRead, p, q)
+	}
+	// A raft commit is an append of the raft group: never more than the
+	// stream's messages (a session grant's atomic batch of two messages
+	// is one).
+	if p.RaftCommitsPerSec > 1.1*p.StreamMsgsPerSec || q.RaftCommitsPerSec > 1.1*q.StreamMsgsPerSec {
+		t.Fatalf("more raft commits than messages: per-lease %+v, session %+v", p, q)
+	}
+	// A session's keepalive stands for its ten leases' renewals: fewer
+	// commits per grant, counted either way.
+	if q.RaftCommitsPerGrant >= p.RaftCommitsPerGrant || q.WritesPerGrant >= p.WritesPerGrant || s.RaftCommitsReductionPct <= 0 {
+		t.Fatalf("per grant: raft commits %v in sessions, %v per lease; writes %v, %v (%v %% fewer raft commits/s)",
+			q.RaftCommitsPerGrant, p.RaftCommitsPerGrant, q.WritesPerGrant, p.WritesPerGrant, s.RaftCommitsReductionPct)
+	}
+	var ph *phase
+	for _, x := range sum.Phases {
+		if x.Name == "sessions" {
+			ph = x
+		}
+	}
+	if ph == nil || ph.Ops[load.OpKeepalive].Count == 0 || ph.Ops[load.OpRenew].Count != 0 || !ph.RaftRead {
+		t.Fatalf("session phase %+v", ph)
+	}
+	if sum.Safety == nil || sum.Safety.Grants == 0 || sum.Safety.Violations != 0 {
+		t.Fatalf("safety %+v", sum.Safety)
 	}
 }

@@ -246,10 +246,17 @@ type svcStats struct {
 	ops   map[string]opTime
 	shed  map[string]float64
 	wakes *float64
+	// commits are the round trips of the service's writes to the bucket
+	// by kind (jetlock_store_commit_duration_seconds: put, delete, grant,
+	// confirm...), conflicts the compare-and-set writes that lost a race
+	// and were decided again (jetlock_cas_conflicts_total).
+	commits   map[string]opTime
+	conflicts *float64
 }
 
 func newSvcStats() svcStats {
-	return svcStats{ops: map[string]opTime{}, shed: map[string]float64{}, wakes: new(float64)}
+	return svcStats{ops: map[string]opTime{}, shed: map[string]float64{}, wakes: new(float64),
+		commits: map[string]opTime{}, conflicts: new(float64)}
 }
 
 // stats reads and sums the metrics of every instance; an instance that
@@ -296,6 +303,13 @@ func parseMetrics(r io.Reader, st svcStats) error {
 	}
 	for _, m := range fams["jetlock_wakes_total"].GetMetric() {
 		*st.wakes += m.GetCounter().GetValue()
+	}
+	for _, m := range fams["jetlock_store_commit_duration_seconds"].GetMetric() {
+		op, h := label(m, "op"), m.GetHistogram()
+		st.commits[op] = opTime{count: st.commits[op].count + float64(h.GetSampleCount()), sum: st.commits[op].sum + h.GetSampleSum()}
+	}
+	for _, m := range fams["jetlock_cas_conflicts_total"].GetMetric() {
+		*st.conflicts += m.GetCounter().GetValue()
 	}
 	return nil
 }

@@ -87,12 +87,28 @@ func (e *env) rawSteady(ctx context.Context, sum *Summary) (ph *phase, err error
 }
 
 // serviceSteady runs the design workload against the service, as the main
-// phase, and checks its grants.
+// phase, and checks its grants. With --sessions it then runs the same load
+// in sessions and compares the two.
 func (e *env) serviceSteady(ctx context.Context, sum *Summary) (*phase, error) {
 	log := e.grantLog()
-	ph := e.steadyPhase(ctx, sum, e.workload("steady", e.serviceBackend(), e.rq, log), "steady")
+	wl := e.workload("steady", e.serviceBackend(), e.rq, log)
+	msgs0 := e.streamMsgs(ctx, wl.Backend().Stream())
+	e.warm(ctx, sum, wl, "steady warm-up", wl.Config().Leases)
+	held := wl.Held()
+	r := e.designRates()
+	fmt.Fprintf(e.out, "steady: %s for %v over %d resources, %d leases\n", r, e.cfg.duration, e.cfg.resources, held)
+	lost0 := wl.Losses()
+	ph := e.loadPhase(ctx, sum, wl, "steady", r, e.cfg.duration, nil)
+	wl.Overdue(time.Now())
+	lost := wl.Losses().Sub(lost0)
+	e.cleanup(ctx, wl)
 	sum.use(ph)
-	return ph, sum.check(log)
+	var err error
+	if e.cfg.sessions > 0 && ctx.Err() == nil {
+		pause := e.awaitMarkers(ctx, wl.Backend().Stream(), msgs0)
+		err = e.sessionSteady(ctx, sum, log, ph, held, lost, pause)
+	}
+	return ph, errors.Join(err, sum.check(log))
 }
 
 // withRawBucket creates the raw baseline's bucket (R3, history 1, file

@@ -37,6 +37,10 @@ type Result struct {
 	// service shed the request (overload, renewals first) or its caller is
 	// over its fair-use rate. Zero when the answer carries none.
 	RetryAfter time.Duration
+	// Session is the session_id of a session.open's answer.
+	Session string
+	// Leases is, for a session.close, the number of leases it released.
+	Leases int
 }
 
 // Backend turns operations into NATS messages and replies into results.
@@ -98,6 +102,65 @@ func (b *Service) Renew(res, lease string, ttl time.Duration, _ uint64) *nats.Ms
 
 func (b *Service) Release(res, lease string, _ uint64) *nats.Msg {
 	return b.Msg(streams.OpRelease, &streams.ReleaseRequest{Resource: res, LeaseID: lease})
+}
+
+// Sessions: a lease bound to a session lives as long as the session, which
+// one keepalive keeps alive however many leases it holds.
+
+// AcquireInSession builds an acquire of res bound to session (no TTL of
+// its own).
+func (b *Service) AcquireInSession(res, reqID, session string) *nats.Msg {
+	return b.Msg(streams.OpAcquire, &streams.AcquireRequest{Resource: res, RequestID: reqID, Owner: b.Owner, SessionID: session})
+}
+
+// SessionOpen builds a session.open of request id reqID with TTL ttl.
+func (b *Service) SessionOpen(reqID string, ttl time.Duration) *nats.Msg {
+	return b.Msg(streams.OpSessionOpen, &streams.SessionOpenRequest{RequestID: reqID, Owner: b.Owner, TTLms: ttl.Milliseconds()})
+}
+
+// SessionKeepalive builds a keepalive of session id.
+func (b *Service) SessionKeepalive(id string) *nats.Msg {
+	return b.Msg(streams.OpSessionKeepalive, &streams.SessionKeepaliveRequest{SessionID: id})
+}
+
+// SessionClose builds a close of session id.
+func (b *Service) SessionClose(id string) *nats.Msg {
+	return b.Msg(streams.OpSessionClose, &streams.SessionCloseRequest{SessionID: id})
+}
+
+// ParseSession turns the answer to a session operation op (or its
+// absence) into a result: Session is the open's session_id; for a close,
+// Released says whether it ended the session and Leases how many leases
+// ended with it.
+func (b *Service) ParseSession(op string, m *nats.Msg, err error) Result {
+	if err != nil {
+		return clientResult(err)
+	}
+	if code, after := ServiceErrorDetail(m); code != "" {
+		return Result{Code: code, Unknown: code == streams.CodeUnavailable || code == streams.CodeInternal, RetryAfter: after}
+	}
+	bad := Result{Code: streams.CodeInternal, Unknown: true}
+	switch op {
+	case streams.OpSessionOpen:
+		var r streams.SessionResponse
+		if err := jsonv2.Unmarshal(m.Data, &r); err != nil || r.SessionID == "" {
+			return bad
+		}
+		return Result{Code: CodeOK, Session: r.SessionID}
+	case streams.OpSessionKeepalive:
+		var r streams.KeepaliveResponse
+		if err := jsonv2.Unmarshal(m.Data, &r); err != nil || r.SessionID == "" {
+			return bad
+		}
+		return Result{Code: CodeOK, Session: r.SessionID, Leases: r.Leases}
+	case streams.OpSessionClose:
+		var r streams.SessionCloseResponse
+		if err := jsonv2.Unmarshal(m.Data, &r); err != nil {
+			return bad
+		}
+		return Result{Code: CodeOK, Released: r.Closed, Leases: r.Released}
+	}
+	return bad
 }
 
 // ServiceError returns the contract error code of a reply, or "" for a

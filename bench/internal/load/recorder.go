@@ -210,9 +210,14 @@ const (
 	OpCycle        = "cycle"
 	OpWarmup       = "warmup_acquire"
 	OpCleanup      = "cleanup_release"
+	// Session mode: keepalives during the load, opens and closes before
+	// and after it.
+	OpKeepalive    = "keepalive"
+	OpSessionOpen  = "session_open"
+	OpSessionClose = "session_close"
 )
 
-var opRank = map[string]int{OpAcquire: 1, OpRenew: 2, OpRelease: 3, OpWaitAcquire: 4, OpAcquireRetry: 5, OpCycle: 6}
+var opRank = map[string]int{OpAcquire: 1, OpRenew: 2, OpRelease: 3, OpKeepalive: 4, OpWaitAcquire: 5, OpAcquireRetry: 6, OpCycle: 7}
 
 // OpOrder orders operations in tables: the contract's order, then the rest
 // by name. It compares like strings.Compare.

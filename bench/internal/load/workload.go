@@ -17,17 +17,26 @@ import (
 )
 
 // Rates are the open-loop target rates of one phase, per second.
+// Keepalive is the rate of session keepalives (session mode, where leases
+// are not renewed one by one).
 type Rates struct {
-	Acquire, Renew, Release float64
+	Acquire, Renew, Release, Keepalive float64
 }
 
 func (r Rates) String() string {
+	if r.Keepalive > 0 {
+		return fmt.Sprintf("acquire %.0f/s, renew %.0f/s, release %.0f/s, keepalive %.0f/s", r.Acquire, r.Renew, r.Release, r.Keepalive)
+	}
 	return fmt.Sprintf("acquire %.0f/s, renew %.0f/s, release %.0f/s", r.Acquire, r.Renew, r.Release)
 }
 
 // Map returns the rates by operation name.
 func (r Rates) Map() map[string]float64 {
-	return map[string]float64{OpAcquire: r.Acquire, OpRenew: r.Renew, OpRelease: r.Release}
+	m := map[string]float64{OpAcquire: r.Acquire, OpRenew: r.Renew, OpRelease: r.Release}
+	if r.Keepalive > 0 {
+		m[OpKeepalive] = r.Keepalive
+	}
+	return m
 }
 
 // Config shapes the lease workload.
@@ -42,6 +51,12 @@ type Config struct {
 	RetryBackoff  time.Duration
 	Names         string // resource name prefix
 	RunID         string // request id prefix
+	// Sessions, when above zero, puts the workload in session mode (the
+	// service backend only): the leases are acquired in Sessions sessions
+	// (OpenSessions), each lease in one picked at random, and instead of
+	// renewing each lease the workload keeps each session alive every
+	// TTL/3 (± RenewJitter). Close them with CloseSessions.
+	Sessions int
 }
 
 // Slot states of a resource.
@@ -64,6 +79,7 @@ type slot struct {
 	g     *Grant
 	okAt  time.Time // when the last successful write of the lease (grant or renewal) was sent
 	lost  bool      // the lease was counted lost (see Losses)
+	sess  int32     // session mode: the session the lease is (or may be) in; -1 none
 }
 
 // Workload drives the lease workload against a backend: acquires of random
@@ -88,6 +104,13 @@ type Workload struct {
 
 	pendingRetries atomic.Int64
 	lost           losses
+
+	// Session mode (see Config.Sessions).
+	sb       *Service
+	sessions []session
+	usable   idSet     // sessions open, to acquire in
+	keepQ    renewHeap // sessions by keepalive due time
+	released atomic.Int64
 }
 
 // NewWorkload returns a workload on be through rq; log may be nil.
@@ -99,6 +122,12 @@ func NewWorkload(cfg Config, be Backend, rq *Requester, log *GrantLog) *Workload
 	for i := range w.names {
 		w.names[i] = fmt.Sprintf("%sr%06d", cfg.Names, i)
 		w.free.add(int32(i))
+		w.slots[i].sess = -1
+	}
+	if cfg.Sessions > 0 {
+		w.sb = be.(*Service) // sessions are the service's
+		w.sessions = make([]session, cfg.Sessions)
+		w.usable = newIDSet(cfg.Sessions)
 	}
 	return w
 }
@@ -134,9 +163,21 @@ func (w *Workload) toQuarantine(id int32, now time.Time) {
 		w.toDead(id) // its revision is unknown: a write would conflict
 		return
 	}
+	until := now.Add(w.cfg.TTL + 5*time.Second)
+	if w.slots[id].sess >= 0 {
+		// A lease of a session lives as long as the session: the
+		// session's close (or loss) frees the resource.
+		until = now.Add(24 * time.Hour)
+	}
+	w.toQuarantineUntil(id, until)
+}
+
+// toQuarantineUntil takes a resource out of use until then. The caller
+// holds w.mu.
+func (w *Workload) toQuarantineUntil(id int32, until time.Time) {
 	w.slots[id].gen++
 	w.slots[id].state = stQuarantined
-	w.quarantine = append(w.quarantine, quarantined{until: now.Add(w.cfg.TTL + 5*time.Second), id: id})
+	w.quarantine = append(w.quarantine, quarantined{until: until, id: id})
 }
 
 // toFree makes a resource free. The caller holds w.mu.
@@ -145,6 +186,10 @@ func (w *Workload) toFree(id int32) {
 	s.gen++
 	s.state, s.lease, s.token, s.g = stFree, "", 0, nil
 	s.okAt, s.lost = time.Time{}, false
+	if s.sess >= 0 {
+		delete(w.sessions[s.sess].members, id)
+		s.sess = -1
+	}
 	w.free.add(id)
 }
 
@@ -155,7 +200,9 @@ func (w *Workload) toHeld(id int32, due time.Time) {
 	s.gen++
 	s.state = stHeld
 	w.held.add(id)
-	heap.Push(&w.renewQ, renewItem{due: due, id: id, gen: s.gen})
+	if w.sb == nil { // a session's lease is kept by its session's keepalives
+		heap.Push(&w.renewQ, renewItem{due: due, id: id, gen: s.gen})
+	}
 }
 
 // toDead retires a raw key whose revision is unknown. The caller holds
@@ -187,6 +234,7 @@ type attempt struct {
 	first      time.Time // the logical acquire's intended time
 	n          int       // 0 for the first try
 	grants     *GrantTimes
+	session    string // session mode: the session_id acquired in
 }
 
 // sendAcquire acquires a random free resource; the latency counts from
@@ -205,6 +253,17 @@ func (w *Workload) sendAcquire(rec *Recorders, op string, rate float64, intended
 	w.reqSeq++
 	a := attempt{rec: rec.Get(op, rate), retry: rec.Get(OpAcquireRetry, 0), id: id,
 		reqID: w.cfg.RunID + "-" + strconv.FormatUint(w.reqSeq, 10), rev: s.rev, first: intended, grants: grants}
+	if w.sb != nil {
+		si, ok := w.pickSession()
+		if !ok {
+			w.toFree(id)
+			w.mu.Unlock()
+			rec.Get(op, rate).Skip()
+			return
+		}
+		s.sess, a.session = si, w.sessions[si].id
+		w.sessions[si].members[id] = struct{}{}
+	}
 	w.mu.Unlock()
 	w.tryAcquire(a, intended)
 }
@@ -214,7 +273,12 @@ func (w *Workload) tryAcquire(a attempt, intended time.Time) {
 	if a.n > 0 {
 		r = a.retry
 	}
-	m := w.be.Acquire(w.names[a.id], a.reqID, "", w.cfg.TTL, 0, a.rev)
+	var m *nats.Msg
+	if a.session != "" {
+		m = w.sb.AcquireInSession(w.names[a.id], a.reqID, a.session)
+	} else {
+		m = w.be.Acquire(w.names[a.id], a.reqID, "", w.cfg.TTL, 0, a.rev)
+	}
 	err := w.rq.Send(m, w.cfg.Timeout, func(reply *nats.Msg, at time.Time, err error) {
 		res := w.be.Parse(streams.OpAcquire, reply, err)
 		r.Record(at.Sub(intended), res.Code)
@@ -244,7 +308,11 @@ func (w *Workload) afterAcquire(a attempt, res Result, at time.Time) {
 		if w.raw() {
 			s.rev = res.Rev
 		}
-		w.toHeld(a.id, w.renewDue(at))
+		if s.sess >= 0 && w.sessions[s.sess].state == ssLost {
+			w.toFree(a.id) // granted, and ended with its session since
+		} else {
+			w.toHeld(a.id, w.renewDue(at))
+		}
 		w.mu.Unlock()
 		return
 	}
@@ -399,10 +467,14 @@ func (w *Workload) Run(ctx context.Context, rec *Recorders, grants *GrantTimes, 
 	rec.Get(OpAcquire, r.Acquire)
 	rec.Get(OpRenew, r.Renew)
 	rec.Get(OpRelease, r.Release)
+	if r.Keepalive > 0 {
+		rec.Get(OpKeepalive, r.Keepalive)
+	}
 	Pace(ctx, []Paced{
 		{NewSchedule(start, r.Acquire, d, 0), func(t time.Time) { w.sendAcquire(rec, OpAcquire, r.Acquire, t, grants) }},
 		{NewSchedule(start, r.Renew, d, 0), func(t time.Time) { w.sendRenew(rec, r.Renew, t) }},
 		{NewSchedule(start, r.Release, d, 0), func(t time.Time) { w.sendRelease(rec, OpRelease, r.Release, t) }},
+		{NewSchedule(start, r.Keepalive, d, 0), func(t time.Time) { w.sendKeepalive(rec, r.Keepalive, t) }},
 	}, w.housekeeping)
 }
 
