@@ -11,6 +11,7 @@ import (
 
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/service"
+	"github.com/jetlock/jetlock/streams"
 )
 
 // config is the parsed command line.
@@ -47,6 +48,8 @@ type config struct {
 	floodRate                            float64
 	sessions                             int
 	sessionsPause                        time.Duration
+	setMin, setMax, setHot               int
+	limit, candidates, rounds            int
 
 	flags *flag.FlagSet // the parsed flags, holding the derived values too
 }
@@ -55,7 +58,8 @@ type config struct {
 // unless --service-user-rate sets one: the flooding tenant's.
 const noisyUserRate = 500
 
-var scenarios = []string{"steady", "ramp", "raw", "all", "hotlock", "failover", "cycles", "degraded", "overload", "noisy"}
+var scenarios = []string{"steady", "ramp", "raw", "all", "hotlock", "failover", "cycles", "degraded", "overload", "noisy",
+	"sets", "semaphore", "election"}
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -72,7 +76,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.clients, "clients", "any", "with --service inproc, where the load connects: any (a node at random) or service (the service's node: requests cross no route)")
 	fs.StringVar(&c.scenario, "scenario", "steady", "one of "+strings.Join(scenarios, ", "))
 	fs.StringVar(&c.target, "target", "service", "steady, ramp and cycles: service, or raw (the same load as bare KV compare-and-set writes, no service)")
-	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, hotlock, failover, cycles, degraded, and of each phase of raw, overload (design, overload) and noisy (quiet, noisy)")
+	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, hotlock, failover, cycles, degraded, semaphore, and of each phase of raw, overload (design, overload), noisy (quiet, noisy) and sets (sets, sets contended, cycles)")
 	fs.DurationVar(&c.progress, "progress", 5*time.Second, "interval of progress lines; 0 for none")
 	fs.StringVar(&c.jsonPath, "json", "", "write the summary as JSON to this file")
 	fs.StringVar(&c.htmlPath, "html", "", "write an HTML report with latency-over-time charts to this file")
@@ -97,12 +101,18 @@ func parseFlags(args []string) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	userRate := false
+	userRate, ttlSet := false, false
 	fs.Visit(func(f *flag.Flag) {
 		c.tuned = c.tuned || strings.HasPrefix(f.Name, "service-")
 		c.authSet = c.authSet || f.Name == "auth"
 		userRate = userRate || f.Name == "service-user-rate"
+		ttlSet = ttlSet || f.Name == "ttl"
 	})
+	if c.scenario == "election" && !ttlSet {
+		// A killed leader's election passes on when its lease expires:
+		// the TTL bounds the failover.
+		c.ttl = electionTTL
+	}
 	if c.scenario == "noisy" && !userRate {
 		// The flood is held to a rate, as a deployment holds every tenant,
 		// and the design load's tenant, as large as the deployment, has a
@@ -124,19 +134,25 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.Float64Var(&c.renewRate, "renew-rate", -1, "renewals per second; the default is --leases / --renew-interval")
 	fs.DurationVar(&c.renewInterval, "renew-interval", 10*time.Second, "each lease is renewed about this often")
 	fs.Float64Var(&c.renewJitter, "renew-jitter", 0.2, "jitter of the renew interval, as a ± fraction")
-	fs.DurationVar(&c.ttl, "ttl", 30*time.Second, "lease TTL")
+	fs.DurationVar(&c.ttl, "ttl", 30*time.Second, "lease TTL (election: 5s unless given)")
 	fs.Float64Var(&c.warmupRate, "warmup-rate", 4000, "acquires per second of the unmeasured warm-up at most (and at most 256 in flight); also the clean-up release rate")
 	fs.DurationVar(&c.p99Target, "p99-target", 200*time.Millisecond, "ramp and degraded: the acquire p99 to meet")
 	fs.Float64Var(&c.rampStart, "ramp-start", 250, "ramp: acquire rate of the first step")
 	fs.Float64Var(&c.rampStep, "ramp-step", 250, "ramp: acquire rate added each step")
 	fs.Float64Var(&c.rampMax, "ramp-max", 20000, "ramp: highest acquire rate tried")
 	fs.DurationVar(&c.rampStepDur, "ramp-step-duration", 10*time.Second, "ramp: duration of each step")
-	fs.IntVar(&c.hotResources, "hot-resources", 10, "hotlock: contended resources")
-	fs.IntVar(&c.waiters, "waiters", 20, "hotlock: callers per resource, each acquiring again as soon as it released")
-	fs.DurationVar(&c.hold, "hold", 5*time.Millisecond, "hotlock: how long a caller holds the lock")
-	fs.DurationVar(&c.wait, "wait", 30*time.Second, "hotlock: wait_ms of the waiting acquires")
+	fs.IntVar(&c.hotResources, "hot-resources", 10, "hotlock: contended resources; semaphore: semaphores")
+	fs.IntVar(&c.waiters, "waiters", 20, "hotlock, semaphore: callers per resource (semaphore), each acquiring again as soon as it released")
+	fs.DurationVar(&c.hold, "hold", 5*time.Millisecond, "hotlock, semaphore: how long a caller holds the lock (permit)")
+	fs.DurationVar(&c.wait, "wait", 30*time.Second, "hotlock, semaphore and the contended phase of sets: wait_ms of the waiting acquires")
 	fs.StringVar(&c.wakeSubject, "wake-subject", "", "hotlock: subject to count wake messages on; the default is '<prefix>.>' minus the request and heartbeat subjects")
-	fs.IntVar(&c.workers, "workers", 64, "cycles: closed-loop workers, each acquiring and releasing one resource after another")
+	fs.IntVar(&c.workers, "workers", 64, "cycles, sets: closed-loop workers, each acquiring and releasing one resource (set) after another")
+	fs.IntVar(&c.setMin, "set-min", 2, "sets: the fewest resources of a lock set (sizes are drawn at random between --set-min and --set-max)")
+	fs.IntVar(&c.setMax, "set-max", 8, "sets: the most resources of a lock set")
+	fs.IntVar(&c.setHot, "set-hot", 64, "sets: the resources the contended phase draws its sets from (acquired with wait_ms --wait)")
+	fs.IntVar(&c.limit, "limit", 5, "semaphore: permits of each semaphore")
+	fs.IntVar(&c.candidates, "candidates", 3, "election: candidates, each on a connection of its own")
+	fs.IntVar(&c.rounds, "rounds", 5, "election: rounds, each killing the leader (its connection closed, no release) and then making the next one resign")
 	fs.DurationVar(&c.killAt, "kill-at", 0, "failover: when to kill the stream leader; the default is a third of --duration")
 	fs.DurationVar(&c.restartAfter, "restart-after", 15*time.Second, "failover: restart the killed node this long after; 0 never")
 	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process) or stepdown (ask the leader to step down; works with --server)")
@@ -205,6 +221,7 @@ func (c *config) finishModes() error {
 	check(c.sessions < 0, "--sessions must not be negative")
 	check(c.sessions > 0 && (!slices.Contains([]string{"steady", "raw", "all"}, c.scenario) || c.target != "service"),
 		"--sessions runs the steady design load against the service a second time in sessions: it needs --scenario steady, raw or all, and --target service")
+	errs = append(errs, c.checkShapes()...)
 	if _, err := c.tune.rates(); err != nil {
 		errs = append(errs, err)
 	}
@@ -212,6 +229,38 @@ func (c *config) finishModes() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// checkShapes checks the flags of the sets, semaphore and election
+// scenarios.
+func (c *config) checkShapes() []error {
+	var errs []error
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	shaped := slices.Contains([]string{"sets", "semaphore", "election"}, c.scenario)
+	check(shaped && c.target != "service", "%s runs against the service: it needs --target service", c.scenario)
+	// The service the bench starts allows sets of its default size at
+	// most (lockd --max-set-size); a deployment may allow up to the
+	// contract's bound.
+	maxSet := streams.DefaultSetSize
+	if c.url != "" {
+		maxSet = streams.MaxSetSize
+	}
+	check(c.setMin < streams.MinSetSize || c.setMax < c.setMin || c.setMax > maxSet,
+		"--set-min %d, --set-max %d: want %d <= --set-min <= --set-max <= %d", c.setMin, c.setMax, streams.MinSetSize, maxSet)
+	check(c.setHot < c.setMax, "--set-hot %d: the contended sets are drawn from it, so it must be at least --set-max (%d)", c.setHot, c.setMax)
+	check(c.scenario == "sets" && c.workers > 0 && c.resources/c.workers < c.setMax,
+		"sets: each of --workers %d draws its uncontended sets from its own share of --resources %d, which must hold --set-max %d", c.workers, c.resources, c.setMax)
+	check(c.limit < 1 || c.limit > streams.MaxLimit, "--limit %d: want 1 to %d permits", c.limit, streams.MaxLimit)
+	check(c.candidates < 2, "--candidates %d: an election needs at least 2, one to take over", c.candidates)
+	check(c.rounds < 1, "--rounds %d: want at least 1", c.rounds)
+	check(c.scenario == "election" && c.ttl < time.Second, "election: --ttl %v is below the service's minimum TTL, 1s", c.ttl)
+	check((c.scenario == "sets" || c.scenario == "semaphore") && (c.wait <= 0 || c.wait > 5*time.Minute),
+		"%s: --wait %v: want wait_ms above 0 and at most 5m (the service's bound)", c.scenario, c.wait)
+	return errs
 }
 
 // finishLoad fills in the derived rates and checks the load's shape.
@@ -249,7 +298,7 @@ func (c *config) finishLoad() error {
 var reported = strings.Fields(`duration resources leases acquire-rate release-rate renew-rate renew-interval
 	renew-jitter ttl timeout conns p99-target ramp-start ramp-step ramp-step-duration hot-resources waiters
 	hold wait service target retries failover-mode leader clients instances workers carried-rate overload-factor
-	flood-rate sessions sessions-pause`)
+	flood-rate sessions sessions-pause set-min set-max set-hot limit candidates rounds`)
 
 // settings lists the reported flags' values (the derived ones as
 // finishModes and finishLoad filled them in), with "_" for "-".

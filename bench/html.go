@@ -272,7 +272,7 @@ h2{margin-top:32px;border-bottom:1px solid #ddd}
 <p>Started {{.S.Started.Format "2006-01-02 15:04:05 MST"}} on {{.S.Machine.Cores}} cores ({{.S.Machine.CPU}}), {{.S.Machine.MemGB}} GB, {{.S.Machine.OS}}, {{.S.Machine.Go}}.<br>
 Cluster: {{.S.Machine.Cluster}}. Service: {{.S.Machine.Service}}.<br>
 Command: <code>{{.S.Command}}</code></p>
-<p>Latency is measured from each operation's intended send time on an open-loop schedule, so stalls show as latency (no coordinated omission); closed-loop scenarios (hotlock, cycles) measure from the send.</p>
+<p>Latency is measured from each operation's intended send time on an open-loop schedule, so stalls show as latency (no coordinated omission); closed-loop scenarios (hotlock, cycles, sets, semaphore, election) measure from the send.</p>
 {{with .Results}}<h2>Results</h2><pre>{{.}}</pre>{{end}}
 {{range .Phases}}<h2>{{.Name}}</h2>{{.Table}}{{range .Charts}}<div>{{.}}</div>{{end}}{{end}}
 <h2>Summary JSON</h2><pre>{{.JSON}}</pre>

@@ -15,7 +15,8 @@
 // as latency rather than as a quietly lower rate (no coordinated omission).
 //
 // Scenarios (--scenario): steady, ramp, raw, all, hotlock, failover,
-// cycles, degraded, overload, noisy. See README.md in this directory.
+// cycles, degraded, overload, noisy, sets, semaphore, election. See
+// README.md in this directory.
 package main
 
 import (
@@ -36,7 +37,7 @@ import (
 var runners = map[string]func(context.Context, *env, *Summary) error{
 	"steady": runSteady, "ramp": runRamp, "raw": runRaw, "all": runAll, "hotlock": runHotlock,
 	"failover": runFailover, "cycles": runCycles, "degraded": runDegraded,
-	"overload": runOverload, "noisy": runNoisy,
+	"overload": runOverload, "noisy": runNoisy, "sets": runSets, "semaphore": runSemaphore, "election": runElection,
 }
 
 func main() {

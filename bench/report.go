@@ -18,7 +18,8 @@ import (
 // Processes are those of the scenario's main phase: the measured phase of
 // steady, failover, degraded and cycles, the service phase of raw, the
 // highest step that met the target of ramp (of the service ramp in all),
-// the waiting phase of hotlock. Every phase is listed under phases.
+// the waiting phase of hotlock and of semaphore, the uncontended phase of
+// sets, the election's phase. Every phase is listed under phases.
 type Summary struct {
 	Scenario      string                      `json:"scenario"`
 	Started       time.Time                   `json:"started"`
@@ -40,6 +41,9 @@ type Summary struct {
 	Overload      *OverloadResult             `json:"overload,omitempty"`
 	Noisy         *NoisyResult                `json:"noisy,omitempty"`
 	Sessions      *SessionsResult             `json:"sessions,omitempty"`
+	Sets          *SetsResult                 `json:"sets,omitempty"`
+	Semaphore     *SemaphoreResult            `json:"semaphore,omitempty"`
+	Election      *ElectionResult             `json:"election,omitempty"`
 	Safety        *load.SafetyResult          `json:"safety,omitempty"`
 	Notes         []string                    `json:"notes,omitempty"`
 }
@@ -237,6 +241,15 @@ func printSummary(w io.Writer, s *Summary) {
 	}
 	if s.Sessions != nil {
 		printSessions(w, s.Sessions)
+	}
+	if s.Sets != nil {
+		printSets(w, s.Sets)
+	}
+	if s.Semaphore != nil {
+		printSemaphore(w, s.Semaphore)
+	}
+	if s.Election != nil {
+		printElection(w, s.Election)
 	}
 	if sf := s.Safety; sf != nil && sf.Checked {
 		fmt.Fprintf(w, "\nsafety: %d grants on %d resources checked, %d violations\n", sf.Grants, sf.Resources, sf.Violations)

@@ -3,6 +3,10 @@ package main
 import (
 	"context"
 	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,5 +258,167 @@ func TestSteadyWithSessions(t *testing.T) {
 	}
 	if sum.Safety == nil || sum.Safety.Grants == 0 || sum.Safety.Violations != 0 {
 		t.Fatalf("safety %+v", sum.Safety)
+	}
+}
+
+// logSummary logs the summary's text (go test -v shows it).
+func logSummary(t *testing.T, sum *Summary) {
+	var b strings.Builder
+	for _, ph := range sum.Phases {
+		printPhase(&b, ph)
+	}
+	printSummary(&b, sum)
+	t.Log(b.String())
+}
+
+// phaseNames returns the names of the summary's phases.
+func phaseNames(sum *Summary) []string {
+	var names []string
+	for _, ph := range sum.Phases {
+		names = append(names, ph.Name)
+	}
+	return names
+}
+
+// sets runs lock sets uncontended, then drawn from 16 resources with
+// waits, then single-key cycles, in one run; every resource of every set
+// grant goes to the double-grant check.
+func TestSetsBesideCycles(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--scenario", "sets", "--workers", "8", "--set-hot", "16", "--wait", "5s", "--duration", "1s")
+	err := runSets(ctx, e, sum)
+	logSummary(t, sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := sum.Sets
+	if r == nil || r.Sets == nil || r.Contended == nil || r.Cycles == nil {
+		t.Fatalf("sets %+v", r)
+	}
+	if got := phaseNames(sum); len(got) != 3 || got[0] != "sets" || got[1] != "sets contended" || got[2] != "cycles" {
+		t.Fatalf("phases %v", got)
+	}
+	for _, f := range []*SetsFigures{r.Sets, r.Contended} {
+		if f.Granted == 0 || f.Cycles == 0 || f.Errors != 0 || f.MeanSetSize < 2 || f.MeanSetSize > 8 ||
+			f.ResourcesLocked < 2*f.Granted || f.ResourcesPerS <= f.GrantsPerS || f.AcquireP50 == 0 || f.ReleaseP99 == 0 {
+			t.Fatalf("%s: %+v", f.Phase, f)
+		}
+	}
+	// 8 workers' sets of up to 8 of 16 resources overlap: some waited in
+	// the queues (granted with the hand-over TTL).
+	if w := r.Contended.Waited; w == nil || *w == 0 || r.Contended.WaitedP50 == 0 {
+		t.Fatalf("contended waits: %+v", r.Contended)
+	}
+	if r.Cycles.Cycles == 0 || sum.Cycles != r.Cycles {
+		t.Fatalf("cycles %+v", r.Cycles)
+	}
+	if sum.Ops[load.OpAcquire].Count != r.Sets.Acquires {
+		t.Fatalf("the main phase is not sets: %+v", sum.Ops)
+	}
+	// Each set member's grant, and each cycle's, was checked.
+	want := r.Sets.ResourcesLocked + r.Contended.ResourcesLocked + r.Cycles.Cycles
+	if sf := sum.Safety; sf == nil || int64(sf.Grants) < want || sf.Violations != 0 {
+		t.Fatalf("safety %+v, want at least %d grants", sf, want)
+	}
+}
+
+// semaphore: callers on two semaphores of 3 permits each wait, hold and
+// release; permits are held in parallel, never more than the limit.
+func TestSemaphore(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--scenario", "semaphore", "--hot-resources", "2", "--waiters", "6", "--limit", "3",
+		"--hold", "20ms", "--wait", "5s")
+	err := runSemaphore(ctx, e, sum)
+	logSummary(t, sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := sum.Semaphore
+	if r == nil || r.Grants == 0 || r.Errors != 0 || r.Releases != r.Grants || r.WaitP99 == 0 || r.Handovers == 0 {
+		t.Fatalf("semaphore %+v", r)
+	}
+	if r.MaxHeld > 3 || r.MaxHeld < 2 || r.OverLimit != 0 || len(r.MaxHeldBySemaphore) != 2 {
+		t.Fatalf("permits held at once: %d (%v), over the limit %d", r.MaxHeld, r.MaxHeldBySemaphore, r.OverLimit)
+	}
+	// Each permit is a key of its own: more than one per semaphore used.
+	if sf := sum.Safety; sf == nil || int64(sf.Grants) != r.Grants || sf.Resources <= 2 || sf.Resources > 6 || sf.Violations != 0 {
+		t.Fatalf("safety %+v", sf)
+	}
+}
+
+// election: the leader's connection closed under it passes the election
+// on only when its lease expires; a resign passes it on at once; leaders'
+// tokens rise and never overlap.
+func TestElection(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--scenario", "election", "--candidates", "3", "--rounds", "2", "--ttl", "2s")
+	err := runElection(ctx, e, sum)
+	logSummary(t, sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := sum.Election
+	if r == nil || len(r.Kills) != 2 || len(r.Resigns) != 2 || r.Leaders != 5 || r.TokenViolations != 0 || r.Overlaps != 0 {
+		t.Fatalf("election %+v", r)
+	}
+	last := r.Kills[0].FromToken
+	for i := range r.Kills {
+		for _, k := range []ElectionRound{r.Kills[i], r.Resigns[i]} {
+			if k.From == k.To || k.FromToken != last || k.ToToken <= k.FromToken || k.ObservedAfterMs == nil || *k.ObservedAfterMs < 0 {
+				t.Fatalf("round %+v after token %d", k, last)
+			}
+			last = k.ToToken
+		}
+		// No release: the lease expires, TTL and the service's 2s grace
+		// after the last renewal (a third of the TTL at most before).
+		if k := r.Kills[i]; k.ElectedAfterMs < 2000 || k.ElectedAfterMs > 2000+2000+5000 || k.LostBeforeMs == nil || *k.LostBeforeMs <= 0 {
+			t.Fatalf("kill %+v", k)
+		}
+		if k := r.Resigns[i]; k.ElectedAfterMs < 0 || k.ElectedAfterMs >= r.KillElected.Min {
+			t.Fatalf("resign %+v, kills from %v", k, r.KillElected)
+		}
+	}
+	if r.KillElected.N != 2 || math.Abs(r.KillOverTTL.Min-(r.KillElected.Min-2000)) > 0.02 || r.ResignObserved.N != 2 {
+		t.Fatalf("spreads %+v", r)
+	}
+	if ops := sum.Ops; ops[opKillFailover].Count != 2 || ops[opResignHandover].Count != 2 {
+		t.Fatalf("ops %+v", ops)
+	}
+	// The reports carry it: the JSON under election, the HTML's results.
+	dir := t.TempDir()
+	if err := writeJSON(filepath.Join(dir, "out.json"), sum); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeHTML(filepath.Join(dir, "out.html"), sum); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := os.ReadFile(filepath.Join(dir, "out.json"))
+	page, _ := os.ReadFile(filepath.Join(dir, "out.html"))
+	if !strings.Contains(string(js), `"kill_elected_ms"`) || !strings.Contains(string(page), "== election:") {
+		t.Fatalf("reports without the election:\n%s", js)
+	}
+}
+
+// The flags of sets, semaphore and election: checked, with the election's
+// own TTL unless --ttl is given.
+func TestShapeFlags(t *testing.T) {
+	c, err := parseFlags([]string{"--scenario", "election"})
+	if err != nil || c.ttl != electionTTL || c.candidates != 3 || c.rounds != 5 {
+		t.Fatalf("election defaults: %+v, %v", c, err)
+	}
+	if c, err = parseFlags([]string{"--scenario", "election", "--ttl", "2s"}); err != nil || c.ttl != 2*time.Second {
+		t.Fatalf("--ttl 2s: %v, %v", c.ttl, err)
+	}
+	c, err = parseFlags([]string{"--scenario", "sets"})
+	if err != nil || c.setMin != 2 || c.setMax != 8 || c.setHot != 64 || c.workers != 64 || c.ttl != 30*time.Second || c.settings()["set_hot"] != "64" {
+		t.Fatalf("sets defaults: %+v, %v", c, err)
+	}
+	if c, err = parseFlags([]string{"--scenario", "semaphore"}); err != nil || c.limit != 5 || c.waiters != 20 || c.hotResources != 10 {
+		t.Fatalf("semaphore defaults: %+v, %v", c, err)
+	}
+	for _, bad := range [][]string{{"--set-min", "1"}, {"--set-min", "5", "--set-max", "4"}, {"--set-max", "65"},
+		{"--set-max", "20", "--set-hot", "10"}, {"--scenario", "sets", "--resources", "100", "--leases", "10", "--workers", "20"},
+		{"--scenario", "sets", "--target", "raw"}, {"--scenario", "sets", "--wait", "0s"}, {"--limit", "0"}, {"--limit", "1001"},
+		{"--candidates", "1"}, {"--rounds", "0"}, {"--scenario", "election", "--ttl", "500ms"}} {
+		if _, err := parseFlags(bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
 	}
 }
