@@ -44,6 +44,7 @@ type config struct {
 	wakeSubject                          string
 	killAt, restartAfter                 time.Duration
 	failoverMode, cpuProfile, memProfile string
+	profileDir                           string
 	carriedRate, overloadFactor          float64
 	floodRate                            float64
 	sessions                             int
@@ -158,6 +159,7 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process) or stepdown (ask the leader to step down; works with --server)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
+	fs.StringVar(&c.profileDir, "profile", "", "write CPU and heap profiles of the service the bench starts, for the whole run, into this directory (created if missing): service.cpu.pprof and service.heap.pprof (the heap as the service ends, with every allocation of the run) for --service proc; with --service inproc the bench process's, bench.cpu.pprof and bench.heap.pprof, which hold the service and the load generator together. Read them with go tool pprof")
 	fs.Float64Var(&c.carriedRate, "carried-rate", 0, "overload: the acquire rate the deployment carries at the design mix, as --scenario ramp reports it; 0: the overload scenario runs that ramp first to find it")
 	fs.Float64Var(&c.overloadFactor, "overload-factor", 3, "overload: acquires (and releases in the design proportion) at this many times --carried-rate, beside the design load's renewals")
 	fs.IntVar(&c.sessions, "sessions", 0, "steady (and the service's steady phase of raw and all): after the design load with each lease renewed on its own, run it again with the same leases and acquire and release rates spread over this many sessions, opened before and closed after, each kept alive every TTL/3 (± --renew-jitter) instead of renewing each lease, and compare the two: raft commits, stream messages and writes, errors, acquire latency")
@@ -205,6 +207,10 @@ func (c *config) finishModes() error {
 	check(c.target != "service" && c.target != "raw", "--target %q: want service or raw", c.target)
 	check(!slices.Contains([]string{"inproc", "proc", "none"}, c.serviceMode), "--service %q: want proc, inproc or none", c.serviceMode)
 	check(c.lockd != "" && c.serviceMode != "proc", "--lockd runs the service as a process: it needs --service proc")
+	check(c.profileDir != "" && (c.lockd != "" || c.serviceMode == "none"),
+		"--profile profiles the service the bench runs itself: it needs --service proc or inproc, without --lockd (a lockd serves its profiles with --metrics and --pprof)")
+	check(c.profileDir != "" && c.serviceMode == "inproc" && (c.cpuProfile != "" || c.memProfile != ""),
+		"--profile with --service inproc writes the bench process's profiles itself: leave out --cpuprofile and --memprofile")
 	check(!slices.Contains([]string{"any", "service", "away"}, c.leader), "--leader %q: want any, service or away", c.leader)
 	check(c.clients != "any" && c.clients != "service", "--clients %q: want any or service", c.clients)
 	check(c.serviceMode != "inproc" && (c.clients != "any" || c.leader != "any"),

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"strings"
 	"syscall"
@@ -66,23 +67,55 @@ func main() {
 	}
 }
 
-// profiled runs f under the profiles the flags ask for.
+// profiled runs f under the profiles the flags ask for: the bench
+// process's, into --cpuprofile and --memprofile, or with --profile and
+// --service inproc into that directory (the service runs in this
+// process). With --service proc, the service process writes its own (see
+// serviceProfiles).
 func profiled(cfg *config, f func() error) error {
-	if cfg.cpuProfile != "" {
-		out, err := os.Create(cfg.cpuProfile)
+	cpu, mem, kind := cfg.cpuProfile, cfg.memProfile, "allocs"
+	if cfg.profileDir != "" && cfg.serviceMode == "inproc" {
+		cpu, mem, kind = filepath.Join(cfg.profileDir, "bench.cpu.pprof"), filepath.Join(cfg.profileDir, "bench.heap.pprof"), "heap"
+	}
+	err := withProfiles(cpu, mem, kind, f)
+	if cfg.profileDir != "" {
+		// The service process wrote its profiles as it stopped, when the
+		// run ended.
+		files, _ := filepath.Glob(filepath.Join(cfg.profileDir, "*.pprof"))
+		fmt.Printf("profiles (go tool pprof): %s\n", strings.Join(files, " "))
+	}
+	return err
+}
+
+// withProfiles runs f with a CPU profile written to cpu, and then writes
+// the memory profile of kind ("allocs" or "heap": the same samples, read
+// by default as allocations or as what is in use) to mem; an empty path
+// leaves that profile out. Their directories are made if missing.
+func withProfiles(cpu, mem, kind string, f func() error) error {
+	create := func(path string) (*os.File, error) {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return nil, err
+		}
+		return os.Create(path)
+	}
+	if cpu != "" {
+		out, err := create(cpu)
 		if err == nil {
 			err = pprof.StartCPUProfile(out)
 		}
 		if err != nil {
 			return fmt.Errorf("cpu profile: %w", err)
 		}
-		defer pprof.StopCPUProfile()
+		defer func() {
+			pprof.StopCPUProfile()
+			out.Close()
+		}()
 	}
 	err := f()
-	if cfg.memProfile != "" {
-		out, perr := os.Create(cfg.memProfile)
+	if mem != "" {
+		out, perr := create(mem)
 		if perr == nil {
-			perr = errors.Join(pprof.Lookup("allocs").WriteTo(out, 0), out.Close())
+			perr = errors.Join(pprof.Lookup(kind).WriteTo(out, 0), out.Close())
 		}
 		err = errors.Join(err, perr)
 	}

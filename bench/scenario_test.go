@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/pprof/profile"
+
 	"github.com/jetlock/jetlock/bench/internal/load"
 )
 
@@ -151,7 +153,9 @@ func TestOverloadFlags(t *testing.T) {
 	}
 	for _, bad := range [][]string{{"--carried-rate", "-1"}, {"--overload-factor", "0"}, {"--flood-rate", "0"},
 		{"--scenario", "noisy", "--auth=false"}, {"--scenario", "noisy", "--server", "nats://a:4222"},
-		{"--sessions", "-1"}, {"--sessions", "10", "--scenario", "hotlock"}, {"--sessions", "10", "--target", "raw"}} {
+		{"--sessions", "-1"}, {"--sessions", "10", "--scenario", "hotlock"}, {"--sessions", "10", "--target", "raw"},
+		{"--profile", "p", "--lockd", "/bin/lockd"}, {"--profile", "p", "--server", "nats://a:4222"},
+		{"--profile", "p", "--service", "inproc", "--cpuprofile", "c"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
@@ -420,5 +424,46 @@ func TestShapeFlags(t *testing.T) {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
+	}
+}
+
+// --profile writes the service process's CPU profile of the run and its
+// heap as it ends: both parse, the CPU profile covers the run, and the
+// heap holds the service's own allocations.
+func TestProfile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "profiles")
+	ctx, e, sum := newEnv(t, "--profile", dir, "--workers", "4", "--duration", "1s")
+	if e.svc.proc == nil {
+		t.Fatal("want a service process")
+	}
+	if err := runCycles(ctx, e, sum); err != nil {
+		t.Fatal(err)
+	}
+	e.svc.stop() // the service process writes its profiles as it stops
+	e.svc = nil
+	cpuPath, heapPath := serviceProfiles(dir)
+	read := func(path string) *profile.Profile {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		p, err := profile.Parse(f)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return p
+	}
+	cpu := read(cpuPath)
+	if cpu.DurationNanos < int64(time.Second) || len(cpu.SampleType) == 0 || cpu.SampleType[0].Type != "samples" {
+		t.Fatalf("cpu profile of %v, sample types %v", time.Duration(cpu.DurationNanos), cpu.SampleType)
+	}
+	heap := read(heapPath)
+	var ours bool
+	for _, fn := range heap.Function {
+		ours = ours || strings.HasPrefix(fn.Name, "github.com/jetlock/jetlock/service.")
+	}
+	if !ours || len(heap.Sample) == 0 {
+		t.Fatalf("heap profile: %d samples, none from the service's code", len(heap.Sample))
 	}
 }

@@ -154,6 +154,10 @@ func startServiceProc(cfg *config, url, dir string, users []string) (*serviceRun
 	args := append(append([]string{"--prefix", cfg.prefix, "--bucket", cfg.bucket, "--metrics", metrics}, users...), cfg.tune.args()...)
 	ch := &devcluster.Child{Name: "service", Path: cfg.lockd, Args: append([]string{cmdService, "--server", url}, args...),
 		Log: filepath.Join(dir, "service.log")}
+	if cfg.profileDir != "" {
+		cpu, heap := serviceProfiles(cfg.profileDir)
+		ch.Args = append(ch.Args, "--cpuprofile", cpu, "--heapprofile", heap)
+	}
 	if cfg.lockd != "" {
 		ch.Args = append([]string{"--url", url}, args...)
 	}
@@ -178,6 +182,8 @@ func serviceMain(args []string) int {
 	prefix := fs.String("prefix", "jetlock", "subject prefix")
 	bucket := fs.String("bucket", "jetlock", "bucket")
 	metrics := fs.String("metrics", "127.0.0.1:0", "serve Prometheus metrics on this address")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	heapProfile := fs.String("heapprofile", "", "write a heap profile to this file as the service ends")
 	var tune tuning
 	tune.register(fs, "")
 	if err := fs.Parse(args); err != nil {
@@ -200,14 +206,29 @@ func serviceMain(args []string) int {
 		}
 		return opts
 	}
-	rs, _, err := startInproc(ctx, *url, opts, cfg, *metrics)
+	var rs *inprocService
+	err := withProfiles(*cpuProfile, *heapProfile, "heap", func() error {
+		var err error
+		if rs, _, err = startInproc(ctx, *url, opts, cfg, *metrics); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return nil
+	})
+	if rs != nil {
+		rs.stop()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	<-ctx.Done()
-	rs.stop()
 	return 0
+}
+
+// serviceProfiles returns the paths of the CPU and heap profiles of a
+// service process under dir (--profile).
+func serviceProfiles(dir string) (cpu, heap string) {
+	return filepath.Join(dir, "service.cpu.pprof"), filepath.Join(dir, "service.heap.pprof")
 }
 
 // stop stops the service and waits for it to end.
