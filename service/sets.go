@@ -138,6 +138,13 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 			return nil, leaseEnded(r.requestID)
 		}
 	}
+	if queued != nil && (fresh || l.following()) {
+		// A waiting set woken, or re-checking while this instance follows
+		// another's writes (it would read fresh before deciding).
+		if err := l.stillBlocked(ctx, r); err != nil {
+			return nil, err
+		}
+	}
 	var sess observation
 	for attempt := 0; attempt < attempts(r.session); attempt++ {
 		if r.session != "" {
@@ -177,6 +184,46 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 		return resp, err
 	}
 	return nil, tooManyConflicts()
+}
+
+// stillBlocked answers "locked" when a fresh read proves that set r, which
+// waits in the queues, cannot be granted now: a key that this instance
+// sees held by another lease still is. A waiting set is woken each time
+// one of its keys frees, usually while others are still held; reading
+// only the first key seen held, instead of every key of the set from the
+// stream leader, makes such a wake cost one read. Only a refusal is
+// decided here, and only when no key is seen held by r's own request, or
+// ended as its lease, or holding a foreign value (a retry's grant, a set
+// lease partly or wholly ended, a foreign value are decided on reads of
+// every key): anything else falls through to the full decision on fresh
+// reads.
+// The caller holds every key's lock.
+func (l *locks) stillBlocked(ctx context.Context, r *setReq) error {
+	obs := make([]observation, len(r.keys))
+	probe := -1
+	now := time.Now()
+	for i, k := range r.keys {
+		o, err := l.current(ctx, k, false) // the tracker's view; no read once synced
+		if err != nil {
+			return nil
+		}
+		if o.foreign || o.held() && r.mine(o.rec) || !o.held() && o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window) {
+			return nil
+		}
+		if probe < 0 && o.held() && !l.tracker.expired(o, now) {
+			probe = i
+		}
+		obs[i] = o
+	}
+	if probe < 0 {
+		return nil
+	}
+	o, err := l.current(ctx, r.keys[probe], true)
+	if err != nil || !o.held() || r.mine(o.rec) || l.tracker.expired(o, time.Now()) {
+		return nil // decided on fresh reads of every key
+	}
+	obs[probe] = o
+	return l.setLocked(r, obs, false)
 }
 
 // decideSet decides, on the observations obs of r's keys, whether r is

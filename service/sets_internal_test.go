@@ -3,11 +3,15 @@ package service
 import (
 	"context"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -142,5 +146,94 @@ func TestSetBatchLimits(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatalf("one of 120 concurrent batches: %v", err)
 		}
+	}
+}
+
+// A waiting set is woken each time one of its keys frees. Woken while
+// another of its keys is still held, it reads that key alone from the
+// stream leader, not every key of the set, and keeps waiting; woken when
+// the last frees, it is granted whole.
+func TestWokenSetReadsTheKeyStillHeld(t *testing.T) {
+	cl := startCluster(t)
+	s, _ := startInstance(t, cl, DefaultConfig(), 0)
+	// Every right in the service's account: it sees the store's reads.
+	mon, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Admin)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mon.Close()
+	var reads atomic.Int64
+	var mu sync.Mutex
+	var what []string
+	if _, err := mon.Subscribe("$JS.API.STREAM.MSG.GET.>", func(m *nats.Msg) {
+		reads.Add(1)
+		mu.Lock()
+		what = append(what, time.Now().Format("05.000")+" "+string(m.Data))
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mon.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	hold := func(res string) string {
+		resp, err := call(t, s, streams.OpAcquire, &streams.AcquireRequest{Resource: res, RequestID: "h-" + res, Owner: "holder", TTLms: 60_000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.(*streams.LeaseResponse).LeaseID
+	}
+	release := func(res, lease string) {
+		if _, err := call(t, s, streams.OpRelease, &streams.ReleaseRequest{Resource: res, LeaseID: lease}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := []string{"wk/a", "wk/b", "wk/c", "wk/d", "wk/e"}
+	// The subscription's interest reaches the other nodes a moment later.
+	waitFor(t, 10*time.Second, func() bool {
+		if _, err := s.locks.store.read(context.Background(), streams.LeaseKey("wk/a")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		return reads.Load() > 0
+	}, "the store's reads seen")
+	b, e := hold("wk/b"), hold("wk/e")
+	type result struct {
+		resp any
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := call(t, s, streams.OpAcquire, &streams.AcquireRequest{Resources: set, RequestID: "set", Owner: "waiter", TTLms: 60_000, WaitMs: 30_000})
+		got <- result{resp, err}
+	}()
+	waitFor(t, 10*time.Second, func() bool {
+		_, ok := s.locks.tracker.head(queueOf(streams.LeaseKey("wk/e")))
+		return ok
+	}, "the set queued")
+	time.Sleep(300 * time.Millisecond) // its first steps are over
+	before := reads.Load()
+	release("wk/b", b)
+	time.Sleep(400 * time.Millisecond) // the wake's step, before its recheck a second later
+	if n := reads.Load() - before; n != 1 {
+		mu.Lock()
+		t.Fatalf("the set woken by the release of one key while another was held made %d reads, want 1 (of the key still held): %q", n, what)
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("the set answered while wk/e was held: %v, %v", r.resp, r.err)
+	default:
+	}
+	release("wk/e", e)
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if resp := r.resp.(*streams.SetLeaseResponse); len(resp.Resources) != len(set) {
+			t.Fatalf("granted %+v", resp)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the set was not granted once its last key freed")
 	}
 }
