@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -77,73 +76,10 @@ func TestElectLeaderKilledStandbyElected(t *testing.T) {
 // and the old jetlock, resumed, stops it and exits 79.
 func TestElectPausedLeaderIsFenced(t *testing.T) {
 	t.Parallel()
-	store := newFencedStore(t)
-	dir := t.TempDir()
 	const name = "elect-cli:paused"
-	goA, resA := filepath.Join(dir, "goA"), filepath.Join(dir, "resA")
-	env, argv := helperCmd("fencedwrite", store.srv.URL, "stale", goA, resA)
-	a := start(t, env, append([]string{"elect", "--ttl", "1s", "--value", "a", name, "--"}, argv...)...)
-	c := newClient(t)
-	deadline := time.Now().Add(20 * time.Second)
-	for !status(t, c, name).Held {
-		if time.Now().After(deadline) {
-			t.Fatal("never elected")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t1 := status(t, c, name).Token
-	guard := childOf(t, a.cmd.Process.Pid)
-	child := childOf(t, guard)
-	for _, pid := range []int{a.cmd.Process.Pid, guard} {
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-		defer syscall.Kill(pid, syscall.SIGCONT) //nolint:errcheck
-	}
-	if err := syscall.Kill(-child, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Kill(-child, syscall.SIGCONT) //nolint:errcheck
-
-	paused := time.Now()
-	goB, resB := filepath.Join(dir, "goB"), filepath.Join(dir, "resB")
-	if err := os.WriteFile(goB, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	env, argv = helperCmd("fencedwrite", store.srv.URL, "fresh", goB, resB)
-	b := start(t, env, append([]string{"elect", "--ttl", "5s", "--grace", "1s", "--value", "b", name, "--"}, argv...)...)
-	waitFile(t, resB, 20*time.Second)
-	t.Logf("new leader wrote %v after the old one was paused", time.Since(paused))
-	if got, _ := os.ReadFile(resB); string(got) != "200 accepted" {
-		t.Fatalf("the new leader's write: %q", got)
-	}
-	if st := status(t, c, name); st.Token <= t1 {
-		t.Fatalf("after the paused leader: %+v, want a token above %d", st, t1)
-	}
-
-	if err := os.WriteFile(goA, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(-child, syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	waitFile(t, resA, 10*time.Second)
-	got, _ := os.ReadFile(resA)
-	if !strings.HasPrefix(string(got), "409 ") || !strings.Contains(string(got), "stale") {
-		t.Fatalf("the paused leader's late write: %q, want refused as stale", got)
-	}
-	if v := store.get(name); v != "fresh" {
-		t.Fatalf("store holds %q, want the new leader's value", v)
-	}
-	for _, pid := range []int{guard, a.cmd.Process.Pid} {
-		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-			t.Fatal(err)
-		}
-	}
-	wantCode(t, a.wait(t, 20*time.Second), 79)
-	if !groupGone(child) {
-		t.Fatal("the paused leader's command outlived jetlock")
-	}
+	_, b := pausedHolderIsFenced(t, name,
+		[]string{"elect", "--ttl", "1s", "--value", "a", name},
+		[]string{"elect", "--ttl", "5s", "--grace", "1s", "--value", "b", name})
 	_ = b.cmd.Process.Signal(syscall.SIGTERM)
 	b.wait(t, 20*time.Second)
 }

@@ -192,12 +192,34 @@ func TestRunRevokeStopsCommand(t *testing.T) {
 // by the fenced store, and jetlock stops it with exit 79.
 func TestRunPausedCommandIsFenced(t *testing.T) {
 	t.Parallel()
+	const resource = "run:paused"
+	c, b := pausedHolderIsFenced(t, resource,
+		[]string{"run", "--ttl", "1s", "--owner", "paused", resource},
+		[]string{"run", "--wait", "20s", "--ttl", "5s", "--grace", "1s", resource})
+	_ = b.cmd.Process.Signal(syscall.SIGTERM) // forwarded: ends B's helper
+	if r := b.wait(t, 20*time.Second); r.code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("B exited %d after SIGTERM was forwarded, want %d; stderr %q", r.code, 128+int(syscall.SIGTERM), r.stderr)
+	}
+	if st := status(t, c, resource); st.Held {
+		t.Fatalf("held after both runs ended: %+v", st)
+	}
+}
+
+// pausedHolderIsFenced runs jetlock with aArgs (a lock's holder, or an
+// election's leader, of resource) over a command that writes "stale" to a
+// fenced store when told, freezes jetlock, its guard and its command past
+// the lease's TTL, and runs jetlock with bArgs over one that writes
+// "fresh" at once. B's write must be accepted with a larger token; the
+// paused command, resumed, must see its write refused as stale; the old
+// jetlock, resumed, must stop it and exit 79. It returns a client and B,
+// still running.
+func pausedHolderIsFenced(t *testing.T, resource string, aArgs, bArgs []string) (*client.Client, *proc) {
+	t.Helper()
 	store := newFencedStore(t)
 	dir := t.TempDir()
-	const resource = "run:paused"
 	goA, resA := filepath.Join(dir, "goA"), filepath.Join(dir, "resA")
 	env, argv := helperCmd("fencedwrite", store.srv.URL, "stale", goA, resA)
-	a := start(t, env, append([]string{"run", "--ttl", "1s", "--owner", "paused", resource, "--"}, argv...)...)
+	a := start(t, env, append(append(aArgs, "--"), argv...)...)
 	c := newClient(t)
 	deadline := time.Now().Add(20 * time.Second)
 	for !status(t, c, resource).Held {
@@ -214,20 +236,20 @@ func TestRunPausedCommandIsFenced(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
-		defer syscall.Kill(pid, syscall.SIGCONT) //nolint:errcheck
+		t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
 	}
 	if err := syscall.Kill(-child, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	defer syscall.Kill(-child, syscall.SIGCONT) //nolint:errcheck
+	t.Cleanup(func() { _ = syscall.Kill(-child, syscall.SIGCONT) })
 
-	// Another run takes over once the lease expired, and writes.
+	// Another jetlock takes over once the lease expired, and writes.
 	goB, resB := filepath.Join(dir, "goB"), filepath.Join(dir, "resB")
 	if err := os.WriteFile(goB, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	env, argv = helperCmd("fencedwrite", store.srv.URL, "fresh", goB, resB)
-	b := start(t, env, append([]string{"run", "--wait", "20s", "--ttl", "5s", "--grace", "1s", resource, "--"}, argv...)...)
+	b := start(t, env, append(append(bArgs, "--"), argv...)...)
 	waitFile(t, resB, 20*time.Second)
 	if got, _ := os.ReadFile(resB); string(got) != "200 accepted" {
 		t.Fatalf("the new holder's write: %q", got)
@@ -260,13 +282,7 @@ func TestRunPausedCommandIsFenced(t *testing.T) {
 	if !groupGone(child) {
 		t.Fatal("the paused command outlived jetlock")
 	}
-	_ = b.cmd.Process.Signal(syscall.SIGTERM) // forwarded: ends B's helper
-	if r := b.wait(t, 20*time.Second); r.code != 128+int(syscall.SIGTERM) {
-		t.Fatalf("B exited %d after SIGTERM was forwarded, want %d; stderr %q", r.code, 128+int(syscall.SIGTERM), r.stderr)
-	}
-	if st := status(t, c, resource); st.Held {
-		t.Fatalf("held after both runs ended: %+v", st)
-	}
+	return c, b
 }
 
 // childOf returns the pid of parent's only child (from /proc: the
