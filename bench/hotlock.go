@@ -161,10 +161,18 @@ func (h *hotlock) countWakes() (subject string, stop func(), err error) {
 // whole wait_ms.
 func (h *hotlock) run(ctx context.Context) {
 	c := h.e.cfg
-	end := time.Now().Add(c.duration)
+	runWaiting(ctx, c.hotResources*c.waiters, c.duration,
+		func(i int, end time.Time) { h.caller(ctx, i, h.res[i%c.hotResources], end) }, h.cancelWaits)
+}
+
+// runWaiting runs n callers, caller(i, end) each, until d has passed, then
+// calls cancelWaits every half second until every caller has returned:
+// a wait that began as the time ran out is cancelled too.
+func runWaiting(ctx context.Context, n int, d time.Duration, caller func(i int, end time.Time), cancelWaits func()) {
+	end := time.Now().Add(d)
 	var wg sync.WaitGroup
-	for i := range c.hotResources * c.waiters {
-		wg.Go(func() { h.caller(ctx, i, h.res[i%c.hotResources], end) })
+	for i := range n {
+		wg.Go(func() { caller(i, end) })
 	}
 	done := make(chan struct{})
 	go func() {
@@ -176,11 +184,11 @@ func (h *hotlock) run(ctx context.Context) {
 	case <-ctx.Done():
 	}
 	for {
-		h.cancelWaits()
+		cancelWaits()
 		select {
 		case <-done:
 			return
-		case <-time.After(500 * time.Millisecond): // a wait that began as the time ran out
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }

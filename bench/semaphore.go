@@ -101,28 +101,8 @@ func runSemaphore(ctx context.Context, e *env, sum *Summary) error {
 // still open until every caller returned.
 func (s *semRun) run(ctx context.Context) {
 	c := s.e.cfg
-	end := time.Now().Add(c.duration)
-	var wg sync.WaitGroup
-	for i := range c.hotResources * c.waiters {
-		wg.Go(func() { s.caller(ctx, i, s.sems[i%c.hotResources], end) })
-	}
-	done := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-time.After(time.Until(end)):
-	case <-ctx.Done():
-	}
-	for {
-		s.cancelWaits()
-		select {
-		case <-done:
-			return
-		case <-time.After(500 * time.Millisecond): // a wait that began as the time ran out
-		}
-	}
+	runWaiting(ctx, c.hotResources*c.waiters, c.duration,
+		func(i int, end time.Time) { s.caller(ctx, i, s.sems[i%c.hotResources], end) }, s.cancelWaits)
 }
 
 // caller acquires a permit of sm, holds and releases it, until end.
