@@ -40,6 +40,7 @@ type config struct {
 	p99Target, rampStepDur               time.Duration
 	rampStart, rampStep, rampMax         float64
 	hotResources, waiters, workers       int
+	rawBatch                             int
 	hold, wait                           time.Duration
 	wakeSubject                          string
 	killAt, restartAfter                 time.Duration
@@ -148,6 +149,7 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.wait, "wait", 30*time.Second, "hotlock, semaphore and the contended phase of sets: wait_ms of the waiting acquires")
 	fs.StringVar(&c.wakeSubject, "wake-subject", "", "hotlock: subject to count wake messages on; the default is '<prefix>.>' minus the request and heartbeat subjects")
 	fs.IntVar(&c.workers, "workers", 64, "cycles, sets: closed-loop workers, each acquiring and releasing one resource (set) after another")
+	fs.IntVar(&c.rawBatch, "raw-batch", 1, "cycles --target raw: the keys each worker creates in one atomic batch (one commit), and then deletes in another: what committing the writes of several requests together would cost the cluster")
 	fs.IntVar(&c.setMin, "set-min", 2, "sets: the fewest resources of a lock set (sizes are drawn at random between --set-min and --set-max)")
 	fs.IntVar(&c.setMax, "set-max", 8, "sets: the most resources of a lock set")
 	fs.IntVar(&c.setHot, "set-hot", 64, "sets: the resources the contended phase draws its sets from (acquired with wait_ms --wait)")
@@ -159,7 +161,7 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process) or stepdown (ask the leader to step down; works with --server)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
-	fs.StringVar(&c.profileDir, "profile", "", "write CPU and heap profiles of the service the bench starts, for the whole run, into this directory (created if missing): service.cpu.pprof and service.heap.pprof (the heap as the service ends, with every allocation of the run) for --service proc; with --service inproc the bench process's, bench.cpu.pprof and bench.heap.pprof, which hold the service and the load generator together. Read them with go tool pprof")
+	fs.StringVar(&c.profileDir, "profile", "", "write CPU and heap profiles of the service the bench starts, for the whole run, into this directory (created if missing): service.cpu.pprof and service.heap.pprof (the heap as the service ends, with every allocation of the run) for --service proc; with --service inproc the bench process's, bench.cpu.pprof and bench.heap.pprof, which hold the service and the load generator together. With the bench's own cluster, also each node's CPU profile for each measured phase of a scheduled length, <node>.<n>-<phase>.cpu.pprof. Read them with go tool pprof")
 	fs.Float64Var(&c.carriedRate, "carried-rate", 0, "overload: the acquire rate the deployment carries at the design mix, as --scenario ramp reports it; 0: the overload scenario runs that ramp first to find it")
 	fs.Float64Var(&c.overloadFactor, "overload-factor", 3, "overload: acquires (and releases in the design proportion) at this many times --carried-rate, beside the design load's renewals")
 	fs.IntVar(&c.sessions, "sessions", 0, "steady (and the service's steady phase of raw and all): after the design load with each lease renewed on its own, run it again with the same leases and acquire and release rates spread over this many sessions, opened before and closed after, each kept alive every TTL/3 (± --renew-jitter) instead of renewing each lease, and compare the two: raft commits, stream messages and writes, errors, acquire latency")
@@ -287,6 +289,12 @@ func (c *config) finishLoad() error {
 		return errors.New("durations must be positive")
 	case c.conns < 1 || c.maxInFlight < 1 || c.workers < 1:
 		return errors.New("--conns, --max-inflight and --workers must be at least 1")
+	case c.rawBatch < 1 || c.rawBatch > 1000:
+		return errors.New("--raw-batch must lie within 1..1000 (a stream's atomic batch holds at most 1,000 messages)")
+	case c.rawBatch > 1 && (c.scenario != "cycles" || c.target != "raw"):
+		return errors.New("--raw-batch is for --scenario cycles --target raw")
+	case c.resources/c.workers < 2*c.rawBatch:
+		return fmt.Errorf("--raw-batch %d: each of --workers %d draws from its own share of --resources %d, which must hold twice the batch", c.rawBatch, c.workers, c.resources)
 	case c.acquireRate < 0 || c.renewRate < 0 || c.releaseRate < 0 || c.warmupRate <= 0:
 		return errors.New("rates must not be negative (warm-up rate positive)")
 	case c.rampStart <= 0 || c.rampStep <= 0 || c.rampMax < c.rampStart:
@@ -303,7 +311,7 @@ func (c *config) finishLoad() error {
 // service's tuning too when the bench runs the service.
 var reported = strings.Fields(`duration resources leases acquire-rate release-rate renew-rate renew-interval
 	renew-jitter ttl timeout conns p99-target ramp-start ramp-step ramp-step-duration hot-resources waiters
-	hold wait service target retries failover-mode leader clients instances workers carried-rate overload-factor
+	hold wait service target retries failover-mode leader clients instances workers raw-batch carried-rate overload-factor
 	flood-rate sessions sessions-pause set-min set-max set-hot limit candidates rounds`)
 
 // settings lists the reported flags' values (the derived ones as

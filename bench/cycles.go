@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/jetlock/jetlock/bench/internal/load"
 	"github.com/jetlock/jetlock/streams"
@@ -84,6 +87,17 @@ type cycler struct {
 func (cy *cycler) run(ctx context.Context, end time.Time) {
 	workers := cy.e.cfg.workers
 	share := (cy.e.cfg.resources - cy.w + workers - 1) / workers
+	if n := cy.e.cfg.rawBatch; n > 1 {
+		for time.Now().Before(end) && ctx.Err() == nil && len(cy.dead) <= share-n {
+			ids := cy.pick(share, n)
+			if !cy.cycleBatch(ctx, ids) {
+				for _, id := range ids {
+					cy.dead[id] = true
+				}
+			}
+		}
+		return
+	}
 	for time.Now().Before(end) && ctx.Err() == nil && len(cy.dead) < share {
 		if id := cy.w + cy.rng.IntN(share)*workers; !cy.dead[id] && !cy.cycle(ctx, id) {
 			cy.dead[id] = true
@@ -121,6 +135,74 @@ func (cy *cycler) cycle(ctx context.Context, id int) bool {
 	}
 	cy.rec.Get(load.OpCycle, 0).Record(done.Sub(start), load.CodeOK)
 	cy.revs[id] = rr.Rev
+	return true
+}
+
+// pick returns n distinct resources of the worker's share (of size
+// share) whose state it knows.
+func (cy *cycler) pick(share, n int) []int {
+	workers := cy.e.cfg.workers
+	ids := make([]int, 0, n)
+	for len(ids) < n {
+		id := cy.w + cy.rng.IntN(share)*workers
+		if !cy.dead[id] && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// codeNotBatched: the stream did not acknowledge a --raw-batch commit as
+// one atomic batch of all its messages.
+const codeNotBatched = "not_batched"
+
+// cycleBatch creates ids' keys as bare KV writes in one atomic batch, then
+// deletes them in another (--raw-batch), and reports whether both
+// committed. Every key counts an acquire, a release and a cycle, with its
+// batch's latencies, so that rates and CPU per operation compare with
+// single writes.
+func (cy *cycler) cycleBatch(ctx context.Context, ids []int) bool {
+	c := cy.e.cfg
+	raw := cy.be.(*load.Raw)
+	ctx = context.WithoutCancel(ctx)
+	names := make([]string, len(ids))
+	msgs := make([]*nats.Msg, len(ids))
+	for i, id := range ids {
+		names[i] = fmt.Sprintf("%sr%06d", cy.names, id)
+		cy.seq++
+		msgs[i] = raw.Acquire(names[i], fmt.Sprintf("%s-c%d-%d", cy.e.runID, cy.w, cy.seq), "", c.ttl, 0, cy.revs[id])
+	}
+	start := time.Now()
+	reply, at, err := cy.rq.DoBatch(ctx, raw.Batch(msgs), c.timeout)
+	res := raw.Parse(streams.OpAcquire, reply, err)
+	if res.Code == load.CodeOK && res.Batch != len(ids) {
+		res.Code = codeNotBatched
+	}
+	for range ids {
+		cy.rec.Get(load.OpAcquire, 0).Record(at.Sub(start), res.Code)
+	}
+	if res.Code != load.CodeOK {
+		return false
+	}
+	for i := range ids {
+		msgs[i] = raw.Release(names[i], "", res.Rev-uint64(len(ids)-1-i))
+	}
+	sent := time.Now()
+	reply, done, err := cy.rq.DoBatch(ctx, raw.Batch(msgs), c.timeout)
+	rr := raw.Parse(streams.OpRelease, reply, err)
+	if rr.Code == load.CodeOK && rr.Batch != len(ids) {
+		rr.Code = codeNotBatched
+	}
+	for range ids {
+		cy.rec.Get(load.OpRelease, 0).Record(done.Sub(sent), rr.Code)
+	}
+	if rr.Code != load.CodeOK {
+		return false
+	}
+	for i, id := range ids {
+		cy.rec.Get(load.OpCycle, 0).Record(done.Sub(start), load.CodeOK)
+		cy.revs[id] = rr.Rev - uint64(len(ids)-1-i)
+	}
 	return true
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -66,6 +67,16 @@ func TestCyclesAndHotlockOnTheLeastPrivilegeCluster(t *testing.T) {
 	if c := sum.Cycles; c.Cycles == 0 || c.Target != "raw" {
 		t.Fatalf("raw cycles %+v", c)
 	}
+	// --raw-batch 4: every four keys created in one atomic batch, and
+	// deleted in another; a batch counts as four of each operation.
+	e.cfg.rawBatch = 4
+	if err := runCycles(ctx, e, sum); err != nil {
+		t.Fatal(err)
+	}
+	if c := sum.Cycles; c.Cycles == 0 || c.Cycles%4 != 0 || c.Errors != 0 || sum.Ops[load.OpAcquire].Count != c.Cycles {
+		t.Fatalf("raw batched cycles %+v, acquires %+v", c, sum.Ops[load.OpAcquire])
+	}
+	e.cfg.rawBatch = 1
 
 	e.cfg.target = "service"
 	if err := runHotlock(ctx, e, sum); err != nil {
@@ -458,6 +469,13 @@ func TestProfile(t *testing.T) {
 	cpu := read(cpuPath)
 	if cpu.DurationNanos < int64(time.Second) || len(cpu.SampleType) == 0 || cpu.SampleType[0].Type != "samples" {
 		t.Fatalf("cpu profile of %v, sample types %v", time.Duration(cpu.DurationNanos), cpu.SampleType)
+	}
+	// Each node's CPU profile of the phase, through its profiling port.
+	for i := range 3 {
+		p := read(filepath.Join(dir, fmt.Sprintf("n%d.01-cycles.cpu.pprof", i+1)))
+		if p.DurationNanos < int64(time.Second) || len(p.SampleType) == 0 || p.SampleType[0].Type != "samples" {
+			t.Fatalf("node n%d: cpu profile of %v, sample types %v", i+1, time.Duration(p.DurationNanos), p.SampleType)
+		}
 	}
 	heap := read(heapPath)
 	var types []string

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jetlock/jetlock/bench/internal/load"
 	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/streams"
 )
 
 // designRates returns the rates of the flags.
@@ -120,6 +121,11 @@ func (e *env) withRawBucket(ctx context.Context, f func(be load.Backend, rq *loa
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err := e.js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{Bucket: e.cfg.rawBucket,
 			Description: "jetlock bench raw baseline", History: 1, Storage: jetstream.FileStorage, Replicas: 3})
+		if err == nil {
+			// Atomic batches, as the service's bucket allows them
+			// (--raw-batch writes them).
+			err = allowAtomic(cctx, e.js, streams.StreamName(e.cfg.rawBucket))
+		}
 		cancel()
 		if err == nil {
 			break
@@ -370,4 +376,19 @@ func runAll(ctx context.Context, e *env, sum *Summary) error {
 		return nil
 	}
 	return runSteady(ctx, e, sum)
+}
+
+// allowAtomic lets stream take atomic batches.
+func allowAtomic(ctx context.Context, js jetstream.JetStream, stream string) error {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.AllowAtomicPublish {
+		return nil
+	}
+	cfg.AllowAtomicPublish = true
+	_, err = js.UpdateStream(ctx, cfg)
+	return err
 }

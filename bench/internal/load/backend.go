@@ -10,6 +10,7 @@ import (
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/jetlock/jetlock/streams"
 )
@@ -41,6 +42,9 @@ type Result struct {
 	Session string
 	// Leases is, for a session.close, the number of leases it released.
 	Leases int
+	// Batch is, for a raw atomic batch's commit, how many messages the
+	// stream committed in it.
+	Batch int
 }
 
 // Backend turns operations into NATS messages and replies into results.
@@ -255,12 +259,26 @@ func (b *Raw) Renew(res, lease string, ttl time.Duration, rev uint64) *nats.Msg 
 
 func (b *Raw) Release(res, _ string, rev uint64) *nats.Msg { return b.write(res, nil, rev, "") }
 
+// Batch makes msgs one atomic batch of a new id: one commit, all or
+// nothing, answered once, for the last message. The stream must allow
+// atomic publish.
+func (b *Raw) Batch(msgs []*nats.Msg) []*nats.Msg {
+	id := nuid.Next()
+	for i, m := range msgs {
+		m.Header.Set("Nats-Batch-Id", id)
+		m.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
+	}
+	msgs[len(msgs)-1].Header.Set("Nats-Batch-Commit", "1")
+	return msgs
+}
+
 func (b *Raw) Parse(op string, m *nats.Msg, err error) Result {
 	if err != nil {
 		return clientResult(err)
 	}
 	var ack struct {
 		Seq   uint64 `json:"seq"`
+		Count int    `json:"count"`
 		Error *struct {
 			Code    int `json:"code"`
 			ErrCode int `json:"err_code"`
@@ -271,7 +289,7 @@ func (b *Raw) Parse(op string, m *nats.Msg, err error) Result {
 	}
 	switch e := ack.Error; {
 	case e == nil:
-		return Result{Code: CodeOK, Lease: "raw", Token: ack.Seq, Rev: ack.Seq, Released: op == streams.OpRelease}
+		return Result{Code: CodeOK, Lease: "raw", Token: ack.Seq, Rev: ack.Seq, Released: op == streams.OpRelease, Batch: ack.Count}
 	case e.ErrCode == int(jetstream.JSErrCodeStreamWrongLastSequence), // the CAS lost (R1)
 		e.ErrCode == int(jetstream.JSErrCodeStreamWrongLastSequenceConstant): // lost, or a write to the key in flight (R3)
 		return Result{Code: CodeConflict}

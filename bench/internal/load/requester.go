@@ -73,6 +73,13 @@ func (r *Requester) InFlight() int64 { return r.inflight.Load() }
 // ErrClosed. It returns ErrBacklog (and does not call done) when
 // maxInFlight requests are already waiting, or the publish error.
 func (r *Requester) Send(m *nats.Msg, timeout time.Duration, done func(reply *nats.Msg, at time.Time, err error)) error {
+	return r.SendBatch([]*nats.Msg{m}, timeout, done)
+}
+
+// SendBatch publishes msgs in order on one connection, the last as the
+// request (an atomic batch's commit), and answers as Send does for that
+// one. A publish error leaves the messages before it sent.
+func (r *Requester) SendBatch(msgs []*nats.Msg, timeout time.Duration, done func(reply *nats.Msg, at time.Time, err error)) error {
 	if r.inflight.Load() >= r.maxInFlight {
 		return ErrBacklog
 	}
@@ -90,8 +97,15 @@ func (r *Requester) Send(m *nats.Msg, timeout time.Duration, done func(reply *na
 	r.mu.Unlock()
 	r.inflight.Add(1)
 
-	m.Reply = r.inboxes[i] + strconv.FormatUint(id, 10)
-	if err := r.conns[i].PublishMsg(m); err != nil {
+	last := msgs[len(msgs)-1]
+	last.Reply = r.inboxes[i] + strconv.FormatUint(id, 10)
+	var err error
+	for _, m := range msgs {
+		if err = r.conns[i].PublishMsg(m); err != nil {
+			break
+		}
+	}
+	if err != nil {
 		r.mu.Lock()
 		_, mine := r.pending[id]
 		delete(r.pending, id)
@@ -108,13 +122,19 @@ func (r *Requester) Send(m *nats.Msg, timeout time.Duration, done func(reply *na
 // Do sends m and waits for its reply, for closed-loop callers. The time
 // returned is when the reply (or the error) came.
 func (r *Requester) Do(ctx context.Context, m *nats.Msg, timeout time.Duration) (*nats.Msg, time.Time, error) {
+	return r.DoBatch(ctx, []*nats.Msg{m}, timeout)
+}
+
+// DoBatch sends msgs as SendBatch does and waits for the reply to the
+// last.
+func (r *Requester) DoBatch(ctx context.Context, msgs []*nats.Msg, timeout time.Duration) (*nats.Msg, time.Time, error) {
 	type answer struct {
 		m   *nats.Msg
 		at  time.Time
 		err error
 	}
 	ch := make(chan answer, 1)
-	if err := r.Send(m, timeout, func(reply *nats.Msg, at time.Time, err error) { ch <- answer{reply, at, err} }); err != nil {
+	if err := r.SendBatch(msgs, timeout, func(reply *nats.Msg, at time.Time, err error) { ch <- answer{reply, at, err} }); err != nil {
 		return nil, time.Now(), err
 	}
 	select {
