@@ -70,7 +70,8 @@ func setup(ctx context.Context, cfg *config) (_ *env, err error) {
 	}
 	if cfg.url == "" {
 		fmt.Fprintf(e.out, "starting 3-node cluster (separate processes, sync always) in %s\n", e.dir)
-		e.cluster, err = devcluster.StartProcs(ctx, devcluster.ProcOptions{Dir: e.dir, Prefix: cfg.prefix, Open: !cfg.auth, Out: e.out})
+		e.cluster, err = devcluster.StartProcs(ctx, devcluster.ProcOptions{Dir: e.dir, Prefix: cfg.prefix, Open: !cfg.auth, Out: e.out,
+			Profile: cfg.profileDir != ""})
 		if err != nil {
 			return nil, err
 		}

@@ -397,9 +397,11 @@ func (e *env) measure(ctx context.Context, sum *Summary, ph *phase, f func()) *p
 	if withSvc {
 		before = e.svc.stats(ctx)
 	}
+	profiled := e.profileNodes(ctx, ph, len(sum.Phases))
 	stop := e.sample(ctx, ph)
 	f()
 	stop()
+	profiled()
 	if !withSvc {
 		return ph
 	}

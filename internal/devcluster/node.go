@@ -23,6 +23,9 @@ type nodeSpec struct {
 	// Open drops the accounts and users: every connection lands in the
 	// global account with every right, as before the least-privilege model.
 	Open bool `json:"open,omitempty"`
+	// ProfPort, when not zero, is where the node serves Go's profiles
+	// (/debug/pprof/ on loopback).
+	ProfPort int `json:"prof_port,omitempty"`
 }
 
 // nodeName returns the server name of node i.
@@ -62,7 +65,8 @@ func (n nodeSpec) options() (*server.Options, error) {
 			Port:        portOrRandom(n.RoutePort),
 			NoAdvertise: true,
 		},
-		Routes: server.RoutesFromStr(strings.Join(n.Routes, ",")),
-		NoSigs: true,
+		Routes:   server.RoutesFromStr(strings.Join(n.Routes, ",")),
+		NoSigs:   true,
+		ProfPort: n.ProfPort,
 	}, nil
 }

@@ -52,6 +52,9 @@ type ProcOptions struct {
 	ReadyTimeout time.Duration
 	// Ports draws a free loopback port. The default is FreePort.
 	Ports func() (int, error)
+	// Profile makes every node serve Go's profiles on a port of its own
+	// (ProfileURL).
+	Profile bool
 }
 
 // ProcCluster is a dev cluster whose nodes are processes of their own, so
@@ -115,6 +118,11 @@ func startProcsOnce(ctx context.Context, opts ProcOptions, creds credentials) (*
 			return nil, err
 		}
 		c.specs[i] = nodeSpec{Index: i, Dir: opts.Dir, ClientPort: client, RoutePort: route, Prefix: opts.Prefix, Creds: creds, Open: opts.Open}
+		if opts.Profile {
+			if c.specs[i].ProfPort, err1 = opts.Ports(); err1 != nil {
+				return nil, err1
+			}
+		}
 		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", route)
 	}
 	for i := range c.specs {
@@ -307,6 +315,16 @@ func (c *ProcCluster) Node(name string) int {
 		}
 	}
 	return -1
+}
+
+// ProfileURL returns where node i serves Go's profiles
+// ("http://127.0.0.1:PORT/debug/pprof/"), or "" unless the cluster was
+// started with Profile.
+func (c *ProcCluster) ProfileURL(i int) string {
+	if c.specs[i].ProfPort == 0 {
+		return ""
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/", c.specs[i].ProfPort)
 }
 
 // Dir returns node i's directory.
