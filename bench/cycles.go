@@ -173,29 +173,14 @@ func (cy *cycler) cycleBatch(ctx context.Context, ids []int) bool {
 		msgs[i] = raw.Acquire(names[i], fmt.Sprintf("%s-c%d-%d", cy.e.runID, cy.w, cy.seq), "", c.ttl, 0, cy.revs[id])
 	}
 	start := time.Now()
-	reply, at, err := cy.rq.DoBatch(ctx, raw.Batch(msgs), c.timeout)
-	res := raw.Parse(streams.OpAcquire, reply, err)
-	if res.Code == load.CodeOK && res.Batch != len(ids) {
-		res.Code = codeNotBatched
-	}
-	for range ids {
-		cy.rec.Get(load.OpAcquire, 0).Record(at.Sub(start), res.Code)
-	}
+	res, _ := cy.commitBatch(ctx, raw, streams.OpAcquire, load.OpAcquire, msgs)
 	if res.Code != load.CodeOK {
 		return false
 	}
 	for i := range ids {
 		msgs[i] = raw.Release(names[i], "", res.Rev-uint64(len(ids)-1-i))
 	}
-	sent := time.Now()
-	reply, done, err := cy.rq.DoBatch(ctx, raw.Batch(msgs), c.timeout)
-	rr := raw.Parse(streams.OpRelease, reply, err)
-	if rr.Code == load.CodeOK && rr.Batch != len(ids) {
-		rr.Code = codeNotBatched
-	}
-	for range ids {
-		cy.rec.Get(load.OpRelease, 0).Record(done.Sub(sent), rr.Code)
-	}
+	rr, done := cy.commitBatch(ctx, raw, streams.OpRelease, load.OpRelease, msgs)
 	if rr.Code != load.CodeOK {
 		return false
 	}
@@ -204,6 +189,22 @@ func (cy *cycler) cycleBatch(ctx context.Context, ids []int) bool {
 		cy.revs[id] = rr.Rev - uint64(len(ids)-1-i)
 	}
 	return true
+}
+
+// commitBatch sends msgs as one atomic batch, the reply parsed as op, and
+// records it as len(msgs) operations rec, each with the batch's latency.
+// It returns the outcome and when it came.
+func (cy *cycler) commitBatch(ctx context.Context, raw *load.Raw, op, rec string, msgs []*nats.Msg) (load.Result, time.Time) {
+	sent := time.Now()
+	reply, at, err := cy.rq.DoBatch(ctx, raw.Batch(msgs), cy.e.cfg.timeout)
+	res := raw.Parse(op, reply, err)
+	if res.Code == load.CodeOK && res.Batch != len(msgs) {
+		res.Code = codeNotBatched
+	}
+	for range msgs {
+		cy.rec.Get(rec, 0).Record(at.Sub(sent), res.Code)
+	}
+	return res, at
 }
 
 func printCycles(w io.Writer, r *CyclesResult) {

@@ -50,11 +50,7 @@ func (e *env) profileNodes(ctx context.Context, ph *phase, n int) (wait func()) 
 func fetchProfile(ctx context.Context, url, path string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := httpGet(ctx, url)
 	if err != nil {
 		return err
 	}

@@ -295,16 +295,21 @@ func (s *serviceRun) stats(ctx context.Context) svcStats {
 func scrape(ctx context.Context, url string, st svcStats) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := httpGet(ctx, url)
 	if err != nil {
 		return fmt.Errorf("service metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	return parseMetrics(resp.Body, st)
+}
+
+// httpGet sends a GET of url within ctx.
+func httpGet(ctx context.Context, url string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	return http.DefaultClient.Do(req)
 }
 
 // parseMetrics adds the service's figures in the Prometheus text format
