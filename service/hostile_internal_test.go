@@ -35,7 +35,7 @@ func TestCancelBeforeTheWaiterWriteWins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.locks.tryGrant(ctx, g, st, false)
+	_, err = s.locks.tryGrant(ctx, g, false)
 	st.unlock()
 	var oe *opError
 	if !errors.As(err, &oe) || oe.code != streams.CodeLocked {

@@ -96,18 +96,6 @@ func (kl *keyLock) unlock() {
 	kl.drop()
 }
 
-// release gives the key up for a while without ending the holder's use of
-// the lock: other requests may lock it meanwhile. The holder must
-// reacquire it before it unlocks.
-func (kl *keyLock) release() { <-kl.ch }
-
-// reacquire takes the key back after release, after the requests that
-// locked it meanwhile. It does not give up when a deadline passes: the
-// holder must hold the key again before it unlocks, and every holder
-// keeps it for one decision and its writes, each bounded by the
-// operation timeout.
-func (kl *keyLock) reacquire() { kl.ch <- struct{}{} }
-
 // drop ends one holder's or waiter's use of the lock; the last one's
 // frees it for reuse.
 func (kl *keyLock) drop() {

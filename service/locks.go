@@ -48,9 +48,6 @@ type locks struct {
 	store   *store
 	tracker *tracker
 	keys    *keyLocks
-	// permits are the semaphore grants this instance is committing
-	// (semaphores.go).
-	permits permitGrants
 	report  *reporter
 	wakes   *wakes
 	guard   *streamGuard
@@ -251,16 +248,16 @@ func (l *locks) acquire(ctx context.Context, g *grantReq) (*streams.LeaseRespons
 		return nil, err
 	}
 	defer st.unlock()
-	return l.tryGrant(ctx, g, st, false)
+	return l.tryGrant(ctx, g, false)
 }
 
 // tryGrant makes one decision on an acquire: grant, return the request's
 // existing lease, or refuse. With fresh, it decides on a read from the
 // stream leader rather than on what the watcher last saw. The caller holds
-// the key's lock, st (a semaphore's grant gives it up while it commits).
-func (l *locks) tryGrant(ctx context.Context, g *grantReq, st *keyLock, fresh bool) (*streams.LeaseResponse, error) {
+// the key's lock.
+func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
 	if g.limit != 0 {
-		return l.trySem(ctx, g, st, fresh)
+		return l.trySem(ctx, g, fresh)
 	}
 	if l.tracker.hasEnded(g.key, g.requestID, g.tenant) {
 		return nil, leaseEnded(g.requestID)

@@ -3,9 +3,7 @@ package service
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jetlock/jetlock/streams"
@@ -21,13 +19,6 @@ import (
 // request for a semaphore is a grantReq whose resource and key are the
 // queue's (the queue key itself is never written; it serialises the
 // semaphore's decisions on this instance) and whose limit is N.
-//
-// A decision is made under the queue key's lock, but the grant it leads
-// to commits without it (permitGrants): the permit it takes is reserved
-// meanwhile, so the next decision picks another, and a semaphore of N
-// permits has up to N grants committing at once rather than one. That a
-// permit has one holder never rests on the lock: each permit is a key of
-// its own, written by compare-and-set.
 //
 // Every holder and waiter must agree on N: each permit's record and each
 // waiter's carries it, and a request naming another N is invalid_request.
@@ -73,92 +64,17 @@ func (l *locks) semaphoreLimit(sem string, hint int) int {
 	return 0
 }
 
-// permitGrants are the permit grants this instance is committing: the
-// permit each takes, which no other decision picks meanwhile, and the
-// request each answers, whose retries wait for it (a retry that decided
-// alongside would take a second permit). Its zero value is ready.
-type permitGrants struct {
-	mu       sync.Mutex
-	keys     map[string]struct{}      // permit keys being granted
-	requests map[string]chan struct{} // request hash: closed when its grant has committed or failed
-}
-
-// reserved reports whether permit key is being granted.
-func (p *permitGrants) reserved(key string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.keys[key]
-	return ok
-}
-
-// pending returns a channel closed when the grant being committed for the
-// request of hash is done, or nil when none is.
-func (p *permitGrants) pending(hash string) chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.requests[hash]
-}
-
-// start reserves permit key for the request of hash; done ends that.
-func (p *permitGrants) start(key, hash string) (done func()) {
-	ch := make(chan struct{})
-	p.mu.Lock()
-	if p.keys == nil {
-		p.keys, p.requests = map[string]struct{}{}, map[string]chan struct{}{}
-	}
-	p.keys[key], p.requests[hash] = struct{}{}, ch
-	p.mu.Unlock()
-	return func() {
-		p.mu.Lock()
-		delete(p.keys, key)
-		delete(p.requests, hash)
-		p.mu.Unlock()
-		close(ch)
-	}
-}
-
-// grantPermit grants permit pg (observed in o) as trySem decided, with
-// the queue key's lock st given up while the grant commits. A grant that
-// fails leaves its permit free without a release to wake the head waiter,
-// so it wakes it.
-func (l *locks) grantPermit(ctx context.Context, pg *grantReq, st *keyLock, o, sess observation) (*streams.LeaseResponse, error) {
-	done := l.permits.start(pg.key, pg.hash)
-	st.release()
-	resp, err := l.grant(ctx, pg, o, sess)
-	done()
-	st.reacquire()
-	if err != nil {
-		l.wakeHead(queueOf(pg.key))
-	}
-	return resp, err
-}
-
 // trySem makes one decision on the acquire of a permit of g.sem: return
 // the request's permit if it holds one, grant a free permit if the
 // waiters ahead leave one, or refuse. The caller holds the queue key's
-// lock, st, which a grant gives up while it commits.
-func (l *locks) trySem(ctx context.Context, g *grantReq, st *keyLock, fresh bool) (*streams.LeaseResponse, error) {
+// lock.
+func (l *locks) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
 	if n := l.semaphoreLimit(g.sem, g.limit); n != 0 && n != g.limit {
 		return nil, newOpError(streams.CodeInvalidRequest, "semaphore %q has limit %d; this request says %d", g.sem, n, g.limit)
 	}
 	var sess observation
 attempts:
 	for attempt := 0; attempt < attempts(g.session); attempt++ {
-		if ch := l.permits.pending(g.hash); ch != nil {
-			// A grant of this very request is committing (this is a
-			// retry): wait for it without the lock, then decide on what
-			// it left.
-			st.release()
-			select {
-			case <-ch:
-			case <-ctx.Done():
-			}
-			st.reacquire()
-			if err := ctx.Err(); err != nil {
-				return nil, fmt.Errorf("%w: waiting for an earlier attempt of the request: %w", errUnavailable, err)
-			}
-			continue
-		}
 		if g.session != "" {
 			var err error
 			if sess, err = l.session(ctx, g, fresh); err != nil {
@@ -172,9 +88,6 @@ attempts:
 			key := permitKey(g.sem, k)
 			if l.tracker.hasEnded(key, g.requestID, g.tenant) {
 				return nil, leaseEnded(g.requestID)
-			}
-			if l.permits.reserved(key) {
-				continue // being granted to another request
 			}
 			o, err := l.current(ctx, key, fresh)
 			if err != nil {
@@ -211,7 +124,7 @@ attempts:
 		k := free[0]
 		pg := *g
 		pg.resource, pg.key = streams.PermitResource(g.sem, k), permitKey(g.sem, k)
-		resp, err := l.grantPermit(ctx, &pg, st, frees[0], sess)
+		resp, err := l.grant(ctx, &pg, frees[0], sess)
 		if errors.Is(err, errConflict) {
 			l.report.conflict()
 			fresh = true

@@ -76,7 +76,7 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	}
 	g := *w.g
 	g.ttl = w.ttl
-	resp, err = w.l.tryGrant(ctx, &g, st, fresh)
+	resp, err = w.l.tryGrant(ctx, &g, fresh)
 	w.ttl = min(w.g.ttl, w.l.cfg.HandoverTTL)
 	var oe *opError
 	if err == nil || !errors.As(err, &oe) || oe.code != streams.CodeLocked {
