@@ -293,7 +293,7 @@ func (c *config) finishLoad() error {
 		return errors.New("--raw-batch must lie within 1..1000 (a stream's atomic batch holds at most 1,000 messages)")
 	case c.rawBatch > 1 && (c.scenario != "cycles" || c.target != "raw"):
 		return errors.New("--raw-batch is for --scenario cycles --target raw")
-	case c.resources/c.workers < 2*c.rawBatch:
+	case c.rawBatch > 1 && c.resources/c.workers < 2*c.rawBatch:
 		return fmt.Errorf("--raw-batch %d: each of --workers %d draws from its own share of --resources %d, which must hold twice the batch", c.rawBatch, c.workers, c.resources)
 	case c.acquireRate < 0 || c.renewRate < 0 || c.releaseRate < 0 || c.warmupRate <= 0:
 		return errors.New("rates must not be negative (warm-up rate positive)")

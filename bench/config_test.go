@@ -66,9 +66,23 @@ func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
 		{"--leader", "service", "--service", "inproc", "--url", "nats://127.0.0.1:4222", "--service", "none"},
 		{"--workers", "0"},
 		{"--poll", "20ms"}, // the polling fallback is gone
+		{"--scenario", "cycles", "--target", "raw", "--raw-batch", "0"},
+		{"--scenario", "cycles", "--target", "raw", "--raw-batch", "1001"},
+		{"--scenario", "cycles", "--raw-batch", "8"},                    // batches are bare KV writes
+		{"--scenario", "steady", "--target", "raw", "--raw-batch", "8"}, // and only in cycles
+		{"--scenario", "cycles", "--target", "raw", "--raw-batch", "8", "--resources", "1000", "--workers", "100"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v accepted", args)
+		}
+	}
+	// Without batches, a worker's share may be small.
+	for _, args := range [][]string{
+		{"--scenario", "cycles", "--target", "raw", "--raw-batch", "8", "--workers", "32"},
+		{"--scenario", "cycles", "--resources", "100", "--leases", "0", "--workers", "64"},
+	} {
+		if _, err := parseFlags(args); err != nil {
+			t.Errorf("%v refused: %v", args, err)
 		}
 	}
 }

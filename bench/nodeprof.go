@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jetlock/jetlock/internal/devcluster"
 )
 
 // profileNodes starts a CPU profile of each node of the bench's own
@@ -31,7 +33,7 @@ func (e *env) profileNodes(ctx context.Context, ph *phase, n int) (wait func()) 
 		return r
 	}, ph.Name)
 	var wg sync.WaitGroup
-	for i := range 3 {
+	for i := range devcluster.Size {
 		url := e.cluster.ProfileURL(i)
 		if url == "" {
 			continue
