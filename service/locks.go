@@ -416,20 +416,46 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 // a second lease.
 func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64, sess *streams.Record) (*streams.LeaseResponse, error) {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		o, err := l.current(ctx, g.key, true)
+		held, o, err := l.grantAt(ctx, g, seq)
 		if err != nil {
 			return nil, err
 		}
-		if !o.held() || !g.mine(o.rec) || seq != 0 && o.rec.TokenAt(o.rev) != seq {
+		if held == nil {
 			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", g.requestID)
 		}
-		resp, err := l.sameRequest(ctx, g, o, sess)
+		resp, err := l.sameRequest(ctx, held, o, sess)
 		if errors.Is(err, errConflict) {
 			continue
 		}
 		return resp, err
 	}
 	return nil, tooManyConflicts()
+}
+
+// grantAt finds, on fresh reads, the current lease of g's request that was
+// granted at seq (0: at whatever revision): at g's key or, for a permit of
+// a semaphore, at the permit that the earlier write took, which need not
+// be the one this attempt picked (an instance whose view lagged picks
+// another free permit). It returns the request narrowed to that lease's
+// key and what was read there, or nil when there is none.
+func (l *locks) grantAt(ctx context.Context, g *grantReq, seq uint64) (*grantReq, observation, error) {
+	candidates := []*grantReq{g}
+	if g.sem != "" {
+		var err error
+		if candidates, err = l.permitsOf(ctx, g, seq); err != nil {
+			return nil, observation{}, err
+		}
+	}
+	for _, c := range candidates {
+		o, err := l.current(ctx, c.key, true)
+		if err != nil {
+			return nil, observation{}, err
+		}
+		if o.held() && g.mine(o.rec) && (seq == 0 || o.rec.TokenAt(o.rev) == seq) {
+			return c, o, nil
+		}
+	}
+	return nil, observation{}, nil
 }
 
 // renew extends the lease leaseID of resource by ttl, and sets its value

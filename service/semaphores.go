@@ -94,9 +94,7 @@ attempts:
 				return nil, err
 			}
 			if o.held() && g.mine(o.rec) {
-				pg := *g
-				pg.resource, pg.key = streams.PermitResource(g.sem, k), key
-				resp, err := l.sameRequest(ctx, &pg, o, sess.rec)
+				resp, err := l.sameRequest(ctx, g.permit(k), o, sess.rec)
 				if errors.Is(err, errConflict) {
 					fresh = true
 					continue attempts
@@ -122,9 +120,7 @@ attempts:
 			}
 		}
 		k := free[0]
-		pg := *g
-		pg.resource, pg.key = streams.PermitResource(g.sem, k), permitKey(g.sem, k)
-		resp, err := l.grant(ctx, &pg, frees[0], sess)
+		resp, err := l.grant(ctx, g.permit(k), frees[0], sess)
 		if errors.Is(err, errConflict) {
 			l.report.conflict()
 			fresh = true
@@ -136,12 +132,49 @@ attempts:
 }
 
 // permitResponse names the semaphore and permit k in resp, the grant of
-// permit k's internal resource.
+// permit k's internal resource: of the permit resp names, when it names
+// one of sem (an earlier attempt's grant, see grantAt, may hold another
+// permit than the one this attempt picked).
 func permitResponse(resp *streams.LeaseResponse, sem string, k int) *streams.LeaseResponse {
 	if resp != nil {
+		if s, n, ok := streams.SplitPermit(resp.Resource); ok && s == sem {
+			k = n
+		}
 		resp.Resource, resp.Permit = sem, k
 	}
 	return resp
+}
+
+// permit returns g narrowed to permit k of its semaphore.
+func (g *grantReq) permit(k int) *grantReq {
+	pg := *g
+	pg.resource, pg.key = streams.PermitResource(g.sem, k), permitKey(g.sem, k)
+	return &pg
+}
+
+// permitsOf returns the permits of g's semaphore where the write at seq
+// may have granted g's request: the permit that write took, found by its
+// revision, or, when the stream no longer holds that write (the lease was
+// renewed since) or seq is 0 (an atomic batch's duplicate does not say),
+// every permit.
+func (l *locks) permitsOf(ctx context.Context, g *grantReq, seq uint64) ([]*grantReq, error) {
+	if seq != 0 {
+		key, err := l.store.keyAt(ctx, seq)
+		if err != nil {
+			return nil, err
+		}
+		if key != "" {
+			if sem, k, ok := streams.SplitPermit(decodedResource(resourceOf(key))); ok && sem == g.sem && k <= g.limit && key == permitKey(sem, k) {
+				return []*grantReq{g.permit(k)}, nil
+			}
+			return nil, nil // a cancel's tombstone, or another key: no permit
+		}
+	}
+	all := make([]*grantReq, 0, g.limit)
+	for k := 1; k <= g.limit; k++ {
+		all = append(all, g.permit(k))
+	}
+	return all, nil
 }
 
 // heldPermit returns the permit of semaphore sem of limit n that the

@@ -122,59 +122,73 @@ func newStore(nc *nats.Conn, bucket string, retryWindow time.Duration) *store {
 }
 
 type msgGetResponse struct {
-	Type    string `json:"type"`
-	Message *struct {
-		Subject string `json:"subject"`
-		Seq     uint64 `json:"seq"`
-		Hdrs    []byte `json:"hdrs"`
-		Data    []byte `json:"data"`
-	} `json:"message"`
-	Error *jetstream.APIError `json:"error"`
+	Type    string              `json:"type"`
+	Message *storedMsg          `json:"message"`
+	Error   *jetstream.APIError `json:"error"`
 }
 
 // read returns the key's last entry as the stream leader has it. A key
 // never written is entry{rev: 0}.
 func (s *store) read(ctx context.Context, key string) (entry, error) {
-	req, _ := json.Marshal(map[string]string{"last_by_subj": s.subjPfx + key})
-	msg, err := s.nc.RequestWithContext(ctx, s.getSubj, req)
-	if err != nil {
-		return entry{}, classify(err)
+	m, err := s.get(ctx, s.lastOf(key))
+	if err != nil || m == nil {
+		return entry{}, err
 	}
-	var resp msgGetResponse
-	if err := jsonv2.Unmarshal(msg.Data, &resp); err != nil {
-		return entry{}, fmt.Errorf("%w: bad stream msg get reply: %w", errUnavailable, err)
-	}
-	if resp.Error != nil {
-		if resp.Error.ErrorCode == codeNoMessage {
-			return entry{}, nil
-		}
-		return entry{}, classify(resp.Error)
-	}
-	if resp.Message == nil || resp.Message.Seq == 0 {
-		return entry{}, fmt.Errorf("%w: empty stream msg get reply", errUnavailable)
-	}
-	return s.decode(key, resp.Message.Seq, isDeleteOp(resp.Message.Hdrs), resp.Message.Data), nil
+	return s.decode(key, m.Seq, isDeleteOp(m.Hdrs), m.Data), nil
 }
 
 // exists reports whether key holds a value that was not deleted (a cancel
 // tombstone), as the stream leader has it.
 func (s *store) exists(ctx context.Context, key string) (bool, error) {
+	m, err := s.get(ctx, s.lastOf(key))
+	return m != nil && !isDeleteOp(m.Hdrs), err
+}
+
+// keyAt returns the key of the write at revision seq, or "" when the
+// stream holds it no longer (a later write to its key replaced it).
+func (s *store) keyAt(ctx context.Context, seq uint64) (string, error) {
+	m, err := s.get(ctx, []byte(`{"seq":`+strconv.FormatUint(seq, 10)+`}`))
+	if err != nil || m == nil {
+		return "", err
+	}
+	return strings.TrimPrefix(m.Subject, s.subjPfx), nil
+}
+
+// lastOf is the request for key's last message.
+func (s *store) lastOf(key string) []byte {
 	req, _ := json.Marshal(map[string]string{"last_by_subj": s.subjPfx + key})
+	return req
+}
+
+// storedMsg is a message as the stream leader returns it.
+type storedMsg struct {
+	Subject string `json:"subject"`
+	Seq     uint64 `json:"seq"`
+	Hdrs    []byte `json:"hdrs"`
+	Data    []byte `json:"data"`
+}
+
+// get asks the stream leader for the message req names; nil when there is
+// none.
+func (s *store) get(ctx context.Context, req []byte) (*storedMsg, error) {
 	msg, err := s.nc.RequestWithContext(ctx, s.getSubj, req)
 	if err != nil {
-		return false, classify(err)
+		return nil, classify(err)
 	}
 	var resp msgGetResponse
 	if err := jsonv2.Unmarshal(msg.Data, &resp); err != nil {
-		return false, fmt.Errorf("%w: bad stream msg get reply: %w", errUnavailable, err)
+		return nil, fmt.Errorf("%w: bad stream msg get reply: %w", errUnavailable, err)
 	}
 	if resp.Error != nil {
 		if resp.Error.ErrorCode == codeNoMessage {
-			return false, nil
+			return nil, nil
 		}
-		return false, classify(resp.Error)
+		return nil, classify(resp.Error)
 	}
-	return resp.Message != nil && !isDeleteOp(resp.Message.Hdrs), nil
+	if resp.Message == nil || resp.Message.Seq == 0 {
+		return nil, fmt.Errorf("%w: empty stream msg get reply", errUnavailable)
+	}
+	return resp.Message, nil
 }
 
 // isDeleteOp reports whether raw message headers mark a KV delete or purge.
