@@ -326,11 +326,19 @@ func (h *hotlock) release(r *hotResource, res load.Result, g *load.Grant, end ti
 	r.mu.Unlock()
 	h.log.ReleasedAt(g, now)
 	h.releases.Add(1)
-	rec := h.ph.rec.Get(load.OpRelease, 0)
-	for range h.e.cfg.retries + 1 {
+	h.e.releaseRetrying(h.be, h.ph.rec.Get(load.OpRelease, 0), func() *nats.Msg { return h.be.Release(r.name, res.Lease, 0) }, end)
+}
+
+// releaseRetrying sends the release msg builds, and again (a release is
+// idempotent) up to --retries times while its outcome is unknown,
+// recording each answer in rec. Before end, an answer released:false is
+// an error (CodeReleasedFalse); after it, a lease already gone is none:
+// the bench's cancel of a wait that was granted meanwhile released it.
+func (e *env) releaseRetrying(be *load.Service, rec *load.Recorder, msg func() *nats.Msg, end time.Time) {
+	for range e.cfg.retries + 1 {
 		sent := time.Now()
-		reply, at, err := h.e.rq.Do(context.Background(), h.be.Release(r.name, res.Lease, 0), h.e.cfg.timeout)
-		rr := h.be.Parse(streams.OpRelease, reply, err)
+		reply, at, err := e.rq.Do(context.Background(), msg(), e.cfg.timeout)
+		rr := be.Parse(streams.OpRelease, reply, err)
 		code := rr.Code
 		if code == load.CodeOK && !rr.Released && at.Before(end) {
 			code = load.CodeReleasedFalse

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/jetlock/jetlock/bench/internal/load"
 	"github.com/jetlock/jetlock/streams"
 )
@@ -184,7 +186,6 @@ func (s *semRun) granted(sm *semaphore, reqID string, res load.Result, g load.Gr
 // first. After end, a permit already gone is no error: the bench's cancel
 // of a wait granted meanwhile released it.
 func (s *semRun) release(sm *semaphore, reqID string, res load.Result, g load.GrantReply, lg *load.Grant, at, end time.Time) {
-	c := s.e.cfg
 	now := time.Now()
 	sm.mu.Lock()
 	sm.releasedAt[g.Permit] = now
@@ -196,20 +197,7 @@ func (s *semRun) release(sm *semaphore, reqID string, res load.Result, g load.Gr
 	sm.mu.Unlock()
 	s.log.ReleasedAt(lg, now)
 	s.releases.Add(1)
-	rec := s.ph.rec.Get(load.OpRelease, 0)
-	for range c.retries + 1 {
-		sent := time.Now()
-		reply, at, err := s.e.rq.Do(context.Background(), s.be.ReleasePermit(sm.name, g.Permit, res.Lease), c.timeout)
-		rr := s.be.Parse(streams.OpRelease, reply, err)
-		code := rr.Code
-		if code == load.CodeOK && !rr.Released && at.Before(end) {
-			code = load.CodeReleasedFalse
-		}
-		rec.Record(at.Sub(sent), code)
-		if !rr.Unknown {
-			return
-		}
-	}
+	s.e.releaseRetrying(s.be, s.ph.rec.Get(load.OpRelease, 0), func() *nats.Msg { return s.be.ReleasePermit(sm.name, g.Permit, res.Lease) }, end)
 }
 
 // cancelWaits cancels every wait still open, so that callers return.
