@@ -114,8 +114,7 @@ func (cy *cycler) cycle(ctx context.Context, id int) bool {
 	cy.seq++
 	start := time.Now()
 	m := cy.be.Acquire(name, fmt.Sprintf("%s-c%d-%d", cy.e.runID, cy.w, cy.seq), "", c.ttl, 0, cy.revs[id])
-	reply, at, err := cy.rq.Do(ctx, m, c.timeout)
-	res := cy.be.Parse(streams.OpAcquire, reply, err)
+	res, at := cy.commit(ctx, streams.OpAcquire, m)
 	cy.rec.Get(load.OpAcquire, 0).Record(at.Sub(start), res.Code)
 	if res.Code != load.CodeOK {
 		return false
@@ -123,8 +122,7 @@ func (cy *cycler) cycle(ctx context.Context, id int) bool {
 	g := cy.log.Granted(name, res.Token, res.Lease, start, at, c.ttl)
 	sent := time.Now()
 	cy.log.ReleasedAt(g, sent)
-	reply, done, err := cy.rq.Do(ctx, cy.be.Release(name, res.Lease, res.Rev), c.timeout)
-	rr := cy.be.Parse(streams.OpRelease, reply, err)
+	rr, done := cy.commit(ctx, streams.OpRelease, cy.be.Release(name, res.Lease, res.Rev))
 	code := rr.Code
 	if code == load.CodeOK && !rr.Released {
 		code = load.CodeReleasedFalse
@@ -152,6 +150,30 @@ func (cy *cycler) pick(share, n int) []int {
 	return ids
 }
 
+// inProcessResends bounds how often commit sends a write again that found
+// an earlier write to its key still in process.
+const inProcessResends = 5
+
+// commit sends msgs (more than one as one atomic batch of a new id) and
+// parses the reply as op. A bare KV write refused only because the
+// worker's previous write to the key was still in process on the stream
+// leader (see load.Result.InProcess) is sent again, as the service would
+// decide it again: the worker is the key's only writer and knows its
+// revision. The time returned is when the last reply came.
+func (cy *cycler) commit(ctx context.Context, op string, msgs ...*nats.Msg) (load.Result, time.Time) {
+	for n := 0; ; n++ {
+		if len(msgs) > 1 {
+			msgs = cy.be.(*load.Raw).Batch(msgs)
+		}
+		reply, at, err := cy.rq.DoBatch(ctx, msgs, cy.e.cfg.timeout)
+		res := cy.be.Parse(op, reply, err)
+		if !res.InProcess || n == inProcessResends {
+			return res, at
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // codeNotBatched: the stream did not acknowledge a --raw-batch commit as
 // one atomic batch of all its messages.
 const codeNotBatched = "not_batched"
@@ -173,14 +195,14 @@ func (cy *cycler) cycleBatch(ctx context.Context, ids []int) bool {
 		msgs[i] = raw.Acquire(names[i], fmt.Sprintf("%s-c%d-%d", cy.e.runID, cy.w, cy.seq), "", c.ttl, 0, cy.revs[id])
 	}
 	start := time.Now()
-	res, _ := cy.commitBatch(ctx, raw, streams.OpAcquire, load.OpAcquire, msgs)
+	res, _ := cy.commitBatch(ctx, streams.OpAcquire, load.OpAcquire, msgs)
 	if res.Code != load.CodeOK {
 		return false
 	}
 	for i := range ids {
 		msgs[i] = raw.Release(names[i], "", res.Rev-uint64(len(ids)-1-i))
 	}
-	rr, done := cy.commitBatch(ctx, raw, streams.OpRelease, load.OpRelease, msgs)
+	rr, done := cy.commitBatch(ctx, streams.OpRelease, load.OpRelease, msgs)
 	if rr.Code != load.CodeOK {
 		return false
 	}
@@ -194,10 +216,9 @@ func (cy *cycler) cycleBatch(ctx context.Context, ids []int) bool {
 // commitBatch sends msgs as one atomic batch, the reply parsed as op, and
 // records it as len(msgs) operations rec, each with the batch's latency.
 // It returns the outcome and when it came.
-func (cy *cycler) commitBatch(ctx context.Context, raw *load.Raw, op, rec string, msgs []*nats.Msg) (load.Result, time.Time) {
+func (cy *cycler) commitBatch(ctx context.Context, op, rec string, msgs []*nats.Msg) (load.Result, time.Time) {
 	sent := time.Now()
-	reply, at, err := cy.rq.DoBatch(ctx, raw.Batch(msgs), cy.e.cfg.timeout)
-	res := raw.Parse(op, reply, err)
+	res, at := cy.commit(ctx, op, msgs...)
 	if res.Code == load.CodeOK && res.Batch != len(msgs) {
 		res.Code = codeNotBatched
 	}

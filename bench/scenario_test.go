@@ -74,7 +74,7 @@ func TestCyclesAndHotlockOnTheLeastPrivilegeCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c := sum.Cycles; c.Cycles == 0 || c.Cycles%4 != 0 || c.Errors != 0 || sum.Ops[load.OpAcquire].Count != c.Cycles {
-		t.Fatalf("raw batched cycles %+v, acquires %+v", c, sum.Ops[load.OpAcquire])
+		t.Fatalf("raw batched cycles %+v, acquires %+v, releases %+v", c, sum.Ops[load.OpAcquire], sum.Ops[load.OpRelease])
 	}
 	e.cfg.rawBatch = 1
 

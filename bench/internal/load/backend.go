@@ -45,6 +45,13 @@ type Result struct {
 	// Batch is, for a raw atomic batch's commit, how many messages the
 	// stream committed in it.
 	Batch int
+	// InProcess: a raw write (Code CodeConflict) was refused because
+	// another write to its key was still in process on the stream leader,
+	// not because the key had moved on. The leader answers a write before
+	// it clears that mark, so a caller's next write to the key can find
+	// it: the service decides such a write again, and a raw caller that
+	// knows the key's revision may send it again as it is.
+	InProcess bool
 }
 
 // Backend turns operations into NATS messages and replies into results.
@@ -290,9 +297,10 @@ func (b *Raw) Parse(op string, m *nats.Msg, err error) Result {
 	switch e := ack.Error; {
 	case e == nil:
 		return Result{Code: CodeOK, Lease: "raw", Token: ack.Seq, Rev: ack.Seq, Released: op == streams.OpRelease, Batch: ack.Count}
-	case e.ErrCode == int(jetstream.JSErrCodeStreamWrongLastSequence), // the CAS lost (R1)
-		e.ErrCode == int(jetstream.JSErrCodeStreamWrongLastSequenceConstant): // lost, or a write to the key in flight (R3)
+	case e.ErrCode == int(jetstream.JSErrCodeStreamWrongLastSequence): // the CAS lost
 		return Result{Code: CodeConflict}
+	case e.ErrCode == int(jetstream.JSErrCodeStreamWrongLastSequenceConstant): // a write to the key in process (R3)
+		return Result{Code: CodeConflict, InProcess: true}
 	case e.Code == 503 || e.Code == 408:
 		return Result{Code: streams.CodeUnavailable, Unknown: true}
 	default:

@@ -91,7 +91,7 @@ func TestRaw(t *testing.T) {
 	}
 	for _, code := range []string{"10071", "10164"} {
 		conflict := &nats.Msg{Data: []byte(`{"error":{"code":400,"err_code":` + code + `,"description":"wrong last sequence"}}`)}
-		if r := b.Parse(streams.OpRenew, conflict, nil); r.Code != CodeConflict || r.Unknown {
+		if r := b.Parse(streams.OpRenew, conflict, nil); r.Code != CodeConflict || r.Unknown || r.InProcess != (code == "10164") {
 			t.Fatalf("conflict %s parsed as %+v", code, r)
 		}
 	}
