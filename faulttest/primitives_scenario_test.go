@@ -1,8 +1,6 @@
 package faulttest
 
 import (
-	"context"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -214,16 +212,7 @@ func TestPrimitivesClientPausedPastTTL(t *testing.T) {
 	}
 	b.Release(elect, leadB.LeaseID)
 
-	proxies := r.W.ClientProxies()
-	var pauses sync.WaitGroup
-	r.Drive(t, 20*time.Second, func(ctx context.Context) {
-		every(ctx, 700*time.Millisecond, func() {
-			i := rand.IntN(len(proxies))
-			pauseFor(&pauses, proxies[i], time.Second+rand.N(4*time.Second), r.Hist, "client "+itoa(i))
-		})
-	})
-	pauses.Wait()
-	rep := r.Check(t, CheckOptions{Status: true})
+	rep := driveClientPauses(t, r, 20*time.Second)
 	checkPrimitiveActivity(t, r, rep)
 }
 
@@ -265,11 +254,7 @@ func TestPrimitivesExpiryDuringServiceFailover(t *testing.T) {
 		t.Fatalf("campaign: %v", &leadA)
 	}
 	var pauses sync.WaitGroup
-	time.Sleep(max(0, setA.Deadline-300*time.Millisecond-r.Hist.Now()))
-	pauseFor(&pauses, insts[0].Proxy, 3*time.Second, r.Hist, "service on node 0")
-	r.Hist.Event("replace the service on node 1")
-	insts[1].Stop()
-	repl := r.H.Serve(1, ServiceConfig())
+	repl := failOverAround(r, insts, setA.Deadline, &pauses)
 	var setB, permB, leadB Op
 	var wg sync.WaitGroup
 	wg.Add(3)
@@ -327,28 +312,7 @@ func TestPrimitivesExpiryDuringServiceFailover(t *testing.T) {
 	b.ReleasePermit(sem, permB.Permit, permB.LeaseID)
 	b.Release(elect, leadB.LeaseID)
 
-	live := []*Instance{insts[0], repl, insts[2]}
-	replaced := 0
-	r.Drive(t, 22*time.Second, func(ctx context.Context) {
-		for i := 0; ctx.Err() == nil; i++ {
-			sleepCtx(ctx, time.Second+rand.N(time.Second))
-			if ctx.Err() != nil {
-				return
-			}
-			k := rand.IntN(len(live))
-			if i%4 != 3 {
-				pauseFor(&pauses, live[k].Proxy, 500*time.Millisecond+rand.N(3500*time.Millisecond), r.Hist, "service on node "+itoa(live[k].Node))
-				continue
-			}
-			r.Hist.Event("replace the service on node %d", live[k].Node)
-			live[k].Stop()
-			live[k] = r.H.Serve(live[k].Node, ServiceConfig())
-			replaced++
-		}
-	})
-	pauses.Wait()
-	t.Logf("%d instances replaced", replaced+1)
-	rep := r.Check(t, CheckOptions{Status: true})
+	rep := drivePausesAndReplacements(t, r, []*Instance{insts[0], repl, insts[2]})
 	checkPrimitiveActivity(t, r, rep)
 }
 
@@ -447,20 +411,8 @@ func TestPrimitivesAcrossLeaderChanges(t *testing.T) {
 		}
 	}
 
-	changes := 0
-	r.Drive(t, 20*time.Second, func(ctx context.Context) {
-		every(ctx, 2*time.Second, func() {
-			if err := r.H.StepDown(); err == nil {
-				changes++
-			}
-		})
-	})
-	t.Logf("%d leader changes", changes)
-	rep := r.Check(t, CheckOptions{Status: true})
+	rep := driveLeaderChanges(t, r)
 	checkPrimitiveActivity(t, r, rep)
-	if changes < 4 {
-		t.Errorf("%d leader changes", changes)
-	}
 }
 
 // checkPrimitiveActivity fails a run whose actors of sets, semaphores and

@@ -210,6 +210,90 @@ func within(ops []Op, kind Kind, r Result, w Window) int {
 	return n
 }
 
+// driveLeaderChanges drives the workload for 20 s while the stream leader
+// is made to step down every two seconds or so, checks the history, fails
+// the test if the leader moved fewer than four times, and returns the
+// check's report.
+func driveLeaderChanges(t *testing.T, r *Run) *Report {
+	t.Helper()
+	changes := 0
+	r.Drive(t, 20*time.Second, func(ctx context.Context) {
+		every(ctx, 2*time.Second, func() {
+			if err := r.H.StepDown(); err == nil {
+				changes++
+			}
+		})
+	})
+	t.Logf("%d leader changes", changes)
+	rep := r.Check(t, CheckOptions{Status: true})
+	if changes < 4 {
+		t.Errorf("%d leader changes", changes)
+	}
+	return rep
+}
+
+// driveClientPauses drives the workload for d while, every 350 to 700 ms,
+// a client's connection is paused for one to five seconds; it returns
+// when every pause has ended and the history is checked, with the check's
+// report.
+func driveClientPauses(t *testing.T, r *Run, d time.Duration) *Report {
+	t.Helper()
+	proxies := r.W.ClientProxies()
+	var pauses sync.WaitGroup
+	r.Drive(t, d, func(ctx context.Context) {
+		every(ctx, 700*time.Millisecond, func() {
+			i := rand.IntN(len(proxies))
+			pauseFor(&pauses, proxies[i], time.Second+rand.N(4*time.Second), r.Hist, "client "+itoa(i))
+		})
+	})
+	pauses.Wait()
+	return r.Check(t, CheckOptions{Status: true})
+}
+
+// failOverAround waits until shortly before deadline, then pauses the
+// service instance on node 0 for three seconds (counted in pauses) and
+// replaces the one on node 1, which then knows only what the bucket
+// holds; the instance on node 2 is left to act on the deadline. It
+// returns node 1's new instance.
+func failOverAround(r *Run, insts []*Instance, deadline time.Duration, pauses *sync.WaitGroup) *Instance {
+	time.Sleep(max(0, deadline-300*time.Millisecond-r.Hist.Now()))
+	pauseFor(pauses, insts[0].Proxy, 3*time.Second, r.Hist, "service on node 0")
+	r.Hist.Event("replace the service on node 1")
+	insts[1].Stop()
+	return r.H.Serve(1, ServiceConfig())
+}
+
+// drivePausesAndReplacements drives the workload for 22 s while, every
+// one to two seconds, a service instance of live is paused for half a
+// second to four seconds or, one time in four, replaced by a new one on
+// its node; it returns when every pause has ended and the history is
+// checked, with the check's report.
+func drivePausesAndReplacements(t *testing.T, r *Run, live []*Instance) *Report {
+	t.Helper()
+	var pauses sync.WaitGroup
+	replaced := 0
+	r.Drive(t, 22*time.Second, func(ctx context.Context) {
+		for i := 0; ctx.Err() == nil; i++ {
+			sleepCtx(ctx, time.Second+rand.N(time.Second))
+			if ctx.Err() != nil {
+				return
+			}
+			k := rand.IntN(len(live))
+			if i%4 != 3 {
+				pauseFor(&pauses, live[k].Proxy, 500*time.Millisecond+rand.N(3500*time.Millisecond), r.Hist, "service on node "+itoa(live[k].Node))
+				continue
+			}
+			r.Hist.Event("replace the service on node %d", live[k].Node)
+			live[k].Stop()
+			live[k] = r.H.Serve(live[k].Node, ServiceConfig())
+			replaced++
+		}
+	})
+	pauses.Wait()
+	t.Logf("%d instances replaced", replaced+1)
+	return r.Check(t, CheckOptions{Status: true})
+}
+
 // pauseFor pauses p now and resumes it after d, in a goroutine counted in
 // wg.
 func pauseFor(wg *sync.WaitGroup, p *Proxy, d time.Duration, h *History, what string) {

@@ -122,16 +122,7 @@ func TestClientPausedPastTTL(t *testing.T) {
 	}
 	b.Release("paused/1", lb.LeaseID)
 
-	proxies := r.W.ClientProxies()
-	var pauses sync.WaitGroup
-	r.Drive(t, 18*time.Second, func(ctx context.Context) {
-		every(ctx, 700*time.Millisecond, func() {
-			i := rand.IntN(len(proxies))
-			pauseFor(&pauses, proxies[i], time.Second+rand.N(4*time.Second), r.Hist, "client "+itoa(i))
-		})
-	})
-	pauses.Wait()
-	r.Check(t, CheckOptions{Status: true})
+	driveClientPauses(t, r, 18*time.Second)
 }
 
 // Delayed stale writes, at both ends. At the resource: a write prepared
@@ -250,18 +241,8 @@ func TestMajorityIsolated(t *testing.T) {
 func TestRepeatedLeaderChanges(t *testing.T) {
 	t.Parallel()
 	r := NewRun(t, nil)
-	changes := 0
-	r.Drive(t, 20*time.Second, func(ctx context.Context) {
-		every(ctx, 2*time.Second, func() {
-			if err := r.H.StepDown(); err == nil {
-				changes++
-			}
-		})
-	})
-	t.Logf("%d leader changes", changes)
-	rep := r.Check(t, CheckOptions{Status: true})
-	if changes < 4 || rep.Counts["acquire/ok"] < 20 {
-		t.Errorf("%d leader changes, %d grants", changes, rep.Counts["acquire/ok"])
+	if rep := driveLeaderChanges(t, r); rep.Counts["acquire/ok"] < 20 {
+		t.Errorf("%d grants", rep.Counts["acquire/ok"])
 	}
 }
 

@@ -1,9 +1,7 @@
 package faulttest
 
 import (
-	"context"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -124,16 +122,7 @@ func TestSessionClientPausedPastTTL(t *testing.T) {
 		b.Release(name, next[i].LeaseID)
 	}
 
-	proxies := r.W.ClientProxies()
-	var pauses sync.WaitGroup
-	r.Drive(t, 20*time.Second, func(ctx context.Context) {
-		every(ctx, 700*time.Millisecond, func() {
-			i := rand.IntN(len(proxies))
-			pauseFor(&pauses, proxies[i], time.Second+rand.N(4*time.Second), r.Hist, "client "+itoa(i))
-		})
-	})
-	pauses.Wait()
-	rep := r.Check(t, CheckOptions{Status: true})
+	rep := driveClientPauses(t, r, 20*time.Second)
 	checkSessionActivity(t, rep, &r.W.sessStats)
 }
 
@@ -157,11 +146,7 @@ func TestSessionExpiryDuringServiceFailover(t *testing.T) {
 	res := []string{"sfailover/0", "sfailover/1", "sfailover/2"}
 	open, held := openWith(t, r, a, "sf", ttl, res...)
 	var pauses sync.WaitGroup
-	time.Sleep(max(0, open.Deadline-300*time.Millisecond-r.Hist.Now()))
-	pauseFor(&pauses, insts[0].Proxy, 3*time.Second, r.Hist, "service on node 0")
-	r.Hist.Event("replace the service on node 1")
-	insts[1].Stop()
-	repl := r.H.Serve(1, ServiceConfig())
+	repl := failOverAround(r, insts, open.Deadline, &pauses)
 	var next []Op
 	for i, name := range res {
 		op := answered(t, 60*time.Second, "waiting acquire", func() Op {
@@ -193,28 +178,7 @@ func TestSessionExpiryDuringServiceFailover(t *testing.T) {
 		b.Release(name, next[i].LeaseID)
 	}
 
-	live := []*Instance{insts[0], repl, insts[2]}
-	replaced := 0
-	r.Drive(t, 22*time.Second, func(ctx context.Context) {
-		for i := 0; ctx.Err() == nil; i++ {
-			sleepCtx(ctx, 1000*time.Millisecond+rand.N(time.Second))
-			if ctx.Err() != nil {
-				return
-			}
-			k := rand.IntN(len(live))
-			if i%4 != 3 {
-				pauseFor(&pauses, live[k].Proxy, 500*time.Millisecond+rand.N(3500*time.Millisecond), r.Hist, "service on node "+itoa(live[k].Node))
-				continue
-			}
-			r.Hist.Event("replace the service on node %d", live[k].Node)
-			live[k].Stop()
-			live[k] = r.H.Serve(live[k].Node, ServiceConfig())
-			replaced++
-		}
-	})
-	pauses.Wait()
-	t.Logf("%d instances replaced", replaced+1)
-	rep := r.Check(t, CheckOptions{Status: true})
+	rep := drivePausesAndReplacements(t, r, []*Instance{insts[0], repl, insts[2]})
 	checkSessionActivity(t, rep, &r.W.sessStats)
 }
 
@@ -262,20 +226,8 @@ func TestSessionsAcrossLeaderChanges(t *testing.T) {
 		t.Fatalf("second close: %v, want closed:false", &op)
 	}
 
-	changes := 0
-	r.Drive(t, 20*time.Second, func(ctx context.Context) {
-		every(ctx, 2*time.Second, func() {
-			if err := r.H.StepDown(); err == nil {
-				changes++
-			}
-		})
-	})
-	t.Logf("%d leader changes", changes)
-	rep := r.Check(t, CheckOptions{Status: true})
+	rep := driveLeaderChanges(t, r)
 	checkSessionActivity(t, rep, &r.W.sessStats)
-	if changes < 4 {
-		t.Errorf("%d leader changes", changes)
-	}
 }
 
 // checkSessionActivity fails a run whose session actors did too little for
