@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/jsm.go/natscontext"
@@ -150,4 +153,16 @@ func (g *globals) request(fn func(ctx context.Context, c *client.Client) error) 
 // twice over (a retry after an unknown outcome), plus extra.
 func (s *session) opCtx(g *globals, extra time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(s.ctx, 2*g.Timeout+extra)
+}
+
+// untilInterrupted bounds a command that follows changes: its context
+// ends at Ctrl-C or SIGTERM, with the session, or after d (--for) when d
+// is positive. stop releases it.
+func (s *session) untilInterrupted(d time.Duration) (ctx context.Context, stop func()) {
+	ctx, unnotify := signal.NotifyContext(s.ctx, os.Interrupt, syscall.SIGTERM)
+	if d <= 0 {
+		return ctx, unnotify
+	}
+	ctx, cancel := context.WithTimeout(ctx, d)
+	return ctx, func() { cancel(); unnotify() }
 }

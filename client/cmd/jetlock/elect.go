@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/jetlock/jetlock/client"
@@ -186,13 +184,8 @@ func (c *leaderCmd) watch(g *globals) error {
 		return err
 	}
 	defer s.close()
-	ctx, stop := signal.NotifyContext(s.ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := s.untilInterrupted(c.For)
 	defer stop()
-	if c.For > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.For)
-		defer cancel()
-	}
 	e, err := s.c.NewElection(c.Name)
 	if err != nil {
 		return s.fail(err)

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -77,13 +74,8 @@ func (c *watchCmd) Run(g *globals) error {
 		return err
 	}
 	defer s.close()
-	ctx, stop := signal.NotifyContext(s.ctx, os.Interrupt, syscall.SIGTERM)
+	ctx, stop := s.untilInterrupted(c.For)
 	defer stop()
-	if c.For > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.For)
-		defer cancel()
-	}
 	js, err := jetstream.New(s.nc)
 	if err != nil {
 		return s.fail(err)
