@@ -31,6 +31,16 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
+// waitWaiters waits, at most d, until res's queue holds n waiters, and
+// fails the test with what if it never does.
+func waitWaiters(t *testing.T, ctx context.Context, c *client.Client, res string, n int, d time.Duration, what string) {
+	t.Helper()
+	testenv.Eventually(t, d, func() bool {
+		st, err := c.Status(ctx, res)
+		return err == nil && st.Waiters == n
+	}, what)
+}
+
 func TestRenewalKeepsLeaseAliveAndReleaseIsIdempotent(t *testing.T) {
 	_, _, c := setup(t)
 	ctx := ctxT(t, 30*time.Second)
@@ -268,18 +278,12 @@ func TestAcquireQueuesAndCancelLeavesNothing(t *testing.T) {
 		_, err := c.Acquire(waitCtx, "q/1", client.Owner("bob"))
 		errc <- err
 	}()
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		st, err := c.Status(ctx, "q/1")
-		return err == nil && st.Waiters == 1
-	}, "bob never queued")
+	waitWaiters(t, ctx, c, "q/1", 1, 5*time.Second, "bob never queued")
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire: %v", err)
 	}
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		st, err := c.Status(ctx, "q/1")
-		return err == nil && st.Waiters == 0
-	}, "cancelled waiter left in the queue")
+	waitWaiters(t, ctx, c, "q/1", 0, 5*time.Second, "cancelled waiter left in the queue")
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

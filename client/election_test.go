@@ -223,10 +223,7 @@ func TestElectionResignHandsOverAtOnce(t *testing.T) {
 		ld, err := b.Campaign(ctx, "b:1")
 		got <- campaignResult{ld: ld, err: err, at: time.Now()}
 	}()
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		st, err := c.Status(ctx, name)
-		return err == nil && st.Waiters == 1
-	}, "b never queued")
+	waitWaiters(t, ctx, c, name, 1, 10*time.Second, "b never queued")
 	resigned := time.Now()
 	if err := a.Resign(ctx); err != nil {
 		t.Fatal(err)
@@ -318,10 +315,7 @@ func TestElectionObserveSeesEveryChangeInOrder(t *testing.T) {
 		ld, err := b.Campaign(ctx, "b:1")
 		got <- campaignResult{ld: ld, err: err}
 	}()
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		st, err := c.Status(ctx, name)
-		return err == nil && st.Waiters == 1
-	}, "b never queued")
+	waitWaiters(t, ctx, c, name, 1, 10*time.Second, "b never queued")
 	if err := la.Resign(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -444,10 +438,7 @@ func TestSessionElection(t *testing.T) {
 		ld, err := b.Campaign(ctx, "b")
 		got <- campaignResult{ld: ld, err: err}
 	}()
-	testenv.Eventually(t, 10*time.Second, func() bool {
-		st, err := c.Status(ctx, name)
-		return err == nil && st.Waiters == 1
-	}, "b never queued")
+	waitWaiters(t, ctx, c, name, 1, 10*time.Second, "b never queued")
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -188,10 +188,7 @@ func TestSessionAcquireWaitsAndTTLIsRefused(t *testing.T) {
 		}
 		got <- l
 	}()
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		st, err := c.Status(ctx, "sess/q")
-		return err == nil && st.Waiters == 1
-	}, "the session's acquire never queued")
+	waitWaiters(t, ctx, c, "sess/q", 1, 5*time.Second, "the session's acquire never queued")
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -221,10 +218,7 @@ func TestSessionAcquireWaitsAndTTLIsRefused(t *testing.T) {
 		_, err := s2.Acquire(ctx, "sess/q")
 		errc <- err
 	}()
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		st, err := c.Status(ctx, "sess/q")
-		return err == nil && st.Waiters == 1
-	}, "the second session never queued")
+	waitWaiters(t, ctx, c, "sess/q", 1, 5*time.Second, "the second session never queued")
 	if err := s2.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -236,10 +230,7 @@ func TestSessionAcquireWaitsAndTTLIsRefused(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the wait went on after its session closed")
 	}
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		st, err := c.Status(ctx, "sess/q")
-		return err == nil && st.Waiters == 0
-	}, "a closed session's wait left in the queue")
+	waitWaiters(t, ctx, c, "sess/q", 0, 5*time.Second, "a closed session's wait left in the queue")
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

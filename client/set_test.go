@@ -208,18 +208,12 @@ func TestTryAcquireAllNamesHoldersAndLeavesFreeKeysFree(t *testing.T) {
 		_, err := c.AcquireAll(wctx, []string{"held/a", "held/b"})
 		done <- err
 	}()
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		st, err := c.Status(ctx, "held/b")
-		return err == nil && st.Waiters == 1
-	}, "the set's acquire never queued on held/b")
+	waitWaiters(t, ctx, c, "held/b", 1, 5*time.Second, "the set's acquire never queued on held/b")
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled AcquireAll: %v", err)
 	}
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		st, err := c.Status(ctx, "held/b")
-		return err == nil && st.Waiters == 0
-	}, "a cancelled set's wait stays queued on held/b")
+	waitWaiters(t, ctx, c, "held/b", 0, 5*time.Second, "a cancelled set's wait stays queued on held/b")
 	wantFree(t, ctx, c, "held/a")
 
 	// A waiting set is granted, whole, when the last member frees up.
@@ -231,10 +225,7 @@ func TestTryAcquireAllNamesHoldersAndLeavesFreeKeysFree(t *testing.T) {
 		}
 		got <- l
 	}()
-	testenv.Eventually(t, 5*time.Second, func() bool {
-		st, err := c.Status(ctx, "held/b")
-		return err == nil && st.Waiters == 1
-	}, "the set's acquire never queued on held/b")
+	waitWaiters(t, ctx, c, "held/b", 1, 5*time.Second, "the set's acquire never queued on held/b")
 	if err := b.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
