@@ -78,13 +78,21 @@ func (r reply) decode(t testing.TB, v any) {
 	}
 }
 
-func (c caller) acquire(req streams.AcquireRequest) (streams.LeaseResponse, reply) {
-	r := c.send(streams.OpAcquire, req)
-	var l streams.LeaseResponse
+// ask sends op with body and decodes a success into a T; an error answer
+// leaves the T zero and is in the reply.
+func ask[T any](c caller, op string, body any) (T, reply) {
+	c.t.Helper()
+	r := c.send(op, body)
+	var v T
 	if r.errCode == "" {
-		r.decode(c.t, &l)
+		r.decode(c.t, &v)
 	}
-	return l, r
+	return v, r
+}
+
+func (c caller) acquire(req streams.AcquireRequest) (streams.LeaseResponse, reply) {
+	c.t.Helper()
+	return ask[streams.LeaseResponse](c, streams.OpAcquire, req)
 }
 
 func (c caller) mustAcquire(resource, requestID string, ttlMs int64) streams.LeaseResponse {
@@ -97,20 +105,13 @@ func (c caller) mustAcquire(resource, requestID string, ttlMs int64) streams.Lea
 }
 
 func (c caller) renew(resource, leaseID string, ttlMs int64) (streams.LeaseResponse, reply) {
-	r := c.send(streams.OpRenew, streams.RenewRequest{Resource: resource, LeaseID: leaseID, TTLms: ttlMs})
-	var l streams.LeaseResponse
-	if r.errCode == "" {
-		r.decode(c.t, &l)
-	}
-	return l, r
+	c.t.Helper()
+	return ask[streams.LeaseResponse](c, streams.OpRenew, streams.RenewRequest{Resource: resource, LeaseID: leaseID, TTLms: ttlMs})
 }
 
 func (c caller) release(resource, leaseID string) (bool, reply) {
-	r := c.send(streams.OpRelease, streams.ReleaseRequest{Resource: resource, LeaseID: leaseID})
-	var rr streams.ReleaseResponse
-	if r.errCode == "" {
-		r.decode(c.t, &rr)
-	}
+	c.t.Helper()
+	rr, r := ask[streams.ReleaseResponse](c, streams.OpRelease, streams.ReleaseRequest{Resource: resource, LeaseID: leaseID})
 	return rr.Released, r
 }
 

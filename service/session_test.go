@@ -17,12 +17,7 @@ import (
 
 func (c caller) openSession(requestID string, ttlMs int64) (streams.SessionResponse, reply) {
 	c.t.Helper()
-	r := c.send(streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: requestID, Owner: "sess-" + requestID, TTLms: ttlMs})
-	var s streams.SessionResponse
-	if r.errCode == "" {
-		r.decode(c.t, &s)
-	}
-	return s, r
+	return ask[streams.SessionResponse](c, streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: requestID, Owner: "sess-" + requestID, TTLms: ttlMs})
 }
 
 func (c caller) mustOpen(requestID string, ttlMs int64) string {
@@ -36,12 +31,7 @@ func (c caller) mustOpen(requestID string, ttlMs int64) string {
 
 func (c caller) keepalive(id string) (streams.KeepaliveResponse, reply) {
 	c.t.Helper()
-	r := c.send(streams.OpSessionKeepalive, streams.SessionKeepaliveRequest{SessionID: id})
-	var k streams.KeepaliveResponse
-	if r.errCode == "" {
-		r.decode(c.t, &k)
-	}
-	return k, r
+	return ask[streams.KeepaliveResponse](c, streams.OpSessionKeepalive, streams.SessionKeepaliveRequest{SessionID: id})
 }
 
 func (c caller) closeSession(id string) streams.SessionCloseResponse {

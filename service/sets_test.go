@@ -15,12 +15,7 @@ import (
 
 func (c caller) acquireSet(req streams.AcquireRequest) (streams.SetLeaseResponse, reply) {
 	c.t.Helper()
-	r := c.send(streams.OpAcquire, req)
-	var l streams.SetLeaseResponse
-	if r.errCode == "" {
-		r.decode(c.t, &l)
-	}
-	return l, r
+	return ask[streams.SetLeaseResponse](c, streams.OpAcquire, req)
 }
 
 func (c caller) mustAcquireSet(requestID string, ttlMs int64, resources ...string) streams.SetLeaseResponse {
