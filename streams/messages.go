@@ -114,7 +114,11 @@ type CancelRequest struct {
 	Resource  string   `json:"resource,omitempty"`
 	Resources []string `json:"resources,omitempty"`
 	RequestID string   `json:"request_id"`
-	Limit     int      `json:"limit,omitempty"`
+	// Owner is the owner the acquire named: a cancel belongs to the same
+	// caller as an acquire exactly when tenant, owner and request id all
+	// match, so a cancel never ends another owner's lease or wait.
+	Owner string `json:"owner,omitempty"`
+	Limit int    `json:"limit,omitempty"`
 }
 
 // StatusRequest is the body of a status request; with a Limit it asks
@@ -144,6 +148,9 @@ const (
 type RevokeRequest struct {
 	Resource string `json:"resource"`
 	Reason   string `json:"reason"`
+	// Permit names one permit of the semaphore Resource (1..its limit):
+	// the revoke ends that permit's lease.
+	Permit int `json:"permit,omitempty"`
 }
 
 // LeaseResponse answers a successful acquire or renew.

@@ -242,7 +242,7 @@ func (r *ReleaseRequest) Validate() error {
 
 // Validate checks a cancel's resource and request id.
 func (r *CancelRequest) Validate() error {
-	return firstError(oneOf(r.Resource, r.Resources), ValidateRequestID(r.RequestID), validateLimit(r.Limit))
+	return firstError(oneOf(r.Resource, r.Resources), ValidateRequestID(r.RequestID), ValidateOwner(r.Owner), validateLimit(r.Limit))
 }
 
 // Validate checks a status request's resource.
@@ -275,7 +275,7 @@ func (r *ListRequest) Validate() error {
 
 // Validate checks a revoke's resource and reason.
 func (r *RevokeRequest) Validate() error {
-	return firstError(ValidateResource(r.Resource), ValidateReason(r.Reason))
+	return firstError(ValidateResource(r.Resource), ValidateReason(r.Reason), validatePermit(r.Permit))
 }
 
 func nonNegative(field string, n int64) error {
