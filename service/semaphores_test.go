@@ -10,19 +10,26 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/testenv"
 	"github.com/jetlock/jetlock/streams"
 )
 
 // A semaphore of 3 under 20 contending callers never has more than 3
 // valid permits (checked by a fenced store per permit, and by a count of
-// holders), and every caller is served.
+// holders), every caller is served, and the pool is full at once: the
+// first grants are held until three permits are held together, so the
+// count of holders is known to have reached the limit whatever the
+// scheduling of the machine.
 func TestSemaphoreBoundsHolders(t *testing.T) {
 	env := testenv.Start(t)
 	env.Serve(testenv.Config())
 	env.Serve(testenv.Config())
 	fence := newFencedStore()
+	const limit = 3
 	var holding, most atomic.Int64
+	full := make(chan struct{}) // closed when limit permits were held at once
+	var fullOnce sync.Once
 	var wg sync.WaitGroup
 	const callers, rounds = 20, 3
 	for w := range callers {
@@ -31,21 +38,32 @@ func TestSemaphoreBoundsHolders(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range rounds {
-				l, r := c.acquire(streams.AcquireRequest{Resource: "pool", Limit: 3, RequestID: fmt.Sprintf("w%d-%d", w, i), TTLms: 10000, WaitMs: 30000})
+				// The TTL outlasts the wait for a full pool below: a lease
+				// that expired while held would let a fourth in.
+				l, r := c.acquire(streams.AcquireRequest{Resource: "pool", Limit: limit, RequestID: fmt.Sprintf("w%d-%d", w, i), TTLms: 120000, WaitMs: 90000})
 				if r.errCode != "" {
 					t.Errorf("caller %d: %s %s", w, r.errCode, r.err.Message)
 					return
 				}
-				if l.Permit < 1 || l.Permit > 3 || l.Resource != "pool" {
-					t.Errorf("grant %+v: want a permit of pool in 1..3", l)
+				if l.Permit < 1 || l.Permit > limit || l.Resource != "pool" {
+					t.Errorf("grant %+v: want a permit of pool in 1..%d", l, limit)
 				}
 				n := holding.Add(1)
 				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 				}
+				if n == limit {
+					fullOnce.Do(func() { close(full) })
+				}
 				if !fence.write(fmt.Sprintf("pool#%d", l.Permit), l.Token) {
 					t.Errorf("the fence of permit %d refused token %d", l.Permit, l.Token)
 				}
-				time.Sleep(10 * time.Millisecond)
+				// Until the pool has been full once, hold: the other
+				// permits must be granted beside this one.
+				select {
+				case <-full:
+				case <-time.After(60 * time.Second):
+					t.Errorf("caller %d held permit %d for 60s and the pool never had %d holders at once (most %d)", w, l.Permit, limit, most.Load())
+				}
 				holding.Add(-1)
 				var rr streams.ReleaseResponse
 				c.send(streams.OpRelease, streams.ReleaseRequest{Resource: "pool", Permit: l.Permit, LeaseID: l.LeaseID}).decode(t, &rr)
@@ -56,8 +74,8 @@ func TestSemaphoreBoundsHolders(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if m := most.Load(); m > 3 || m < 2 {
-		t.Fatalf("at most %d permits were held at once: want up to 3 (and contention)", m)
+	if m := most.Load(); m != limit {
+		t.Fatalf("at most %d permits were held at once: want exactly %d", m, limit)
 	}
 }
 
@@ -104,17 +122,17 @@ func TestSemaphoreFIFOAndExpiry(t *testing.T) {
 	if first.Permit != held[0].Permit || first.Token <= held[0].Token {
 		t.Fatalf("the first waiter got %+v: want permit %d with a larger token", first, held[0].Permit)
 	}
-	select {
-	case r := <-waits[1]:
-		t.Fatalf("a release woke a second waiter: %s", r.raw)
-	case <-time.After(300 * time.Millisecond):
-	}
 	// The first waiter never renews (TTL 1 s): its permit comes back at
-	// expiry, to the next waiter.
+	// expiry, to the next waiter, and not before: the release woke one
+	// waiter only. The two grants' times come from the one instance's
+	// clock, so they compare whatever the machine's load.
 	var second streams.LeaseResponse
 	(<-waits[1]).decode(t, &second)
 	if second.Permit != first.Permit || second.Token <= first.Token {
 		t.Fatalf("the second waiter got %+v after the first's permit expired", second)
+	}
+	if granted, expired := grantedAt(t, second), expiresAt(t, first); granted.Before(expired) {
+		t.Fatalf("the second waiter was granted at %v, before the first's permit expired at %v: a release woke two waiters", granted, expired)
 	}
 	// The third waiter, cancelled, leaves the queue.
 	var cr streams.CancelResponse
@@ -180,8 +198,10 @@ func TestElectionValueAndEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	obs.Flush()
-	time.Sleep(200 * time.Millisecond) // the subscription reaches every node
+	if err := obs.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitInterest(devcluster.Account, streams.EventSubject(streams.DefaultPrefix, "elect/x"))
 	lead, r := c.acquire(streams.AcquireRequest{Resource: "elect/x", RequestID: "a", TTLms: 10000, Value: "node-a"})
 	if r.errCode != "" {
 		t.Fatal(r.errCode)
@@ -214,7 +234,7 @@ func TestElectionValueAndEvents(t *testing.T) {
 	// revision, in revision order, as an observer does.
 	var got []streams.ElectionEvent
 	seen := map[string]bool{}
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(30 * time.Second)
 	for len(got) < len(want) {
 		select {
 		case ev := <-events:
@@ -263,4 +283,22 @@ func TestElectionInSessionProclaims(t *testing.T) {
 	if cr := c.closeSession(id); cr.Released != 1 {
 		t.Fatalf("close: %+v", cr)
 	}
+}
+
+// expiresAt returns when the lease l expires, by the clock of the instance
+// that granted it.
+func expiresAt(t testing.TB, l streams.LeaseResponse) time.Time {
+	t.Helper()
+	at, err := streams.ParseTime(l.ExpiresAt)
+	if err != nil {
+		t.Fatalf("expires_at of %+v: %v", l, err)
+	}
+	return at
+}
+
+// grantedAt returns when the lease l, as answered to its acquire, was
+// written, by the clock of the instance that granted it.
+func grantedAt(t testing.TB, l streams.LeaseResponse) time.Time {
+	t.Helper()
+	return expiresAt(t, l).Add(-time.Duration(l.TTLms) * time.Millisecond)
 }
