@@ -13,8 +13,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -82,6 +85,9 @@ func Start(opts Options) (*Cluster, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = "jetlock"
 	}
+	if err := portsFree(opts.ClientPorts); err != nil {
+		return nil, err
+	}
 	c := &Cluster{opts: opts, creds: newCredentials()}
 	if len(opts.ClientPorts) == Size {
 		copy(c.clientPorts[:], opts.ClientPorts)
@@ -109,7 +115,70 @@ func Start(opts Options) (*Cluster, error) {
 		c.Shutdown()
 		return nil, err
 	}
+	c.waitStreamLeaders()
 	return c, nil
+}
+
+// ErrPortInUse is returned by Start when a client port it was given is
+// taken: another dev cluster, or another NATS server, is running. A server
+// that cannot listen would otherwise only be found not ready after
+// ReadyTimeout.
+var ErrPortInUse = errors.New("port in use")
+
+// portsFree returns an error matching ErrPortInUse, naming the port, when
+// one of ports (zero: any free port) cannot be listened on.
+func portsFree(ports []int) error {
+	for i, p := range ports {
+		if p == 0 {
+			continue
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+		ln, err := net.Listen("tcp", addr)
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("devcluster: %w: %s, the client port of node %s", ErrPortInUse, addr, nodeName(i))
+		}
+		if err != nil {
+			return fmt.Errorf("devcluster: client port of node %s: %w", nodeName(i), err)
+		}
+		ln.Close()
+	}
+	return nil
+}
+
+// waitStreamLeaders waits, at most ReadyTimeout, until every stream the
+// nodes hold has a leader. After a restart on existing data, each
+// stream's replicas elect a leader only once their raft election timeout
+// (4 to 9 s in nats-server, not configurable) has passed; until then a
+// JetStream API request about the stream gets no reply and times out. A
+// fresh directory holds no stream, and this returns at once. Leaders that
+// do not come are the caller's to wait for (the service retries).
+func (c *Cluster) waitStreamLeaders() {
+	deadline := time.Now().Add(c.opts.ReadyTimeout)
+	for len(c.LeaderlessStreams()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// LeaderlessStreams returns the streams (as account/stream) that a
+// running node holds a replica of and knows no leader for.
+func (c *Cluster) LeaderlessStreams() []string {
+	var out []string
+	for _, s := range c.running() {
+		jsz, err := s.Jsz(&server.JSzOptions{Accounts: true, Streams: true})
+		if err != nil {
+			out = append(out, s.Name()+": "+err.Error())
+			continue
+		}
+		for _, a := range jsz.AccountDetails {
+			for _, st := range a.Streams {
+				if st.Cluster == nil || st.Cluster.Leader == "" {
+					out = append(out, a.Name+"/"+st.Name)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // NodeOptions returns the server options of node i (see nodeSpec.options).
