@@ -299,6 +299,11 @@ export class Jetlock {
         msg = await Promise.race([req, failed]);
       } catch (err) {
         if (err instanceof JetlockError || signal?.aborted) throw err;
+        for (let e: unknown = err; e instanceof Error; e = e.cause) {
+          if (e instanceof natsErrors.PermissionViolationError) {
+            throw new ForbiddenError(`jetlock: permission denied: publish to ${JSON.stringify(subject)} refused by the NATS server`, { cause: err });
+          }
+        }
         throw new UnavailableError(`jetlock: service unavailable: ${op} request: ${(err as Error).message}`, undefined, { cause: err });
       }
       const code = msg.headers?.get("Nats-Service-Error-Code");
