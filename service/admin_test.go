@@ -127,7 +127,7 @@ func TestMaxHoldEndsARenewingLease(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-	testenv.Eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		_, r := c.renew("mh/1", l.LeaseID, 2000)
 		return r.errCode == streams.CodeLeaseLost
 	}, "a renew past the hold limit answered lease_lost")

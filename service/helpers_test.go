@@ -28,7 +28,13 @@ type reply struct {
 
 func (c caller) send(op string, body any) reply {
 	c.t.Helper()
-	r, err := c.try(op, body, 10*time.Second)
+	// Generous for a busy machine, and longer than any wait the request
+	// asks for.
+	timeout := 30 * time.Second
+	if a, ok := body.(streams.AcquireRequest); ok {
+		timeout += time.Duration(a.WaitMs) * time.Millisecond
+	}
+	r, err := c.try(op, body, timeout)
 	if err != nil {
 		c.t.Fatalf("%s: %v", op, err)
 	}

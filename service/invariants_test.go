@@ -125,7 +125,14 @@ type skewedClock time.Duration
 func (s skewedClock) Now() time.Time { return time.Now().Add(time.Duration(s)) }
 
 // Two instances whose wall clocks are 20s apart never expire a renewed
-// lease early, and do expire an abandoned one within TTL plus grace.
+// lease early, and do expire an abandoned one within TTL plus grace (and
+// a margin for a busy machine far below the skew).
+//
+// Every "too early" is judged by when an answer reached the test: an
+// answer that the lease is gone, received before TTL after the last
+// renewal was sent, was decided earlier still. A renewal the service
+// refused after the test itself came late proves nothing: that attempt
+// starts over on another resource.
 func TestSkewedClocksNeverExpireEarly(t *testing.T) {
 	env := testenv.Start(t)
 	for _, skew := range []time.Duration{10 * time.Second, -10 * time.Second} {
@@ -134,28 +141,56 @@ func TestSkewedClocksNeverExpireEarly(t *testing.T) {
 		env.Serve(cfg)
 	}
 	c := caller{t: t, nc: env.Connect()}
-	const ttl = 2 * time.Second
-	l := c.mustAcquire("skew/1", "a", ttl.Milliseconds())
-	var lastSent time.Time
-	for i := 0; i < 12; i++ { // about 3.5 TTLs of renewals at ttl/7
-		time.Sleep(ttl / 7)
-		lastSent = time.Now()
-		if _, rep := c.renew("skew/1", l.LeaseID, ttl.Milliseconds()); rep.errCode != "" {
-			t.Fatalf("renewal %d refused: %s", i, rep.errCode)
+	for attempt := range 3 {
+		if renewedAcrossSkew(t, c, fmt.Sprintf("skew/%d", attempt)) {
+			return
 		}
+		t.Logf("attempt %d: a renewal was sent after the lease's TTL; again", attempt)
+	}
+	t.Fatal("no attempt in 3 renewed in time")
+}
+
+// renewedAcrossSkew renews a lease of res for about 3.5 TTLs, then
+// abandons it and checks when it ends; it returns false when a renewal
+// was refused that the test sent too late to count.
+func renewedAcrossSkew(t *testing.T, c caller, res string) bool {
+	const ttl = 2 * time.Second
+	// The service decides a request after it was sent: the lease stands
+	// until TTL after the last request that kept it was sent, at least.
+	lastSent := time.Now()
+	l := c.mustAcquire(res, "a", ttl.Milliseconds())
+	for i := 0; i < 12; i++ { // renewals at ttl/7
+		time.Sleep(ttl / 7)
+		sent := time.Now()
+		_, rep := c.renew(res, l.LeaseID, ttl.Milliseconds())
+		if rep.errCode == streams.CodeLeaseLost && time.Since(lastSent) >= ttl {
+			return false
+		}
+		if rep.errCode != "" {
+			t.Fatalf("renewal %d, sent %v after the previous one, refused: %s", i, sent.Sub(lastSent), rep.errCode)
+		}
+		lastSent = sent
 	}
 	// Abandon it. Until TTL after the last renewal was sent it must hold.
-	for time.Since(lastSent) < ttl-200*time.Millisecond {
-		if st := c.status("skew/1"); !st.Held || st.Token != l.Token {
-			t.Fatalf("lease gone %v after its last renewal, before its TTL %v", time.Since(lastSent), ttl)
+	for i := 0; i < 1000; i++ {
+		st := c.status(res)
+		answered := time.Since(lastSent)
+		if answered >= ttl {
+			break
+		}
+		if !st.Held || st.Token != l.Token {
+			t.Fatalf("lease gone %v after its last renewal, before its TTL %v", answered, ttl)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// It ends: after TTL plus grace, and long before the 10s either
+	// instance's clock is off would make it.
 	grace := testenv.Config().ExpiryGrace
-	testenv.Eventually(t, ttl+grace+2*time.Second, func() bool { return !c.status("skew/1").Held }, "abandoned lease not expired")
-	if el := time.Since(lastSent); el > ttl+grace+2*time.Second {
+	testenv.Eventually(t, 30*time.Second, func() bool { return !c.status(res).Held }, "abandoned lease not expired")
+	if el := time.Since(lastSent); el > ttl+grace+5*time.Second {
 		t.Fatalf("expired after %v", el)
 	}
+	return true
 }
 
 func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
@@ -248,7 +283,9 @@ func TestNoQuorumAnswersUnavailable(t *testing.T) {
 	cfg.OpTimeout = time.Second // a budget of 2s with QueueWait's 1s
 	env.Serve(cfg)
 	c := caller{t: t, nc: env.Connect()}
-	l := c.mustAcquire("q/1", "a", 30000)
+	// A TTL that outlasts the outage below however slowly it goes, so
+	// that the renewal after it can succeed.
+	l := c.mustAcquire("q/1", "a", 300000)
 	env.Cluster.Stop(1)
 	env.Cluster.Stop(2)
 	// While the connections move to the surviving node a request may get
@@ -257,13 +294,13 @@ func TestNoQuorumAnswersUnavailable(t *testing.T) {
 	// at once while the service's own connection is still moving, so the
 	// wait is bounded in time, not in requests.
 	unavailable := 0
-	for i, deadline := 0, time.Now().Add(30*time.Second); unavailable < 4 && time.Now().Before(deadline); i++ {
+	for i, deadline := 0, time.Now().Add(60*time.Second); unavailable < 4 && time.Now().Before(deadline); i++ {
 		for _, send := range []func() (reply, error){
 			func() (reply, error) {
 				return c.try(streams.OpAcquire, streams.AcquireRequest{Resource: fmt.Sprintf("q/new%d", i), RequestID: "b", TTLms: 5000}, 5*time.Second)
 			},
 			func() (reply, error) {
-				return c.try(streams.OpRenew, streams.RenewRequest{Resource: "q/1", LeaseID: l.LeaseID, TTLms: 30000}, 5*time.Second)
+				return c.try(streams.OpRenew, streams.RenewRequest{Resource: "q/1", LeaseID: l.LeaseID, TTLms: 300000}, 5*time.Second)
 			},
 		} {
 			rep, err := send()
@@ -288,8 +325,8 @@ func TestNoQuorumAnswersUnavailable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		_, rep := c.renew("q/1", l.LeaseID, 30000)
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		_, rep := c.renew("q/1", l.LeaseID, 300000)
 		return rep.errCode == ""
 	}, "renewal did not resume")
 	if _, rep := c.acquire(streams.AcquireRequest{Resource: "q/new0", RequestID: "b", TTLms: 5000}); rep.errCode != "" {
@@ -430,8 +467,8 @@ func TestBucketBelowHighWaterWaitsThenRefuses(t *testing.T) {
 	case <-svc.Ready():
 	case err := <-done:
 		t.Fatalf("refused after the stream caught up: %v", err)
-	case <-time.After(15 * time.Second):
-		t.Fatal("not serving 15s after the stream caught up")
+	case <-time.After(60 * time.Second):
+		t.Fatal("not serving 60s after the stream caught up")
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -451,7 +488,7 @@ func TestBucketBelowHighWaterWaitsThenRefuses(t *testing.T) {
 		if d := time.Since(start); d < time.Second {
 			t.Fatalf("refused after %v, before the patience of 1s", d)
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Run still waiting 20s after a patience of 1s")
+	case <-time.After(60 * time.Second):
+		t.Fatal("Run still waiting 60s after a patience of 1s")
 	}
 }
