@@ -9,6 +9,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,9 +19,19 @@ import (
 
 // Client talks to the jetlock service over a NATS connection. It is safe
 // for concurrent use.
+//
+// A call that gives up (its ctx ended, or its outcome stayed unknown) may
+// leave cleanup that needs the network: the cancel of an abandoned
+// acquire, the release of a lease granted as the caller gave up. The call
+// runs that cleanup within its ctx if it can and otherwise returns on time
+// and leaves it to a goroutine of the client, bounded by the request
+// timeout (WithRequestTimeout). Close waits for those goroutines.
 type Client struct {
 	nc   *nats.Conn
 	opts options
+
+	// cleanups are the cleanups running in the background (see cleanup).
+	cleanups sync.WaitGroup
 }
 
 // New returns a client that sends its requests on nc. It uses the caller's
@@ -38,6 +49,37 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 		}
 	}
 	return &Client{nc: nc, opts: o}, nil
+}
+
+// Close waits for the cleanups the client still runs in the background
+// (see Client), each bounded by the request timeout, so that a program
+// about to exit leaves nothing granted to nobody. It does not close the
+// connection, which is the caller's, nor release leases still held:
+// release them first. The client stays usable after Close. Safe for
+// concurrent use.
+func (c *Client) Close() error {
+	c.cleanups.Wait()
+	return nil
+}
+
+// cleanup runs fn, network cleanup of a call that gave up, on a context of
+// its own bounded by the request timeout, and waits for it while the
+// caller's ctx lasts: the call never overruns its ctx for it, and what is
+// left of fn runs on in the background (Close waits for it).
+func (c *Client) cleanup(ctx context.Context, fn func(ctx context.Context)) {
+	done := make(chan struct{})
+	c.cleanups.Add(1)
+	go func() {
+		defer c.cleanups.Done()
+		defer close(done)
+		cctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
+		defer cancel()
+		fn(cctx)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 func newRequestID() string {
@@ -68,7 +110,10 @@ const maxWaitChunk = time.Minute
 // others hold it, until it is granted, ctx ends, or the Wait option's bound
 // passes (then it returns a *HeldError, matching ErrLocked). When ctx ends
 // first, Acquire cancels the request so that it leaves nothing granted or
-// queued, and returns ctx.Err().
+// queued (a grant that arrives as ctx ends is released), and returns
+// ctx.Err(): it returns a lease, or leaves nothing held. It returns within
+// ctx: a cancel that ctx leaves no time for is sent in the background,
+// bounded by the request timeout (see Client.Close).
 func (c *Client) Acquire(ctx context.Context, resource string, opts ...AcquireOption) (*Lease, error) {
 	ao, err := c.acquireOptions(resource, opts)
 	if err != nil {
@@ -97,6 +142,10 @@ func (c *Client) acquire(ctx context.Context, resource string, ao acquireOptions
 		}
 		l, err := c.acquireOnce(ctx, resource, ao, wait)
 		switch {
+		case err == nil:
+			// acquireOnce hands over a lease only while ctx lasts; one
+			// that ended since is the caller's to release.
+			return l, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
 		case !errors.Is(err, ErrLocked):
@@ -157,8 +206,12 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		sent = time.Now()
 		return c.call(ctx, streams.OpAcquire, &req, &resp, wait)
 	})
+	if err == nil && ctx.Err() != nil {
+		// Granted as the caller gave up: give it back (P2).
+		err = ctx.Err()
+	}
 	if errors.Is(err, ErrUnavailable) || (err != nil && ctx.Err() != nil) {
-		c.abandon(resource, ao)
+		c.cleanup(ctx, func(cctx context.Context) { c.abandon(cctx, resource, ao) })
 	}
 	if err != nil {
 		if errors.Is(err, ErrLocked) {
@@ -174,14 +227,14 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 	}
 	if ao.limit > 0 && (resp.Permit < 1 || resp.Permit > ao.limit) {
 		// A grant the client cannot renew or release: give it back.
-		c.abandon(resource, ao)
+		c.cleanup(ctx, func(cctx context.Context) { c.abandon(cctx, resource, ao) })
 		return nil, fmt.Errorf("%w: semaphore %s: bad reply: permit %d of %d", ErrInternal, resource, resp.Permit, ao.limit)
 	}
 	var members []streams.SetMember
 	if ao.set != nil {
 		if members, err = setMembers(ao.set, &resp); err != nil {
 			// A grant the client cannot use: give it back.
-			c.abandon(resource, ao)
+			c.cleanup(ctx, func(cctx context.Context) { c.abandon(cctx, resource, ao) })
 			return nil, err
 		}
 	}
@@ -192,11 +245,18 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		l = c.newLease(resource, ao.owner, ao.ttl, &resp.LeaseResponse, sent)
 	}
 	l.members, l.permit, l.value = members, resp.Permit, ao.value
-	if err := l.start(ctx, wait > 0); err != nil {
-		// Granted, but not provably held any more: give it back.
-		rctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
-		defer cancel()
-		_ = l.Release(rctx)
+	err = l.start(ctx, wait > 0)
+	if err == nil && ctx.Err() != nil {
+		// Started as the caller gave up: stop it and give it back.
+		err = ctx.Err()
+	}
+	if err != nil {
+		// Granted, but not provably held any more, or not wanted: give it
+		// back. Release marks it lost first, whatever its outcome.
+		c.cleanup(ctx, func(cctx context.Context) { _ = l.Release(cctx) })
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, err
 	}
 	return l, nil
@@ -205,13 +265,15 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 // abandon cancels an acquire (of resource, of the lock set ao.set, or of
 // a permit of the semaphore resource of ao.limit permits) whose outcome is
 // unknown or whose caller gave up, so that a grant nobody will use is
-// released at once. Best effort, bounded by the request timeout.
-func (c *Client) abandon(resource string, ao acquireOptions) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
-	defer cancel()
+// released at once. The cancel names the acquire's owner: the service
+// matches it as it matches a retried acquire (tenant, owner, request id),
+// so it never ends the lease or wait of another owner that happens to use
+// the same request id. Best effort, within ctx (see cleanup).
+func (c *Client) abandon(ctx context.Context, resource string, ao acquireOptions) {
 	var resp streams.CancelResponse // a set's reply decodes into it as well; nothing reads it
+	req := streams.CancelRequest{Resource: resource, Resources: ao.set, Limit: ao.limit, RequestID: ao.requestID, Owner: ao.owner}
 	_ = c.retry(ctx, func() error {
-		return c.call(ctx, streams.OpCancel, &streams.CancelRequest{Resource: resource, Resources: ao.set, Limit: ao.limit, RequestID: ao.requestID}, &resp, 0)
+		return c.call(ctx, streams.OpCancel, &req, &resp, 0)
 	})
 }
 

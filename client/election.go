@@ -346,7 +346,11 @@ type LeaderChange struct {
 
 // Observe follows the election's leader: the channel first gets the
 // current state (a status read: the leader, or no leader), then every
-// change as it happens, in order, until ctx ends; then it is closed.
+// change as it happens, in order, until ctx ends or the connection is
+// closed; then it is closed, and its goroutine has ended or is about to.
+// It never goes back: a change older than one delivered is dropped, and an
+// event whose order against a status read cannot be told (a read gives no
+// revision for the leader's value) waits for the next read to decide.
 //
 // The changes come from the service's events (plain NATS subscription to
 // streams.EventSubject(prefix, name): the connection's user must be
@@ -403,6 +407,12 @@ type observer struct {
 	token uint64
 	value string
 	rev   uint64 // revision of the last change applied
+	// revKnown is false while the state comes from a status read, which
+	// tells the leader's token but not the revision of its value: an event
+	// about the same leader with another value may then be older or newer
+	// than it. Such an event waits in pending until a status read decides.
+	revKnown bool
+	pending  *LeaderChange
 
 	queue []LeaderChange
 }
@@ -419,6 +429,9 @@ func (o *observer) run(ctx context.Context) {
 		var ok bool
 		if resyncIn, ok = o.resync(ctx, true); ok {
 			break
+		}
+		if o.e.c.nc.IsClosed() {
+			return // no read can succeed any more
 		}
 		select {
 		case <-ctx.Done():
@@ -469,8 +482,9 @@ func (o *observer) run(ctx context.Context) {
 }
 
 // resync applies the events that have arrived, reads the status and
-// applies what it finds, and returns when to read again; false when the
-// read failed. The first read (first) is delivered whatever it finds.
+// applies what it finds (see apply), and returns when to read again; false
+// when the read failed. The first read (first) is delivered whatever it
+// finds.
 func (o *observer) resync(ctx context.Context, first bool) (time.Duration, bool) {
 	for !first && len(o.msgs) > 0 {
 		o.event(<-o.msgs)
@@ -483,40 +497,59 @@ func (o *observer) resync(ctx context.Context, first bool) (time.Duration, bool)
 	}
 	// Events that arrived during the read may be older or newer than
 	// what it found: a difference it cannot order is read again soon.
-	overtaken := len(o.msgs) > 0
+	return o.apply(st, first, len(o.msgs) > 0), true
+}
+
+// apply applies a status read st, and returns when to read again.
+// overtaken says that events arrived during the read.
+func (o *observer) apply(st *streams.StatusResponse, first, overtaken bool) time.Duration {
 	if first {
-		o.held, o.token, o.value = st.Held, st.Token, st.Value
+		o.held, o.token, o.value, o.revKnown, o.pending = st.Held, st.Token, st.Value, false, nil
 		if st.Held {
-			o.rev = st.Token // the grant's revision
+			o.rev = st.Token // the grant's revision: the value's is unknown
 			o.deliver(LeaderChange{Leader: true, Token: st.Token, Value: st.Value, Event: streams.EventElected, Resync: true})
 		} else {
 			o.token = 0
 			o.deliver(LeaderChange{Event: streams.EventEnded, Resync: true})
 		}
 		if overtaken {
-			return observeSoon, true
+			return observeSoon
 		}
-		return observeResync, true
+		return observeResync
 	}
 	switch {
 	case st.Held && st.Token > o.token:
 		// A leader newer than any seen: certain, whatever overtook it.
-		o.held, o.token, o.value, o.rev = true, st.Token, st.Value, max(o.rev, st.Token)
+		o.held, o.token, o.value, o.rev, o.revKnown, o.pending = true, st.Token, st.Value, max(o.rev, st.Token), false, nil
 		o.deliver(LeaderChange{Leader: true, Token: st.Token, Value: st.Value, Event: streams.EventElected, Resync: true})
 	case st.Held && st.Token == o.token && o.held && st.Value != o.value:
 		if overtaken {
-			return observeSoon, true
+			return observeSoon
 		}
 		o.value = st.Value
-		o.deliver(LeaderChange{Leader: true, Token: st.Token, Value: st.Value, Event: streams.EventProclaimed, Resync: true})
+		if p := o.pending; p != nil && p.Token == st.Token && p.Value == st.Value {
+			// The read confirms the event that waited: it is the
+			// current value, and its revision orders what follows.
+			o.rev, o.revKnown = max(o.rev, p.Revision), true
+			o.deliver(*p)
+		} else {
+			o.deliver(LeaderChange{Leader: true, Token: st.Token, Value: st.Value, Event: streams.EventProclaimed, Resync: true})
+		}
+		o.pending = nil
 	case !st.Held && o.held:
 		if overtaken {
-			return observeSoon, true
+			return observeSoon
 		}
-		o.held, o.value = false, ""
+		o.held, o.value, o.pending = false, "", nil
 		o.deliver(LeaderChange{Token: o.token, Event: streams.EventEnded, Resync: true})
+	default:
+		if !overtaken {
+			// The read found the value already delivered: an event that
+			// waited with another value was older.
+			o.pending = nil
+		}
 	}
-	return observeResync, true
+	return observeResync
 }
 
 // event applies one event, and reports whether it suggests that events
@@ -532,7 +565,17 @@ func (o *observer) event(m *nats.Msg) (gap bool) {
 			return false // an earlier leader's, or one that has ended
 		}
 		elected := !o.held || ev.Token != o.token
-		o.rev = ev.Revision
+		if !elected && !o.revKnown {
+			// The value came from a status read, whose revision is
+			// unknown: this event may be older than it. A repeat of it
+			// changes nothing; another value waits for a read to decide.
+			if ev.Value != o.value && (o.pending == nil || ev.Revision > o.pending.Revision) {
+				o.pending = &LeaderChange{Leader: true, Token: ev.Token, Value: ev.Value, Event: streams.EventProclaimed, Revision: ev.Revision}
+				return true
+			}
+			return false
+		}
+		o.rev, o.revKnown, o.pending = ev.Revision, true, nil
 		if !elected && ev.Value == o.value {
 			return false // a repeat
 		}
@@ -550,7 +593,7 @@ func (o *observer) event(m *nats.Msg) (gap bool) {
 		}
 		gap = ev.Token != o.token // the end of a leader never seen
 		was := o.held
-		o.held, o.token, o.value, o.rev = false, ev.Token, "", ev.Revision
+		o.held, o.token, o.value, o.rev, o.revKnown, o.pending = false, ev.Token, "", ev.Revision, true, nil
 		if was {
 			o.deliver(LeaderChange{Token: ev.Token, Event: streams.EventEnded, Revision: ev.Revision})
 		}

@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,7 +61,10 @@ var (
 // resource in sorted order.
 type HeldError struct {
 	Resource string
-	// Owner is the holder's owner text, if it gave one.
+	// Owner is the holder's owner text, if it gave one and the service
+	// shows it to the caller: it shows it only to the NATS user that holds
+	// the lease and to operators. Empty does not mean free: the resource
+	// is held, by another user or without an owner text.
 	Owner string
 	// Token is the holder's fencing token.
 	Token uint64
@@ -98,16 +102,27 @@ func (e *HeldError) Error() string {
 		return fmt.Sprintf("jetlock: semaphore %s has no free permit (limit %d)", e.Resource, e.Limit)
 	}
 	if e.Set == nil {
-		return fmt.Sprintf("jetlock: %s is locked by %q (token %d, expires %s)", e.Resource, e.Owner, e.Token, e.ExpiresAt.Format(time.RFC3339))
+		return fmt.Sprintf("jetlock: %s is locked by %s (token %d, expires %s)", e.Resource, holderName(e.Owner), e.Token, e.ExpiresAt.Format(time.RFC3339))
 	}
 	held := make([]string, 0, len(e.Holders))
 	for _, h := range e.Holders {
-		held = append(held, fmt.Sprintf("%s by %q (token %d, expires %s)", h.Resource, h.Owner, h.Token, h.ExpiresAt.Format(time.RFC3339)))
+		held = append(held, fmt.Sprintf("%s by %s (token %d, expires %s)", h.Resource, holderName(h.Owner), h.Token, h.ExpiresAt.Format(time.RFC3339)))
 	}
 	if len(held) == 0 {
 		held = append(held, "holders not named by the service")
 	}
 	return fmt.Sprintf("jetlock: lock set of %d resources is locked: %s", len(e.Set), strings.Join(held, ", "))
+}
+
+// holderName names a holder by its owner text. The service shows the
+// owner only to the NATS user that holds the lease (and to operators): an
+// empty one is another user's lease, or a lease acquired without an owner;
+// held either way.
+func holderName(owner string) string {
+	if owner == "" {
+		return "a holder whose owner is not shown (another user's lease, or none given)"
+	}
+	return strconv.Quote(owner)
 }
 
 // Is makes a HeldError match ErrLocked.

@@ -104,7 +104,7 @@ func (l *Lease) start(ctx context.Context, waited bool) error {
 	}
 	if waited {
 		l.life.mu.Lock()
-		short := l.want > l.life.ttl || time.Until(l.life.deadline) < l.life.ttl*2/3
+		short := l.want > l.life.ttl || l.life.left(l.life.deadline) < l.life.ttl*2/3
 		l.life.mu.Unlock()
 		if short {
 			if err := l.renewOnce(ctx); err != nil {
@@ -143,9 +143,12 @@ func (l *Lease) renew(ctx context.Context, sent time.Time) error {
 // renewOnce sends one renewal, retried while its outcome is unknown, and
 // moves the deadline on success.
 func (l *Lease) renewOnce(ctx context.Context) error {
-	sent := time.Now()
+	var sent time.Time
 	var resp streams.LeaseResponse
-	err := l.c.retry(ctx, func() error { return l.sendRenew(ctx, &resp) })
+	err := l.c.retry(ctx, func() error {
+		sent = time.Now() // the deadline counts from the send of the attempt that succeeded
+		return l.sendRenew(ctx, &resp)
+	})
 	if err != nil {
 		return err
 	}
@@ -275,7 +278,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	// A release that cannot get through before the lease ends by itself
 	// only delays the caller (issue 32): retry until the deadline at most.
 	deadline := l.Expires()
-	if !time.Now().Before(deadline) {
+	if l.life.passed(deadline) {
 		return nil
 	}
 	rctx, cancel := context.WithDeadline(ctx, deadline)
@@ -307,13 +310,22 @@ func (l *Lease) Release(ctx context.Context) error {
 //
 // Loss is signalled at the deadline however the process fares: a timer
 // fires at the deadline independently of the keepalive loop, and every
-// look at the lost signal checks the (monotonic) clock first, so that a
-// process paused through the deadline sees the loss before anything else
-// once it wakes up, even before the timer has run.
+// look at the lost signal checks the clock first, so that a process paused
+// through the deadline sees the loss before anything else once it wakes
+// up, even before the timer has run.
+//
+// The deadline has passed when either clock says so (see passed): the
+// monotonic clock, which no clock step moves but which stops while the
+// host or VM is suspended (on Linux), or the wall clock, which goes on
+// counting through a suspend, as the service's clocks do. A wall clock
+// stepped forward makes the loss early, never late. Timers run on the
+// monotonic clock, so the expiry timer wakes at least every expiryPoll to
+// look at the wall clock too.
 type life struct {
 	// what keeps it alive ("renewal", "keepalive"), for error texts.
 	what   string
 	margin time.Duration
+	clock  clock
 
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
@@ -344,7 +356,7 @@ type life struct {
 func newLife(what string, margin time.Duration) *life {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	stopCtx, stop := context.WithCancel(context.Background())
-	return &life{what: what, margin: margin, ctx: ctx, cancel: cancel, lost: make(chan struct{}),
+	return &life{what: what, margin: margin, clock: realClock{}, ctx: ctx, cancel: cancel, lost: make(chan struct{}),
 		renewed: make(chan struct{}), stopCtx: stopCtx, stop: stop, done: make(chan struct{})}
 }
 
@@ -368,7 +380,7 @@ func (lf *life) setDeadlineAt(d time.Time, ttl time.Duration) {
 	}
 	lf.deadline = d
 	if lf.expiry != nil {
-		lf.expiry.Reset(time.Until(d))
+		lf.expiry.Reset(lf.nextLook(d))
 	}
 	close(lf.renewed)
 	lf.renewed = make(chan struct{})
@@ -384,7 +396,59 @@ func (lf *life) arm() {
 	if lf.isLost || lf.expiry != nil || lf.deadline.IsZero() {
 		return
 	}
-	lf.expiry = time.AfterFunc(time.Until(lf.deadline), func() { lf.check() })
+	lf.expiry = time.AfterFunc(lf.nextLook(lf.deadline), lf.look)
+}
+
+// expiryPoll is the longest the expiry timer sleeps before it looks at
+// the clocks again: how late, at most, Lost closes after a suspend that
+// stopped the monotonic clock.
+const expiryPoll = time.Second
+
+// nextLook is how long the expiry timer sleeps before it looks at the
+// deadline d: until d, or expiryPoll, whichever comes first.
+func (lf *life) nextLook(d time.Time) time.Duration {
+	return min(lf.left(d), expiryPoll)
+}
+
+// look is the expiry timer's: it marks the loss once the deadline has
+// passed by either clock, and otherwise sleeps again.
+func (lf *life) look() {
+	if lf.check() {
+		return
+	}
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	if !lf.isLost && lf.expiry != nil {
+		lf.expiry.Reset(lf.nextLook(lf.deadline))
+	}
+}
+
+// clock reads the time. now returns it twice: mono with the monotonic
+// reading (time.Now), wall without (the wall clock alone). Tests put a
+// clock in that lets the wall clock run ahead, as a suspend does.
+type clock interface {
+	now() (mono, wall time.Time)
+}
+
+type realClock struct{}
+
+func (realClock) now() (mono, wall time.Time) {
+	t := time.Now()
+	return t, t.Round(0)
+}
+
+// passed reports whether the time d, read with time.Now, has come by
+// either clock.
+func (lf *life) passed(d time.Time) bool {
+	mono, wall := lf.clock.now()
+	return !mono.Before(d) || !wall.Before(d.Round(0))
+}
+
+// left is how long until d by the clock that reaches it first (0 once
+// it has passed).
+func (lf *life) left(d time.Time) time.Duration {
+	mono, wall := lf.clock.now()
+	return max(0, min(d.Sub(mono), d.Round(0).Sub(wall)))
 }
 
 // expires returns the deadline (zero when there is none).
@@ -409,7 +473,7 @@ func (lf *life) check() bool {
 	if lost {
 		return true
 	}
-	if d.IsZero() || time.Now().Before(d) {
+	if d.IsZero() || !lf.passed(d) {
 		return false
 	}
 	lf.markLost(lf.expiredCause(d))
@@ -462,7 +526,7 @@ func (lf *life) keep(renew func(ctx context.Context, sent time.Time) error) {
 		// A third of the TTL, ±10%, and never later than halfway to the
 		// deadline, so that a failed request leaves time to retry.
 		wait := ttl/3 - ttl/30 + mrand.N(ttl/15+1)
-		timer.Reset(max(0, min(wait, time.Until(deadline)/2)))
+		timer.Reset(min(wait, lf.left(deadline)/2))
 		select {
 		case <-lf.stopCtx.Done():
 			return
@@ -500,7 +564,7 @@ func (lf *life) renewUntilDeadline(renew func(ctx context.Context, sent time.Tim
 			return nil
 		case <-lf.lost:
 			return nil
-		case <-time.After(min(jitter(backoff), time.Until(deadline))):
+		case <-time.After(min(jitter(backoff), lf.left(deadline))):
 		}
 		backoff = min(backoff*2, 500*time.Millisecond)
 	}

@@ -309,7 +309,7 @@ func (s *Session) Close() error {
 	s.life.markLost(ErrSessionClosed)
 
 	deadline := s.life.expires()
-	if !time.Now().Before(deadline) {
+	if s.life.passed(deadline) {
 		s.closed = true
 		return nil
 	}
