@@ -355,10 +355,10 @@ func (h *hotlock) cancelWaits() {
 	var wg sync.WaitGroup
 	for _, r := range h.res {
 		r.mu.Lock()
-		for _, w := range r.waiting {
+		for id, w := range r.waiting {
 			r.cancelled[w.reqID] = time.Now()
 			wg.Go(func() {
-				m := h.be.Msg(streams.OpCancel, &streams.CancelRequest{Resource: r.name, RequestID: w.reqID})
+				m := h.be.Msg(streams.OpCancel, &streams.CancelRequest{Resource: r.name, RequestID: w.reqID, Owner: fmt.Sprintf("caller-%d", id)})
 				_, _, _ = h.e.rq.Do(context.Background(), m, h.e.cfg.timeout)
 			})
 		}

@@ -126,7 +126,7 @@ func (s *semRun) caller(ctx context.Context, id int, sm *semaphore, end time.Tim
 		if g.Permit < 1 || g.Permit > c.limit {
 			// A permit the bench cannot release: the cancel gives it back.
 			s.ph.rec.Get(opBadGrant, 0).Fail(streams.CodeInternal)
-			_, _, _ = s.e.rq.Do(context.WithoutCancel(ctx), s.be.CancelPermit(sm.name, c.limit, reqID), c.timeout)
+			_, _, _ = s.e.rq.Do(context.WithoutCancel(ctx), s.be.CancelPermit(sm.name, c.limit, reqID, fmt.Sprintf("caller-%d", id)), c.timeout)
 			continue
 		}
 		lg := s.granted(sm, reqID, res, g, sent, at, end)
@@ -206,10 +206,10 @@ func (s *semRun) cancelWaits() {
 	var wg sync.WaitGroup
 	for _, sm := range s.sems {
 		sm.mu.Lock()
-		for _, reqID := range sm.waiting {
+		for id, reqID := range sm.waiting {
 			sm.cancelled[reqID] = time.Now()
 			wg.Go(func() {
-				_, _, _ = s.e.rq.Do(context.Background(), s.be.CancelPermit(sm.name, c.limit, reqID), c.timeout)
+				_, _, _ = s.e.rq.Do(context.Background(), s.be.CancelPermit(sm.name, c.limit, reqID, fmt.Sprintf("caller-%d", id)), c.timeout)
 			})
 		}
 		sm.mu.Unlock()

@@ -196,7 +196,7 @@ func (s *setRun) cycle(ctx context.Context, w, n int, set []string) bool {
 		}
 		if attempt >= c.retries {
 			// Given up: a grant nobody will use is released by the cancel.
-			_, _, _ = s.e.rq.Do(ctx, s.be.CancelSet(set, reqID), c.timeout)
+			_, _, _ = s.e.rq.Do(ctx, s.be.CancelSet(set, reqID, owner), c.timeout)
 			return false
 		}
 		time.Sleep(load.RetryDelay(250*time.Millisecond, res.RetryAfter))

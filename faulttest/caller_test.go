@@ -144,7 +144,7 @@ func (c *Caller) Release(res, lease string) Op {
 // Cancel sends a cancel and records it.
 func (c *Caller) Cancel(res, rid string) Op {
 	op := c.H.Begin(Op{Client: c.Client, Kind: KCancel, Resource: res, RequestID: rid})
-	r := c.call(streams.OpCancel, streams.CancelRequest{Resource: res, RequestID: rid}, 0)
+	r := c.call(streams.OpCancel, streams.CancelRequest{Resource: res, RequestID: rid, Owner: c.owner()}, 0)
 	c.finish(op, r, func(o *Op, data []byte) {
 		var cr streams.CancelResponse
 		if json.Unmarshal(data, &cr) != nil {

@@ -84,7 +84,7 @@ func (c *Caller) ReleaseSet(res []string, lease string) Op {
 // it.
 func (c *Caller) CancelSet(res []string, rid string) Op {
 	op := c.H.Begin(Op{Client: c.Client, Kind: KCancel, Resources: slices.Clone(res), RequestID: rid})
-	r := c.call(streams.OpCancel, streams.CancelRequest{Resources: res, RequestID: rid}, 0)
+	r := c.call(streams.OpCancel, streams.CancelRequest{Resources: res, RequestID: rid, Owner: c.owner()}, 0)
 	c.finishNoting(op, r, func(o *Op, data []byte) {
 		var cr streams.SetCancelResponse
 		if json.Unmarshal(data, &cr) != nil {
@@ -163,7 +163,7 @@ func (c *Caller) ReleasePermit(sem string, permit int, lease string) Op {
 // records it.
 func (c *Caller) CancelPermit(sem string, limit int, rid string) Op {
 	op := c.H.Begin(Op{Client: c.Client, Kind: KCancel, Resource: sem, Limit: limit, RequestID: rid})
-	r := c.call(streams.OpCancel, streams.CancelRequest{Resource: sem, Limit: limit, RequestID: rid}, 0)
+	r := c.call(streams.OpCancel, streams.CancelRequest{Resource: sem, Limit: limit, RequestID: rid, Owner: c.owner()}, 0)
 	c.finishNoting(op, r, func(o *Op, data []byte) {
 		var cr streams.CancelResponse
 		if json.Unmarshal(data, &cr) != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,7 +74,7 @@ func TestResponseLostAfterCommit(t *testing.T) {
 		t.Fatalf("cancelled request still holds: %v", &st)
 	}
 
-	r.Drive(t, 16*time.Second, func(ctx context.Context) {
+	r.DriveUntil(t, 16*time.Second, r.atLeast(20, "acquire/ok"), func(ctx context.Context) {
 		every(ctx, 3*time.Second, func() { _ = r.H.StepDown() })
 	})
 	rep := r.Check(t, CheckOptions{Status: true})
@@ -122,7 +123,7 @@ func TestClientPausedPastTTL(t *testing.T) {
 	}
 	b.Release("paused/1", lb.LeaseID)
 
-	driveClientPauses(t, r, 18*time.Second)
+	driveClientPauses(t, r, 18*time.Second, nil)
 }
 
 // Delayed stale writes, at both ends. At the resource: a write prepared
@@ -170,8 +171,19 @@ func TestDelayedStaleWrite(t *testing.T) {
 func TestOneReplicaIsolated(t *testing.T) {
 	t.Parallel()
 	r := NewRun(t, nil)
+	var mu sync.Mutex // isolated is read by the condition of DriveUntil
 	var isolated []Window
-	r.Drive(t, 24*time.Second, func(ctx context.Context) {
+	grantsIsolated := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		ops, n := r.Hist.Ops(), 0
+		for _, w := range isolated {
+			n += within(ops, KAcquire, OK, w)
+		}
+		return n
+	}
+	enough := all(r.atLeast(20, "acquire/ok"), func() bool { return grantsIsolated() > 0 })
+	r.DriveUntil(t, 24*time.Second, enough, func(ctx context.Context) {
 		for i := 0; ctx.Err() == nil; i++ {
 			from := r.Hist.Now()
 			if i%2 == 0 {
@@ -180,16 +192,15 @@ func TestOneReplicaIsolated(t *testing.T) {
 				t.Logf("isolate leader: %v", err)
 			}
 			sleepCtx(ctx, 4*time.Second)
+			mu.Lock()
 			isolated = append(isolated, Window{From: from, To: r.Hist.Now()})
+			mu.Unlock()
 			r.H.Heal()
 			r.H.WaitCurrent(10 * time.Second)
 		}
 	})
 	rep := r.Check(t, CheckOptions{Status: true})
-	ops, grants := r.Hist.Ops(), 0
-	for _, w := range isolated {
-		grants += within(ops, KAcquire, OK, w)
-	}
+	grants := grantsIsolated()
 	t.Logf("%d grants while a replica was isolated", grants)
 	if grants == 0 || rep.Counts["acquire/ok"] < 20 {
 		t.Errorf("the majority side did not keep serving: %d grants while isolated, %d in all", grants, rep.Counts["acquire/ok"])
@@ -202,22 +213,39 @@ func TestMajorityIsolated(t *testing.T) {
 	t.Parallel()
 	r := NewRun(t, nil)
 	var cut Window
+	// triedIn counts the acquires and renewals tried and answered (or
+	// given up on) inside w.
+	triedIn := func(w Window) int {
+		var ops []Op
+		for _, o := range r.Hist.Ops() {
+			if o.Code != "pending" { // still under way: counted once it ends
+				ops = append(ops, o)
+			}
+		}
+		n := 0
+		for _, k := range []Kind{KAcquire, KRenew} {
+			for _, res := range []Result{Fail, Unknown} {
+				n += within(ops, k, res, w)
+			}
+		}
+		return n
+	}
 	r.Drive(t, 20*time.Second, func(ctx context.Context) {
 		sleepCtx(ctx, 4*time.Second)
 		r.H.IsolateAll() // returns once no route crosses the partition
 		cut.From = r.Hist.Now()
 		sleepCtx(ctx, 7*time.Second)
+		// The partition lasts until the workload has tried it: on a busy
+		// machine the first attempts may still be under way.
+		for end := time.Now().Add(60 * time.Second); triedIn(Window{From: cut.From, To: r.Hist.Now()}) == 0 && time.Now().Before(end); {
+			time.Sleep(250 * time.Millisecond)
+		}
 		cut.To = r.Hist.Now()
 		r.H.Heal()
 	})
 	rep := r.Check(t, CheckOptions{Status: true, NoQuorum: []Window{cut}})
 	ops := r.Hist.Ops()
-	tried := 0
-	for _, k := range []Kind{KAcquire, KRenew} {
-		for _, res := range []Result{Fail, Unknown} {
-			tried += within(ops, k, res, cut)
-		}
-	}
+	tried := triedIn(cut)
 	after := within(ops, KAcquire, OK, Window{From: cut.To, To: r.Hist.Now()})
 	t.Logf("without quorum: %d acquires and renewals tried, none succeeded; %d grants after healing", tried, after)
 	if tried == 0 {
@@ -241,7 +269,7 @@ func TestMajorityIsolated(t *testing.T) {
 func TestRepeatedLeaderChanges(t *testing.T) {
 	t.Parallel()
 	r := NewRun(t, nil)
-	if rep := driveLeaderChanges(t, r); rep.Counts["acquire/ok"] < 20 {
+	if rep := driveLeaderChanges(t, r, r.atLeast(20, "acquire/ok")); rep.Counts["acquire/ok"] < 20 {
 		t.Errorf("%d grants", rep.Counts["acquire/ok"])
 	}
 }
@@ -273,7 +301,8 @@ func TestWaiterCancelDuringFailover(t *testing.T) {
 		cc, _ := r.H.Connect(node, "canceller")
 		cancellers[node] = &Caller{NC: cc, H: r.Hist, Client: 1100 + node}
 	}
-	time.Sleep(time.Second)
+	// Every waiter queued before the failover.
+	testenv.Eventually(t, 30*time.Second, func() bool { return statusWaiters(holder, res) == n }, "%d waiters on %s", n, res)
 	old, err := r.H.IsolateLeader()
 	if err != nil {
 		t.Fatal(err)
@@ -283,6 +312,7 @@ func TestWaiterCancelDuringFailover(t *testing.T) {
 	canceller := cancellers[(old+1)%3]
 	for i := 0; i < n/2; i++ {
 		var op Op
+		canceller.Owner = ownerOf(1001 + i) // waiter i's: a cancel is its acquirer's
 		testenv.Eventually(t, 20*time.Second, func() bool {
 			op = canceller.Cancel(res, "w"+itoa(i))
 			return op.Result != Unknown
@@ -350,7 +380,9 @@ func TestWholeClusterCrashRestart(t *testing.T) {
 	t.Parallel()
 	r := NewRun(t, nil)
 	var crashes []Window
-	r.Drive(t, 28*time.Second, func(ctx context.Context) {
+	var crashed atomic.Int32 // len(crashes), for the condition of DriveUntil
+	enough := all(r.atLeast(30, "acquire/ok"), func() bool { return crashed.Load() >= 2 })
+	r.DriveUntil(t, 28*time.Second, enough, func(ctx context.Context) {
 		for ctx.Err() == nil {
 			sleepCtx(ctx, 4*time.Second)
 			if ctx.Err() != nil {
@@ -361,6 +393,7 @@ func TestWholeClusterCrashRestart(t *testing.T) {
 			time.Sleep(time.Second + rand.N(time.Second))
 			r.H.RestartAll()
 			crashes = append(crashes, Window{From: from, To: r.Hist.Now()})
+			crashed.Add(1)
 			t.Logf("crash and restart took %v", (crashes[len(crashes)-1].To - from).Round(time.Millisecond))
 		}
 	})

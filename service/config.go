@@ -132,7 +132,9 @@ type Config struct {
 	// ["OPERATORS"].
 	Operators []string
 	// MaxBodyBytes bounds a request's body; a larger one is answered
-	// invalid_request before it is decoded. The default is 4096.
+	// invalid_request before it is decoded. It may not be below the
+	// largest valid request (streams.MaxRequestBytes of MaxSetSize), and
+	// the default, 0, is exactly that.
 	MaxBodyBytes int
 	// OpTimeout bounds the store work of one request: it must end within
 	// QueueWait+OpTimeout of the request's receipt (rounded up to the next
@@ -214,7 +216,7 @@ func DefaultConfig() Config {
 		MaxWaiting:            10000,
 		MaxPerKey:             64,
 		Operators:             []string{"OPERATORS"},
-		MaxBodyBytes:          4096,
+		MaxBodyBytes:          0,
 		Clock:                 systemClock{},
 		Version:               "0.1.0",
 	}
@@ -269,8 +271,8 @@ func (c Config) Validate() error {
 	if c.MaxLeasesPerTenant < 0 {
 		return bad("max leases per tenant %d is negative", c.MaxLeasesPerTenant)
 	}
-	if c.MaxBodyBytes < 512 {
-		return bad("max body bytes %d: need at least 512 for a request with every field at its longest", c.MaxBodyBytes)
+	if need := streams.MaxRequestBytes(c.MaxSetSize); c.MaxBodyBytes != 0 && c.MaxBodyBytes < need {
+		return bad("max body bytes %d: need 0 (derived) or at least %d, the largest valid request with sets of %d resources", c.MaxBodyBytes, need, c.MaxSetSize)
 	}
 	for _, op := range c.Operators {
 		if !validTenant(op) {
@@ -312,4 +314,12 @@ func validPrefix(p string) bool {
 		}
 	}
 	return tok > 0
+}
+
+// maxBody is the largest request body the service decodes.
+func (c Config) maxBody() int {
+	if c.MaxBodyBytes != 0 {
+		return c.MaxBodyBytes
+	}
+	return streams.MaxRequestBytes(c.MaxSetSize)
 }

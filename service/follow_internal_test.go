@@ -56,18 +56,20 @@ func startInstance(t *testing.T, cl *devcluster.Cluster, cfg Config, linger time
 	return s, stop
 }
 
-// call runs one request on s itself, as its endpoint would, so that the
-// test knows which instance served it.
-func call(t *testing.T, s *Service, op string, body any) (any, error) {
+// serveOn runs one request on s itself, as its endpoint would, so that
+// the test knows which instance served it.
+func serveOn(t *testing.T, s *Service, op string, body any) (any, error) {
 	t.Helper()
 	data, _ := json.Marshal(body)
-	req := &request{op: op, r: testRequest{data: data}}
-	s.urgency(req)
-	return s.handle(req, time.Now(), hold(s.gate))
+	c, err := s.decodeCall(op, data, origin{})
+	if err != nil {
+		return nil, err
+	}
+	return s.serve(s.deadlines.get(time.Now()), c, hold(s.gate))
 }
 
-// testRequest is a request handed to handle directly, as micro would; the
-// test reads the result from handle, so nothing is sent.
+// testRequest is a request handed to the service directly, as micro
+// would; the test reads the result from the service, so nothing is sent.
 type testRequest struct{ data []byte }
 
 func (r testRequest) Respond([]byte, ...micro.RespondOpt) error               { return nil }
@@ -117,14 +119,14 @@ func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
 	if _, err := kv.Create(context.Background(), streams.LeaseKey("behind"), rec); err != nil {
 		t.Fatal(err)
 	}
-	_, err = call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "behind", RequestID: "r1"})
+	_, err = serveOn(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "behind", RequestID: "r1"})
 	var oe *opError
 	if !errors.As(err, &oe) || oe.code != streams.CodeLocked || oe.holder == nil || oe.holder.Owner != "operator" {
 		t.Fatalf("acquire of a key written behind the lone instance's back: %v, want locked by operator", err)
 	}
 	// It learned the record by reading it, and expires it in time.
 	waitFor(t, 10*time.Second, func() bool {
-		_, err := call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "behind", RequestID: "r2"})
+		_, err := serveOn(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "behind", RequestID: "r2"})
 		return err == nil
 	}, "the lone instance expires the record it read")
 
@@ -133,7 +135,7 @@ func TestFollowingOnlyWhileAnotherInstanceServes(t *testing.T) {
 	if !b.Following() {
 		t.Fatal("the second instance does not follow though the first serves")
 	}
-	if _, err := call(t, b, streams.OpAcquire, streams.AcquireRequest{Resource: "b-held", RequestID: "rb", TTLms: 1000}); err != nil {
+	if _, err := serveOn(t, b, streams.OpAcquire, streams.AcquireRequest{Resource: "b-held", RequestID: "rb", TTLms: 1000}); err != nil {
 		t.Fatalf("acquire on the second instance: %v", err)
 	}
 	key := streams.LeaseKey("b-held")
@@ -167,21 +169,21 @@ func TestFollowingInstanceRefusesOnlyOnARead(t *testing.T) {
 	a, _ := startInstance(t, cl, DefaultConfig(), 0)
 	b, _ := startInstance(t, cl, DefaultConfig(), 0)
 	waitFor(t, 5*time.Second, func() bool { return a.Following() && b.Following() }, "the instances follow each other")
-	resp, err := call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "lagging", RequestID: "h"})
+	resp, err := serveOn(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "lagging", RequestID: "h"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	lease := resp.(*streams.LeaseResponse)
 	key := streams.LeaseKey("lagging")
 	held, _ := a.tracker.get(key)
-	if resp, err := call(t, b, streams.OpRelease, streams.ReleaseRequest{Resource: "lagging", LeaseID: lease.LeaseID}); err != nil || !resp.(*streams.ReleaseResponse).Released {
+	if resp, err := serveOn(t, b, streams.OpRelease, streams.ReleaseRequest{Resource: "lagging", LeaseID: lease.LeaseID}); err != nil || !resp.(*streams.ReleaseResponse).Released {
 		t.Fatalf("release through the other instance: %v %v", resp, err)
 	}
 	waitFor(t, 5*time.Second, func() bool { o, _ := a.tracker.get(key); return !o.held() }, "the first instance sees the release")
 	a.tracker.mu.Lock()
 	a.tracker.keys[key] = observation{entry: held.entry, seen: time.Now()} // as if it had not
 	a.tracker.mu.Unlock()
-	if _, err := call(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "lagging", RequestID: "n"}); err != nil {
+	if _, err := serveOn(t, a, streams.OpAcquire, streams.AcquireRequest{Resource: "lagging", RequestID: "n"}); err != nil {
 		t.Fatalf("acquire of a released resource through an instance whose watcher lags: %v", err)
 	}
 }

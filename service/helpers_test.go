@@ -128,10 +128,16 @@ func (c caller) status(resource string) streams.StatusResponse {
 	return st
 }
 
-func (c caller) cancel(resource, requestID string) bool {
+// cancel cancels the acquire of requestID on resource; owner, if given, is
+// the owner the acquire named (a cancel of another owner's is not its).
+func (c caller) cancel(resource, requestID string, owner ...string) bool {
 	c.t.Helper()
 	var cr streams.CancelResponse
-	c.send(streams.OpCancel, streams.CancelRequest{Resource: resource, RequestID: requestID}).decode(c.t, &cr)
+	req := streams.CancelRequest{Resource: resource, RequestID: requestID}
+	if len(owner) > 0 {
+		req.Owner = owner[0]
+	}
+	c.send(streams.OpCancel, req).decode(c.t, &cr)
 	return cr.Cancelled
 }
 

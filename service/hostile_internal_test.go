@@ -23,10 +23,11 @@ func TestCancelBeforeTheWaiterWriteWins(t *testing.T) {
 	s, req := runInternal(t, DefaultConfig())
 	var holder streams.LeaseResponse
 	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "cb", RequestID: "h"}).Data, &holder)
-	g, _, _, err := s.acquireRequest([]byte(`{"resource":"cb","request_id":"w","wait_ms":30000}`), origin{})
+	c, err := s.decodeCall(streams.OpAcquire, []byte(`{"resource":"cb","request_id":"w","wait_ms":30000}`), origin{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	g := c.grant
 	w := s.locks.newWaiter(g)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

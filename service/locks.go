@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -71,12 +72,24 @@ type origin struct {
 
 // tenant names the caller whose leases and waits a request may touch by
 // request id: "ACCOUNT/user", or empty for a request that crossed no
-// import (every such caller is one tenant).
+// import (every such caller is one tenant). A '/' or '%' inside either
+// name is written %2F or %25, so that no two (account, user) pairs give
+// one tenant: account X with user y/z is "X/y%2Fz", account X/y with user
+// z "X%2Fy/z". Names without them, all that deploy/ uses, read as before.
 func (o origin) tenant() string {
 	if o.account == "" && o.user == "" {
 		return ""
 	}
-	return o.account + "/" + o.user
+	return escapeTenantPart(o.account) + "/" + escapeTenantPart(o.user)
+}
+
+// escapeTenantPart writes '%' and '/' of a tenant's account or user name
+// as %25 and %2F.
+func escapeTenantPart(name string) string {
+	if !strings.ContainsAny(name, "%/") {
+		return name
+	}
+	return strings.NewReplacer("%", "%25", "/", "%2F").Replace(name)
 }
 
 // sees reports whether o may see the owner of rec: its own tenant's
@@ -631,4 +644,58 @@ func (l *locks) list(req *streams.ListRequest, who origin) *streams.ListResponse
 		resp.Next = page[len(page)-1].resource
 	}
 	return resp
+}
+
+// The lock's operations as the request path serves them (request.go).
+// An election is a lock whose lease carries a value (elections.go).
+
+// acquireLock serves the acquire of a lock or an election: the name's
+// kind, the tenant's lease cap, then the decision, waiting or not.
+func (s *Service) acquireLock(ctx context.Context, c *call, sl *slot) (any, error) {
+	if err := s.locks.sameKind(c.resource, kindLock, 0, c.value); err != nil {
+		return nil, err
+	}
+	if err := s.leaseCap(c.grant); err != nil {
+		return nil, err
+	}
+	s.report.touched(c.resource)
+	if c.wait > 0 {
+		return s.acquireWaiting(c.grant, c.wait, sl)
+	}
+	return s.locks.acquire(ctx, c.grant)
+}
+
+// renewLock serves the renewal of a lock's lease (an election's leader
+// proclaims with a value).
+func (s *Service) renewLock(ctx context.Context, c *call, _ *slot) (any, error) {
+	return s.locks.renew(ctx, c.resource, c.leaseID, c.ttl, c.value, c.who)
+}
+
+// releaseLock serves the release of a lock's lease.
+func (s *Service) releaseLock(ctx context.Context, c *call, _ *slot) (any, error) {
+	return s.locks.release(ctx, c.resource, c.leaseID, c.who)
+}
+
+// cancelLock serves the cancel of a lock's acquire.
+func (s *Service) cancelLock(ctx context.Context, c *call, _ *slot) (any, error) {
+	return s.locks.cancel(ctx, c.resource, c.requestID, c.owner, c.who)
+}
+
+// statusLock serves the status of a name: a lock's or an election's, or
+// a semaphore's when the name is one.
+func (s *Service) statusLock(ctx context.Context, c *call, _ *slot) (any, error) {
+	if u := s.locks.useOf(c.resource); u.limit != 0 && !u.lock && !u.election {
+		return s.locks.semaphoreStatus(c.resource, u.limit, c.who)
+	}
+	return s.locks.status(ctx, c.resource, c.who)
+}
+
+// revokeLock serves an operator's revoke of a lock's lease.
+func (s *Service) revokeLock(ctx context.Context, c *call, _ *slot) (any, error) {
+	return s.locks.revoke(ctx, c.resource, c.reason, c.who)
+}
+
+// list serves a page of the held leases.
+func (s *Service) list(_ context.Context, c *call, _ *slot) (any, error) {
+	return s.locks.list(&c.list, c.who), nil
 }

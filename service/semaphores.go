@@ -48,29 +48,13 @@ func queueResource(res string) string {
 // permitKeys returns the keys of the permits of semaphore sem.
 func permitKey(sem string, k int) string { return streams.LeaseKey(streams.PermitResource(sem, k)) }
 
-// semaphoreLimit returns the limit the holders and waiters of semaphore
-// sem agree on, as this instance knows them, or 0 when none is known.
-func (l *locks) semaphoreLimit(sem string, hint int) int {
-	if w, ok := l.tracker.head(streams.EncodeResource(streams.PermitQueue(sem))); ok && w.limit != 0 {
-		return w.limit
-	}
-	// The permits above hint would be held only under a larger limit:
-	// looking at the first hint+1 is enough to tell a mismatch.
-	for k := 1; k <= min(hint+1, streams.MaxLimit); k++ {
-		if o, ok := l.tracker.get(permitKey(sem, k)); ok && o.held() && o.rec.Limit != 0 {
-			return o.rec.Limit
-		}
-	}
-	return 0
-}
-
 // trySem makes one decision on the acquire of a permit of g.sem: return
 // the request's permit if it holds one, grant a free permit if the
 // waiters ahead leave one, or refuse. The caller holds the queue key's
 // lock.
 func (l *locks) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
-	if n := l.semaphoreLimit(g.sem, g.limit); n != 0 && n != g.limit {
-		return nil, newOpError(streams.CodeInvalidRequest, "semaphore %q has limit %d; this request says %d", g.sem, n, g.limit)
+	if err := l.sameKind(g.sem, kindSemaphore, g.limit, ""); err != nil {
+		return nil, err
 	}
 	var sess observation
 attempts:
@@ -178,7 +162,7 @@ func (l *locks) permitsOf(ctx context.Context, g *grantReq, seq uint64) ([]*gran
 }
 
 // heldPermit returns the permit of semaphore sem of limit n that the
-// request of hash holds, as the tracker knows it, or 0.
+// request of tenant holds, as the tracker knows it, or 0.
 func (l *locks) heldPermit(sem string, limit int, requestID, tenant string) int {
 	for k := 1; k <= limit; k++ {
 		if o, ok := l.tracker.get(permitKey(sem, k)); ok && o.held() && o.rec.RequestID == requestID && o.rec.Tenant == tenant {
@@ -189,10 +173,21 @@ func (l *locks) heldPermit(sem string, limit int, requestID, tenant string) int 
 }
 
 // cancelSem makes sure the request for a permit of semaphore sem holds
-// nothing and waits for nothing (see cancel).
-func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID string, who origin) (*streams.CancelResponse, error) {
+// nothing and waits for nothing (see cancel). Its work is bounded by the
+// semaphore's own limit: a cancel naming another limit than the
+// semaphore's is refused before any, and the permits are looked for in
+// this instance's view, or at the one permit the request's grant wrote.
+func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID, owner string, who origin) (*streams.CancelResponse, error) {
+	if n := l.semaphoreLimit(sem); n != 0 && n != limit {
+		return nil, newOpError(streams.CodeInvalidRequest, "%s is a semaphore of limit %d; this request says %d", quoteName(sem), n, limit)
+	}
 	queue := streams.PermitQueue(sem)
-	key, hash := streams.LeaseKey(queue), requestHash(queue, requestID, who.tenant())
+	key := streams.LeaseKey(queue)
+	g := &grantReq{resource: queue, key: key, requestID: requestID, owner: owner, who: who, tenant: who.tenant(),
+		hash: requestHash(queue, requestID, who.tenant()), sem: sem, limit: limit}
+	if other, err := l.otherWaiter(ctx, streams.WaitKey(queue, g.hash), owner); other || err != nil {
+		return &streams.CancelResponse{Resource: sem}, err
+	}
 	st, err := l.lock(ctx, key)
 	if err != nil {
 		return nil, err
@@ -200,9 +195,9 @@ func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID 
 	defer st.unlock()
 	// The tombstone carries the grant's message id: refused as a
 	// duplicate, it proves the request was granted (or cancelled before),
-	// and the permit is then looked for on fresh reads, not only in this
-	// instance's view, which may have missed the grant.
-	granted := false
+	// and the duplicate's revision names the permit that grant took.
+	var granted bool
+	var seq uint64
 	for attempt := 0; ; attempt++ {
 		if attempt == maxAttempts {
 			return nil, tooManyConflicts()
@@ -211,21 +206,26 @@ func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID 
 		if err != nil {
 			return nil, err
 		}
-		_, dup, err := l.store.tombstone(ctx, hash, key, o.rev)
+		n, dup, err := l.store.tombstone(ctx, g.hash, key, o.rev)
 		if errors.Is(err, errConflict) {
 			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		granted = dup
+		granted, seq = dup, n
 		break
 	}
-	released, err := l.cancelPermit(ctx, sem, limit, requestID, who, granted)
+	if granted {
+		if err := l.proveCancel(ctx, g.hash, streams.WaitKey(queue, g.hash), owner); err != nil {
+			return nil, err
+		}
+	}
+	released, err := l.endCancelledPermit(ctx, g, granted, seq)
 	if err != nil {
 		return nil, err
 	}
-	dequeued, err := l.dequeue(ctx, queue, streams.WaitKey(queue, hash))
+	dequeued, err := l.dequeue(ctx, queue, streams.WaitKey(queue, g.hash), owner)
 	if err != nil {
 		return nil, err
 	}
@@ -233,41 +233,65 @@ func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID 
 	return &streams.CancelResponse{Resource: sem, Cancelled: released || dequeued}, nil
 }
 
-// cancelPermit ends the permit of semaphore sem that the request holds, if
-// any: as this instance knows the permits, or on a fresh read of each when
-// the request is known to have been granted. The caller has written the
-// request's tombstone and holds the queue key's lock.
-func (l *locks) cancelPermit(ctx context.Context, sem string, limit int, requestID string, who origin, granted bool) (bool, error) {
-	k := l.heldPermit(sem, limit, requestID, who.tenant())
-	for j := 1; k == 0 && granted && j <= limit; j++ {
-		o, err := l.current(ctx, permitKey(sem, j), true)
-		if err != nil {
+// endCancelledPermit ends the permit that the cancelled request g holds,
+// if any: as this instance knows the permits, or, when the request is
+// known to have been granted (by the write at seq, 0 when the duplicate
+// did not say), on a fresh read of the permit that write took. The
+// caller has written the request's tombstone and holds the queue key's
+// lock.
+func (l *locks) endCancelledPermit(ctx context.Context, g *grantReq, granted bool, seq uint64) (bool, error) {
+	k := l.heldPermit(g.sem, g.limit, g.requestID, g.tenant)
+	if k == 0 && granted {
+		var err error
+		if k, err = l.grantedPermit(ctx, g, seq); err != nil {
 			return false, err
-		}
-		if o.held() && o.rec.RequestID == requestID && o.rec.Tenant == who.tenant() {
-			k = j
 		}
 	}
 	if k == 0 {
 		return false, nil
 	}
-	res, key := streams.PermitResource(sem, k), permitKey(sem, k)
+	res, key := streams.PermitResource(g.sem, k), permitKey(g.sem, k)
 	st, err := l.lock(ctx, key)
 	if err != nil {
 		return false, err
 	}
 	defer st.unlock()
-	tenant := who.tenant()
-	e, err := l.endIf(ctx, res, key, func(rec *streams.Record) bool { return rec.RequestID == requestID && rec.Tenant == tenant }, endCancel, who, "")
+	e, err := l.endIf(ctx, res, key, func(rec *streams.Record) bool {
+		return rec.RequestID == g.requestID && rec.Tenant == g.tenant && rec.Owner == g.owner
+	}, endCancel, g.who, "")
 	return e != nil, err
+}
+
+// grantedPermit returns the permit that request g's grant at seq took
+// and still holds, on fresh reads, or 0. The write at seq names it; when
+// the stream no longer holds that write (the permit was renewed or ended
+// since) every permit is read, but only of a semaphore this instance
+// knows, of the limit g names: a cancel of a name never acquired reads
+// nothing more.
+func (l *locks) grantedPermit(ctx context.Context, g *grantReq, seq uint64) (int, error) {
+	candidates, err := l.permitsOf(ctx, g, seq)
+	if err != nil {
+		return 0, err
+	}
+	if len(candidates) > 1 && l.semaphoreLimit(g.sem) != g.limit {
+		return 0, nil
+	}
+	for _, c := range candidates {
+		o, err := l.current(ctx, c.key, true)
+		if err != nil {
+			return 0, err
+		}
+		if o.held() && g.mine(o.rec) && (seq == 0 || o.rec.TokenAt(o.rev) == seq) {
+			_, k, _ := streams.SplitPermit(c.resource)
+			return k, nil
+		}
+	}
+	return 0, nil
 }
 
 // semaphoreStatus reports the permits of semaphore sem of limit n as this
 // instance knows them, as who may see them.
 func (l *locks) semaphoreStatus(sem string, limit int, who origin) (*streams.SemaphoreStatus, error) {
-	if n := l.semaphoreLimit(sem, limit); n != 0 && n != limit {
-		return nil, newOpError(streams.CodeInvalidRequest, "semaphore %q has limit %d; this request says %d", sem, n, limit)
-	}
 	resp := &streams.SemaphoreStatus{Resource: sem, Limit: limit, Permits: []streams.PermitInfo{}}
 	resp.Waiters, _ = l.tracker.waiterCounts(streams.EncodeResource(streams.PermitQueue(sem)), "")
 	now := time.Now()
@@ -280,4 +304,61 @@ func (l *locks) semaphoreStatus(sem string, limit int, who origin) (*streams.Sem
 	}
 	resp.HeldPermits = len(resp.Permits)
 	return resp, nil
+}
+
+// The semaphore's operations as the request path serves them
+// (request.go): each names the semaphore and its limit (acquire, cancel,
+// status) or one of its permits (renew, release, revoke).
+
+// acquirePermit serves the acquire of a permit: the name's kind and
+// limit, the tenant's lease cap, then the decision, waiting or not.
+func (s *Service) acquirePermit(ctx context.Context, c *call, sl *slot) (any, error) {
+	if err := s.locks.sameKind(c.resource, kindSemaphore, c.limit, ""); err != nil {
+		return nil, err
+	}
+	if err := s.leaseCap(c.grant); err != nil {
+		return nil, err
+	}
+	s.report.touched(c.resource)
+	if c.wait > 0 {
+		return s.acquireWaiting(c.grant, c.wait, sl)
+	}
+	return s.locks.acquire(ctx, c.grant)
+}
+
+// renewPermit serves the renewal of a permit's lease.
+func (s *Service) renewPermit(ctx context.Context, c *call, _ *slot) (any, error) {
+	resp, err := s.locks.renew(ctx, streams.PermitResource(c.resource, c.permit), c.leaseID, c.ttl, c.value, c.who)
+	return permitResponse(resp, c.resource, c.permit), err
+}
+
+// releasePermit serves the release of a permit's lease.
+func (s *Service) releasePermit(ctx context.Context, c *call, _ *slot) (any, error) {
+	resp, err := s.locks.release(ctx, streams.PermitResource(c.resource, c.permit), c.leaseID, c.who)
+	if resp != nil {
+		resp.Resource = c.resource
+	}
+	return resp, err
+}
+
+// cancelPermit serves the cancel of a permit's acquire.
+func (s *Service) cancelPermit(ctx context.Context, c *call, _ *slot) (any, error) {
+	return s.locks.cancelSem(ctx, c.resource, c.limit, c.requestID, c.owner, c.who)
+}
+
+// statusSemaphore serves the status of a semaphore.
+func (s *Service) statusSemaphore(_ context.Context, c *call, _ *slot) (any, error) {
+	if err := s.locks.sameKind(c.resource, kindSemaphore, c.limit, ""); err != nil {
+		return nil, err
+	}
+	return s.locks.semaphoreStatus(c.resource, c.limit, c.who)
+}
+
+// revokePermit serves an operator's revoke of one permit's lease.
+func (s *Service) revokePermit(ctx context.Context, c *call, _ *slot) (any, error) {
+	resp, err := s.locks.revoke(ctx, streams.PermitResource(c.resource, c.permit), c.reason, c.who)
+	if resp != nil {
+		resp.Resource, resp.Permit = c.resource, c.permit
+	}
+	return resp, err
 }

@@ -159,7 +159,7 @@ func TestSemaphoreBadInputs(t *testing.T) {
 	}{
 		{"limit 0", `{"resource":"bs2","request_id":"b","limit":0}`, "limit 0"},
 		{"limit 1001", streams.AcquireRequest{Resource: "bs2", RequestID: "b", Limit: 1001}, "limit 1001"},
-		{"mismatched limit", streams.AcquireRequest{Resource: "bs", RequestID: "b", Limit: 4}, "has limit 3"},
+		{"mismatched limit", streams.AcquireRequest{Resource: "bs", RequestID: "b", Limit: 4}, "semaphore of limit 3"},
 		{"limit with a set", streams.AcquireRequest{Resources: []string{"bs", "bt"}, RequestID: "b", Limit: 2}, "limit and resources"},
 		{"value too large", streams.AcquireRequest{Resource: "bs3", RequestID: "b", Value: strings.Repeat("v", 1025)}, "value is 1025 bytes"},
 	} {

@@ -158,9 +158,17 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 			return nil, err
 		}
 		resp, done, err := l.decideSet(r, obs, fresh, sess)
-		if errors.Is(err, errReadFirst) {
+		switch {
+		case errors.Is(err, errReadFirst):
 			fresh = true
 			continue
+		case errors.Is(err, errRetried):
+			resp, err = l.renewRetried(ctx, r, obs)
+			if errors.Is(err, errConflict) {
+				fresh = true
+				continue
+			}
+			return resp, err
 		}
 		if done {
 			return resp, err
@@ -243,6 +251,9 @@ func (l *locks) decideSet(r *setReq, obs []observation, fresh bool, sess observa
 		rec := obs[0].rec
 		if rec.Owner != r.owner || rec.Session != r.session {
 			return nil, true, l.setLocked(r, obs, true)
+		}
+		if r.session == "" {
+			return nil, true, errRetried
 		}
 		return setResponse(r.resources, obs, sess.rec), true, nil
 	case mine > 0:
@@ -403,6 +414,12 @@ func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record)
 			}
 		}
 		switch {
+		case all && sess == nil:
+			resp, err := l.renewRetried(ctx, r, obs)
+			if errors.Is(err, errConflict) {
+				continue
+			}
+			return resp, err
 		case all:
 			return setResponse(r.resources, obs, sess), nil
 		case straddles(r, obs):
@@ -411,6 +428,22 @@ func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record)
 		return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", r.requestID)
 	}
 	return nil, tooManyConflicts()
+}
+
+// errRetried tells trySet that the set's keys hold the lease of the same
+// request: a retry, answered with that lease renewed.
+var errRetried = errors.New("a retry of the set's grant")
+
+// renewRetried answers a retry of the acquire that holds the set lease
+// observed in obs: the same lease, renewed, because the caller counts its
+// deadline from this request (a set of a session is kept by its
+// session's keepalives instead).
+func (l *locks) renewRetried(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
+	resp, err := l.extendSet(ctx, r.resources, r.keys, obs, r.ttl)
+	if errors.Is(err, errHoldOver) {
+		return nil, newOpError(streams.CodeLeaseLost, "request_id %q holds a set that has been held for its max hold", r.requestID)
+	}
+	return resp, err
 }
 
 // setResponse is the grant of the set lease observed in obs (one per
@@ -441,6 +474,9 @@ func (l *locks) heldSet(ctx context.Context, resources, keys []string, leaseID s
 		if err != nil {
 			return nil, nil, err
 		}
+		if err := partOfSet(resources, obs, set, leaseID); err != nil {
+			return nil, nil, err
+		}
 		match := make([]bool, len(obs))
 		all, miss := true, -1
 		for i, o := range obs {
@@ -467,6 +503,21 @@ func (l *locks) heldSet(ctx context.Context, resources, keys []string, leaseID s
 		return obs, match, nil
 	}
 	return nil, nil, tooManyConflicts()
+}
+
+// partOfSet refuses a request that names the lease leaseID of a lock set
+// with other resources than the set's (part of it, or more): a set is
+// renewed and released whole, naming every resource.
+func partOfSet(resources []string, obs []observation, set, leaseID string) error {
+	for _, o := range obs {
+		if o.held() && o.rec.Set != set && sameLease(o.rec.LeaseID, leaseID) {
+			if o.rec.Set == "" {
+				return newOpError(streams.CodeInvalidRequest, "the lease holds one resource, not a lock set: name it alone (\"resource\")")
+			}
+			return newOpError(streams.CodeInvalidRequest, "the lease holds a lock set of %d resources and this request names %d (part of it, or others): name exactly the set's resources", o.rec.SetSize, len(resources))
+		}
+	}
+	return nil
 }
 
 // errSetMember answers a renewal or release of one resource of a lock set:
@@ -505,37 +556,54 @@ func (l *locks) renewSet(ctx context.Context, resources []string, leaseID string
 		if obs[0].rec.Session != "" {
 			return nil, newOpError(streams.CodeInvalidRequest, "the set belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the set")
 		}
-		now := l.cfg.Clock.Now()
-		until := holdUntil(obs[0].rec)
-		if !until.IsZero() && until.Sub(now) < time.Millisecond {
+		resp, err := l.extendSet(ctx, resources, keys, obs, ttl)
+		switch {
+		case errors.Is(err, errConflict):
+			continue
+		case errors.Is(err, errHoldOver):
 			l.report.renewRefused(resources[0], "max_hold", who)
 			return nil, newOpError(streams.CodeLeaseLost, "the set has been held for its max hold (until %s)", obs[0].rec.HoldUntil)
 		}
-		recs := make([]*streams.Record, len(keys))
-		msgs := make([]*batchMsg, len(keys))
-		for i, o := range obs {
-			rec := *o.rec
-			rec.Token = o.rec.TokenAt(o.rev)
-			setExpiry(&rec, now, ttl, until)
-			recs[i] = &rec
-			msgs[i] = l.store.putMsg(keys[i], rec.AppendJSON(nil), o.rev, "")
-		}
-		if _, err := l.store.batch(ctx, "put", msgs); err != nil {
-			if errors.Is(err, errConflict) {
-				l.report.conflict()
-				continue
-			}
-			for _, k := range keys {
-				l.tracker.forget(k)
-			}
-			return nil, err
-		}
-		for i, k := range keys {
-			obs[i] = l.tracker.observe(k, entry{rev: msgs[i].seq, rec: recs[i]})
-		}
-		return setResponse(resources, obs, nil), nil
+		return resp, err
 	}
 	return nil, tooManyConflicts()
+}
+
+// extendSet writes a renewal of the set lease observed in obs (at keys, of
+// the sorted resources) with a new TTL, every key in one atomic batch by
+// compare-and-set on the revisions observed. As extend, it never reaches
+// past the lease's hold limit (errHoldOver). The caller holds every
+// key's lock.
+func (l *locks) extendSet(ctx context.Context, resources, keys []string, obs []observation, ttl time.Duration) (*streams.SetLeaseResponse, error) {
+	now := l.cfg.Clock.Now()
+	until := holdUntil(obs[0].rec)
+	if !until.IsZero() && until.Sub(now) < time.Millisecond {
+		return nil, errHoldOver
+	}
+	recs := make([]*streams.Record, len(keys))
+	msgs := make([]*batchMsg, len(keys))
+	for i, o := range obs {
+		rec := *o.rec
+		rec.Token = o.rec.TokenAt(o.rev)
+		setExpiry(&rec, now, ttl, until)
+		recs[i] = &rec
+		msgs[i] = l.store.putMsg(keys[i], rec.AppendJSON(nil), o.rev, "")
+	}
+	if _, err := l.store.batch(ctx, "put", msgs); err != nil {
+		if errors.Is(err, errConflict) {
+			l.report.conflict()
+			return nil, err
+		}
+		for _, k := range keys {
+			l.tracker.forget(k)
+		}
+		return nil, err
+	}
+	cur := make([]observation, len(keys))
+	for i, k := range keys {
+		cur[i] = l.tracker.observe(k, entry{rev: msgs[i].seq, rec: recs[i]})
+	}
+	return setResponse(resources, cur, nil), nil
 }
 
 // releaseSet ends the set lease leaseID of the sorted resources, every
@@ -644,22 +712,36 @@ func (l *locks) expireSet(ctx context.Context, it dueItem, o observation) {
 // cancelSet makes sure the set request holds nothing and waits for
 // nothing: a tombstone per key (so no later grant of the request can
 // commit), the end of its lease, and the removal of its places.
-func (l *locks) cancelSet(ctx context.Context, resources []string, requestID string, who origin) (*streams.SetCancelResponse, error) {
-	r := newSetReq(resources, requestID, "", who)
+func (l *locks) cancelSet(ctx context.Context, resources []string, requestID, owner string, who origin) (*streams.SetCancelResponse, error) {
+	r := newSetReq(resources, requestID, owner, who)
+	for i, res := range resources {
+		if other, err := l.otherWaiter(ctx, streams.WaitKey(res, r.hashes[i]), owner); other || err != nil {
+			return &streams.SetCancelResponse{Resources: resources}, err
+		}
+	}
 	unlock, err := l.lockAll(ctx, r.keys)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
 	obs := make([]observation, len(r.keys))
+	anyDup := false
 	for i, k := range r.keys {
-		if obs[i], err = l.tombstone(ctx, k, r.hashes[i]); err != nil {
+		var dup bool
+		if obs[i], dup, err = l.tombstone(ctx, k, r.hashes[i]); err != nil {
+			return nil, err
+		}
+		anyDup = anyDup || dup
+	}
+	if anyDup {
+		// A set's waiter looks for the tombstone of its first resource.
+		if err := l.proveCancel(ctx, r.hashes[0], streams.WaitKey(resources[0], r.hashes[0]), owner); err != nil {
 			return nil, err
 		}
 	}
 	match := make([]bool, len(obs))
 	for i, o := range obs {
-		match[i] = o.held() && r.mine(o.rec)
+		match[i] = o.held() && r.mine(o.rec) && o.rec.Owner == owner
 	}
 	released := 0
 	if slices.Contains(match, true) {
@@ -669,11 +751,52 @@ func (l *locks) cancelSet(ctx context.Context, resources []string, requestID str
 	}
 	dequeued := false
 	for i, res := range resources {
-		d, err := l.dequeue(ctx, res, streams.WaitKey(res, r.hashes[i]))
+		d, err := l.dequeue(ctx, res, streams.WaitKey(res, r.hashes[i]), owner)
 		if err != nil {
 			return nil, err
 		}
 		dequeued = dequeued || d
 	}
 	return &streams.SetCancelResponse{Resources: resources, Cancelled: released > 0 || dequeued}, nil
+}
+
+// The lock set's operations as the request path serves them
+// (request.go): each names every resource of the set.
+
+// acquireSet serves the acquire of a lock set: its members' kind, the
+// tenant's lease cap, then the decision, waiting or not.
+func (s *Service) acquireSet(ctx context.Context, c *call, sl *slot) (any, error) {
+	r := c.set
+	for _, res := range r.resources {
+		if err := s.locks.sameKind(res, kindLock, 0, ""); err != nil {
+			return nil, err
+		}
+	}
+	if s.cfg.MaxLeasesPerTenant > 0 {
+		if n := s.tracker.tenantLeaseCount(r.tenant); n+len(r.keys) > s.cfg.MaxLeasesPerTenant {
+			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user holds %d leases and the set needs %d more: the cap is %d", n, len(r.keys), s.cfg.MaxLeasesPerTenant)
+		}
+	}
+	for _, res := range r.resources {
+		s.report.touched(res)
+	}
+	if c.wait > 0 {
+		return s.wait(s.locks.newSetWaiter(r), r.hash, c.wait, sl)
+	}
+	return s.locks.acquireSet(ctx, r)
+}
+
+// renewSet serves the renewal of a set's lease.
+func (s *Service) renewSet(ctx context.Context, c *call, _ *slot) (any, error) {
+	return s.locks.renewSet(ctx, c.resources, c.leaseID, c.ttl, c.who)
+}
+
+// releaseSet serves the release of a set's lease.
+func (s *Service) releaseSet(ctx context.Context, c *call, _ *slot) (any, error) {
+	return s.locks.releaseSet(ctx, c.resources, c.leaseID, c.who)
+}
+
+// cancelSet serves the cancel of a set's acquire.
+func (s *Service) cancelSet(ctx context.Context, c *call, _ *slot) (any, error) {
+	return s.locks.cancelSet(ctx, c.resources, c.requestID, c.owner, c.who)
 }

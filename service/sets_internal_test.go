@@ -177,14 +177,14 @@ func TestWokenSetReadsTheKeyStillHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	hold := func(res string) string {
-		resp, err := call(t, s, streams.OpAcquire, &streams.AcquireRequest{Resource: res, RequestID: "h-" + res, Owner: "holder", TTLms: 60_000})
+		resp, err := serveOn(t, s, streams.OpAcquire, &streams.AcquireRequest{Resource: res, RequestID: "h-" + res, Owner: "holder", TTLms: 60_000})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return resp.(*streams.LeaseResponse).LeaseID
 	}
 	release := func(res, lease string) {
-		if _, err := call(t, s, streams.OpRelease, &streams.ReleaseRequest{Resource: res, LeaseID: lease}); err != nil {
+		if _, err := serveOn(t, s, streams.OpRelease, &streams.ReleaseRequest{Resource: res, LeaseID: lease}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -204,7 +204,7 @@ func TestWokenSetReadsTheKeyStillHeld(t *testing.T) {
 	}
 	got := make(chan result, 1)
 	go func() {
-		resp, err := call(t, s, streams.OpAcquire, &streams.AcquireRequest{Resources: set, RequestID: "set", Owner: "waiter", TTLms: 60_000, WaitMs: 30_000})
+		resp, err := serveOn(t, s, streams.OpAcquire, &streams.AcquireRequest{Resources: set, RequestID: "set", Owner: "waiter", TTLms: 60_000, WaitMs: 30_000})
 		got <- result{resp, err}
 	}()
 	waitFor(t, 10*time.Second, func() bool {

@@ -56,8 +56,8 @@ func TestSetGrantRenewRelease(t *testing.T) {
 		t.Fatalf("renewal %+v: want ttl 6000 and the same tokens", renewed)
 	}
 	// A renewal naming another set, or a wrong lease id, changes nothing.
-	if r := c.send(streams.OpRenew, streams.RenewRequest{Resources: []string{"set/a", "set/b"}, LeaseID: l.LeaseID}); r.errCode != streams.CodeLeaseLost {
-		t.Fatalf("renewal of a sub-set: %q", r.errCode)
+	if r := c.send(streams.OpRenew, streams.RenewRequest{Resources: []string{"set/a", "set/b"}, LeaseID: l.LeaseID}); r.errCode != streams.CodeInvalidRequest {
+		t.Fatalf("renewal of a sub-set: %q, want invalid_request", r.errCode)
 	}
 	var rel streams.SetReleaseResponse
 	c.send(streams.OpRelease, streams.ReleaseRequest{Resources: []string{"set/c", "set/b", "set/a"}, LeaseID: l.LeaseID}).decode(t, &rel)

@@ -149,12 +149,8 @@ attempts:
 			case o.held():
 				return newOpError(streams.CodeLeaseLost, "the waiting acquire's place is held by another request")
 			default:
-				n, owned := l.tracker.waiterCounts(resourceOf(r.keys[i]), r.tenant)
-				if n >= cfg.MaxWaitersPerResource {
-					return newOpError(streams.CodeTooManyWaiters, "resource %q has %d waiters, the cap", r.resources[i], n)
-				}
-				if owned+len(obs) > cfg.MaxWaitersPerTenant {
-					return newOpError(streams.CodeTooManyWaiters, "this NATS user has %d waiting acquires and the set needs %d more: the cap is %d", owned, len(obs), cfg.MaxWaitersPerTenant)
+				if err := w.room(i); err != nil {
+					return err
 				}
 			}
 			rec.RenewedAt = streams.FormatTime(now)
@@ -192,6 +188,20 @@ attempts:
 		return nil
 	}
 	return tooManyConflicts()
+}
+
+// room refuses a new place in the queue of the set's i-th resource when
+// that queue, or the tenant's waits with the set's, would pass their caps.
+func (w *setWaiter) room(i int) error {
+	cfg, r := w.l.cfg, w.r
+	n, owned := w.l.tracker.waiterCounts(resourceOf(r.keys[i]), r.tenant)
+	if n >= cfg.MaxWaitersPerResource {
+		return newOpError(streams.CodeTooManyWaiters, "resource %q has %d waiters, the cap", r.resources[i], n)
+	}
+	if owned+len(r.keys) > cfg.MaxWaitersPerTenant {
+		return newOpError(streams.CodeTooManyWaiters, "this NATS user has %d waiting acquires and the set needs %d more: the cap is %d", owned, len(r.keys), cfg.MaxWaitersPerTenant)
+	}
+	return nil
 }
 
 // removePlaces deletes the set's own places, best effort, in one atomic

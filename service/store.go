@@ -293,6 +293,18 @@ func (s *store) tombstone(ctx context.Context, hash, leaseKey string, leaseRev u
 	return s.publish(ctx, "tombstone", m)
 }
 
+// cancelMark writes the cancel tombstone of request hash without the
+// grant's message id: the proof of a cancel, for a waiting acquire of that
+// hash whose grant message id another owner's grant of the same request
+// id has taken (so the tombstone proper was refused as its duplicate).
+func (s *store) cancelMark(ctx context.Context, hash string) error {
+	m := nats.NewMsg(s.subjPfx + cancelKey(hash))
+	m.Data = []byte(`{"cancelled":true}`)
+	m.Header.Set(jetstream.MsgTTLHeader, s.ttlHeader)
+	_, _, err := s.publish(ctx, "tombstone", m)
+	return err
+}
+
 // handOver writes, in one atomic batch (one commit), the grant rec of a
 // waiter at leaseKey over the lease revision leaseRev, and the removal of
 // the waiter's record at waitKey, revision waitRev. The grant carries

@@ -3,6 +3,7 @@ package service_test
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func TestRequestIDIsNoPassword(t *testing.T) {
 	if rep.errCode != "" || again.LeaseID != held.LeaseID {
 		t.Fatalf("the victim's retry: %q, lease %q want %q", rep.errCode, again.LeaseID, held.LeaseID)
 	}
-	if !victim.cancel("t/1", "job-1") {
+	if !victim.cancel("t/1", "job-1", "backup") {
 		t.Fatal("the victim's own cancel cancelled nothing")
 	}
 
@@ -190,7 +191,7 @@ func TestOversizedAndUnanswerableRequestsChangeNothing(t *testing.T) {
 	c := caller{t: t, nc: env.Connect()}
 
 	padded := `{"resource":"big/1","request_id":"r1","owner":"me"}` + strings.Repeat(" ", 900_000)
-	if r := c.send(streams.OpAcquire, padded); r.errCode != streams.CodeInvalidRequest || !strings.Contains(r.err.Message, "4096") {
+	if r := c.send(streams.OpAcquire, padded); r.errCode != streams.CodeInvalidRequest || !strings.Contains(r.err.Message, strconv.Itoa(streams.MaxRequestBytes(cfg.MaxSetSize))) {
 		t.Fatalf("a 900 KB acquire: %q %s, want invalid_request naming the cap", r.errCode, r.err.Message)
 	}
 	if st := c.status("big/1"); st.Held {

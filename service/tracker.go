@@ -84,6 +84,9 @@ type tracker struct {
 	// setLeases indexes the lease keys of each lock set's lease, by its
 	// lease id (see set_index.go).
 	setLeases map[string]map[string]struct{}
+	// sems counts the held permits of each semaphore by the limit they
+	// carry (see name_index.go).
+	sems map[string]map[int]int
 
 	// announce, if set, is given the election events of each change the
 	// tracker takes in (see elections.go), outside its lock.
@@ -204,6 +207,7 @@ func (t *tracker) resetLocked() {
 	t.sessions, t.tenantSessions, t.nSessions = make(map[string]*sessionMembers), make(map[string]int), 0
 	t.orphans = make(map[string]struct{})
 	t.setLeases = make(map[string]map[string]struct{})
+	t.sems = make(map[string]map[int]int)
 }
 
 // reset forgets every observation, keeping the highest revision seen: after
@@ -291,6 +295,7 @@ func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEven
 		t.countTenantLease(wasHeld, wasTenant, e)
 		t.indexSessionMember(key, wasRec, e.rec)
 		t.indexSetMember(key, wasRec, e.rec)
+		t.indexPermit(key, wasRec, e.rec)
 		*evs = electionEvents(key, wasRec, wasRev, e)
 	}
 	t.forgetGone(now, 16)
@@ -409,12 +414,40 @@ func (t *tracker) deadline(o *observation) time.Time {
 
 // ownDeadline is when o expires by observation of its own key: after its
 // TTL plus grace (a foreign value: the longest TTL plus grace).
+//
+// A lease of a session has no TTL of its own: it lives as long as its
+// session does, up to its hold limit. Its record's ttl_ms (at most a
+// record's longest) is only what makes the record valid, so its own
+// deadline is its hold limit plus grace, counted from when it was seen by
+// the time the record had left to its hold limit when written (both times
+// written by one instance: no skew enters), or none.
 func (t *tracker) ownDeadline(o *observation) time.Time {
 	ttl := t.foreignTTL
 	if o.rec != nil {
 		ttl = time.Duration(o.rec.TTLms) * time.Millisecond
+		if o.rec.Session != "" && strings.HasPrefix(o.key, streams.LeaseKeyPrefix) {
+			ttl = sessionLeaseHold(o.rec)
+		}
 	}
 	return o.seen.Add(ttl + t.grace)
+}
+
+// noHold is how long a lease of a session without a hold limit may stand,
+// as the tracker counts: for ever, in practice.
+const noHold = 100 * 365 * 24 * time.Hour
+
+// sessionLeaseHold is how long the lease of a session rec may stand from
+// its last write: until its hold limit, or for ever.
+func sessionLeaseHold(rec *streams.Record) time.Duration {
+	until := holdUntil(rec)
+	if until.IsZero() {
+		return noHold
+	}
+	written, err := streams.ParseTime(rec.RenewedAt)
+	if err != nil {
+		return time.Duration(rec.TTLms) * time.Millisecond
+	}
+	return max(until.Sub(written), time.Duration(rec.TTLms)*time.Millisecond)
 }
 
 // deadlineLocked is deadline; the caller holds t.mu.
@@ -687,6 +720,7 @@ func (t *tracker) forget(key string) {
 			t.countTenantLease(true, o.rec.Tenant, entry{})
 			t.indexSessionMember(key, o.rec, nil)
 			t.indexSetMember(key, o.rec, nil)
+			t.indexPermit(key, o.rec, nil)
 		}
 		delete(t.keys, key)
 	}

@@ -304,12 +304,13 @@ func TestWaiterCaps(t *testing.T) {
 		t.Fatalf("refused waiters changed the queue: %+v", st)
 	}
 	for _, w := range []struct {
-		c  caller
-		r  <-chan reply
-		id string
-		on string
-	}{{c, ra, "a", "cap/1"}, {app, rb, "b", "cap/1"}, {third, rd, "d", "cap/2"}} {
-		if !w.c.cancel(w.on, w.id) {
+		c     caller
+		r     <-chan reply
+		id    string
+		on    string
+		owner string
+	}{{c, ra, "a", "cap/1", ""}, {app, rb, "b", "cap/1", "bob"}, {third, rd, "d", "cap/2", ""}} {
+		if !w.c.cancel(w.on, w.id, w.owner) {
 			t.Fatal("cancel of a queued waiter failed")
 		}
 		if rep := <-w.r; rep.errCode != streams.CodeLeaseLost {

@@ -345,24 +345,37 @@ func (l *locks) mayClaim(enc, hash string, o observation) (bool, int) {
 // service never saw costs two reads (lease and waiter keys) and that one
 // write, which leaves the bucket after the retry window.
 //
-// A cancel acts only on the request of its own tenant: another tenant's
-// request of the same id has another hash, so another tombstone and
-// waiter key, and its lease is not this request's.
-func (l *locks) cancel(ctx context.Context, resource, requestID string, who origin) (*streams.CancelResponse, error) {
+// A cancel belongs to the same caller as an acquire exactly when a
+// retried acquire would: the same tenant, owner and request id. Another
+// tenant's request of the same id has another hash, so another tombstone
+// and waiter key; another owner's lease or wait of the same id is left
+// alone (see otherWaiter).
+func (l *locks) cancel(ctx context.Context, resource, requestID, owner string, who origin) (*streams.CancelResponse, error) {
 	key := streams.LeaseKey(resource)
 	tenant := who.tenant()
 	hash := requestHash(resource, requestID, tenant)
+	wkey := streams.WaitKey(resource, hash)
+	if other, err := l.otherWaiter(ctx, wkey, owner); other || err != nil {
+		return &streams.CancelResponse{Resource: resource}, err
+	}
 	st, err := l.lock(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	defer st.unlock()
-	o, err := l.tombstone(ctx, key, hash)
+	o, dup, err := l.tombstone(ctx, key, hash)
 	if err != nil {
 		return nil, err
 	}
+	if dup {
+		if err := l.proveCancel(ctx, hash, wkey, owner); err != nil {
+			return nil, err
+		}
+	}
 	var released bool
-	mine := func(rec *streams.Record) bool { return rec.RequestID == requestID && rec.Tenant == tenant }
+	mine := func(rec *streams.Record) bool {
+		return rec.RequestID == requestID && rec.Tenant == tenant && rec.Owner == owner
+	}
 	if o.held() && mine(o.rec) {
 		e, err := l.endIf(ctx, resource, key, mine, endCancel, who, "")
 		if err != nil {
@@ -370,7 +383,7 @@ func (l *locks) cancel(ctx context.Context, resource, requestID string, who orig
 		}
 		released = e != nil
 	}
-	dequeued, err := l.dequeue(ctx, resource, streams.WaitKey(resource, hash))
+	dequeued, err := l.dequeue(ctx, resource, wkey, owner)
 	if err != nil {
 		return nil, err
 	}
@@ -378,46 +391,76 @@ func (l *locks) cancel(ctx context.Context, resource, requestID string, who orig
 	return &streams.CancelResponse{Resource: resource, Cancelled: released || dequeued}, nil
 }
 
+// otherWaiter reports whether the waiter record at wkey (the request's:
+// its tenant and request id) is another owner's, on a fresh read. A
+// cancel of that request id by this owner then touches nothing: not even
+// a tombstone, which would end that owner's wait. A lease of that other
+// owner needs no such check: its grant's message id is the tombstone's,
+// so the tombstone is not written, and the lease is ended only when its
+// owner is the cancel's.
+func (l *locks) otherWaiter(ctx context.Context, wkey, owner string) (bool, error) {
+	o, err := l.current(ctx, wkey, true)
+	if err != nil {
+		return false, err
+	}
+	return o.held() && o.rec.Owner != owner, nil
+}
+
 // tombstone writes the cancel tombstone of request hash on a fresh read of
 // the lease key, conditioned on that read, and returns the read. When a
 // write with the grant's message id exists already (the request was
-// granted, or cancelled before) the tombstone is not written and the read
-// is proven by a confirming write instead.
-func (l *locks) tombstone(ctx context.Context, key, hash string) (observation, error) {
+// granted, or cancelled before) the tombstone is not written (dup) and the
+// read is proven by a confirming write instead.
+func (l *locks) tombstone(ctx context.Context, key, hash string) (observation, bool, error) {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := l.current(ctx, key, true)
 		if err != nil {
-			return observation{}, err
+			return observation{}, false, err
 		}
 		_, dup, err := l.store.tombstone(ctx, hash, key, o.rev)
 		if errors.Is(err, errConflict) {
 			continue
 		}
 		if err != nil {
-			return observation{}, err
+			return observation{}, false, err
 		}
 		if dup {
 			if err := l.confirmNegative(ctx, key, o); errors.Is(err, errConflict) {
 				continue
 			} else if err != nil {
-				return observation{}, err
+				return observation{}, false, err
 			}
 		}
-		return o, nil
+		return o, dup, nil
 	}
-	return observation{}, tooManyConflicts()
+	return observation{}, false, tooManyConflicts()
 }
 
-// dequeue removes the waiter record at wkey, if there is one, and tells
+// proveCancel leaves the proof of a cancel for a waiting acquire of
+// owner at wkey, when the cancel's tombstone was refused as a duplicate:
+// the request id was granted before (perhaps to another owner of the
+// tenant), so no grant of it can commit, but the waiter, finding its
+// record gone, looks for the tombstone to know it was cancelled rather
+// than dropped for lack of refreshes. Without such a waiter it writes
+// nothing.
+func (l *locks) proveCancel(ctx context.Context, hash, wkey, owner string) error {
+	o, err := l.current(ctx, wkey, true)
+	if err != nil || !o.held() || o.rec.Owner != owner {
+		return err
+	}
+	return l.store.cancelMark(ctx, hash)
+}
+
+// dequeue removes the waiter record at wkey of owner, if there is one, and tells
 // its waiting request at once. If the resource is free, the next waiter is
 // woken. A record missed by a stale read is harmless: its request can no
 // longer be granted (the tombstone), and it finds the tombstone when it
 // next refreshes its record.
-func (l *locks) dequeue(ctx context.Context, resource, wkey string) (bool, error) {
+func (l *locks) dequeue(ctx context.Context, resource, wkey, owner string) (bool, error) {
 	var wake string
 	if o, err := l.current(ctx, wkey, true); err != nil {
 		return false, err
-	} else if !o.held() {
+	} else if !o.held() || o.rec.Owner != owner {
 		return false, nil
 	} else {
 		wake = o.rec.Wake

@@ -236,8 +236,10 @@ type ListResponse struct {
 // resource; Token is the token of the lease it ended.
 type RevokeResponse struct {
 	Resource string `json:"resource"`
-	Revoked  bool   `json:"revoked"`
-	Token    uint64 `json:"token,omitempty"`
+	// Permit is the permit revoked, when the request named one.
+	Permit  int    `json:"permit,omitzero"`
+	Revoked bool   `json:"revoked"`
+	Token   uint64 `json:"token,omitempty"`
 }
 
 // Holder describes the current holder in a "locked" error. Resource names

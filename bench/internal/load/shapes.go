@@ -27,10 +27,10 @@ func (b *Service) ReleaseSet(resources []string, lease string) *nats.Msg {
 	return b.Msg(streams.OpRelease, &streams.ReleaseRequest{Resources: resources, LeaseID: lease})
 }
 
-// CancelSet builds the cancel of the acquire reqID of the lock set
-// resources.
-func (b *Service) CancelSet(resources []string, reqID string) *nats.Msg {
-	return b.Msg(streams.OpCancel, &streams.CancelRequest{Resources: resources, RequestID: reqID})
+// CancelSet builds the cancel of the acquire reqID of owner (the
+// Service's when empty) of the lock set resources.
+func (b *Service) CancelSet(resources []string, reqID, owner string) *nats.Msg {
+	return b.Msg(streams.OpCancel, &streams.CancelRequest{Resources: resources, RequestID: reqID, Owner: cmp.Or(owner, b.Owner)})
 }
 
 // AcquirePermit builds an acquire of one of the limit permits of the
@@ -45,10 +45,10 @@ func (b *Service) ReleasePermit(sem string, permit int, lease string) *nats.Msg 
 	return b.Msg(streams.OpRelease, &streams.ReleaseRequest{Resource: sem, Permit: permit, LeaseID: lease})
 }
 
-// CancelPermit builds the cancel of the acquire reqID of a permit of the
-// semaphore sem of limit permits.
-func (b *Service) CancelPermit(sem string, limit int, reqID string) *nats.Msg {
-	return b.Msg(streams.OpCancel, &streams.CancelRequest{Resource: sem, Limit: limit, RequestID: reqID})
+// CancelPermit builds the cancel of the acquire reqID of owner (the
+// Service's when empty) of a permit of the semaphore sem of limit permits.
+func (b *Service) CancelPermit(sem string, limit int, reqID, owner string) *nats.Msg {
+	return b.Msg(streams.OpCancel, &streams.CancelRequest{Resource: sem, Limit: limit, RequestID: reqID, Owner: cmp.Or(owner, b.Owner)})
 }
 
 // GrantReply is a grant's answer in full: the TTL granted (shorter than

@@ -1,0 +1,136 @@
+package service
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// A name is one thing at a time: a lock, a semaphore of one limit, or an
+// election. The keys of these differ (a lock's and an election's lease
+// key is the name's, a semaphore's permits are "name#k" and its queue
+// "name#"), so nothing in the bucket stops a name from being two of them
+// at once; the service does, on what this instance knows of the name.
+//
+// The tracker indexes, by semaphore name, the limits that its held
+// permits carry, so that a semaphore's limit is known from all its
+// permits, whatever their numbers, without reading each.
+
+// indexPermit moves the count of a permit key from the limit of old (if
+// held) to that of rec (if held). The caller holds t.mu.
+func (t *tracker) indexPermit(key string, old, rec *streams.Record) {
+	enc := resourceOf(key)
+	if !strings.Contains(enc, "=23") { // '#': only permits have one
+		return
+	}
+	sem, _, ok := streams.SplitPermit(decodedResource(enc))
+	if !ok {
+		return
+	}
+	from, to := 0, 0
+	if old != nil {
+		from = old.Limit
+	}
+	if rec != nil {
+		to = rec.Limit
+	}
+	if from == to {
+		return
+	}
+	m := t.sems[sem]
+	if from != 0 && m != nil {
+		if m[from]--; m[from] <= 0 {
+			delete(m, from)
+		}
+		if len(m) == 0 {
+			delete(t.sems, sem)
+		}
+	}
+	if to != 0 {
+		if m = t.sems[sem]; m == nil {
+			m = make(map[int]int, 1)
+			t.sems[sem] = m
+		}
+		m[to]++
+	}
+}
+
+// permitLimit returns the limit the held permits of semaphore sem carry,
+// as this instance knows them (the one most of them carry, should two
+// ever disagree), or 0 when none is held.
+func (t *tracker) permitLimit(sem string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	best, n := 0, 0
+	for limit, count := range t.sems[sem] {
+		if count > n || count == n && limit < best {
+			best, n = limit, count
+		}
+	}
+	return best
+}
+
+// semaphoreLimit returns the limit of semaphore sem as this instance
+// knows it: that of its held permits, else that of its waiters, else 0.
+func (l *locks) semaphoreLimit(sem string) int {
+	if n := l.tracker.permitLimit(sem); n != 0 {
+		return n
+	}
+	if w, ok := l.tracker.head(streams.EncodeResource(streams.PermitQueue(sem))); ok {
+		return w.limit
+	}
+	return 0
+}
+
+// nameUse is what a name is used as while it is held or waited on.
+type nameUse struct {
+	lock, election bool // its lease key held, or waited on, without or with a value
+	limit          int  // a semaphore's: its permits held or its queue waited on
+}
+
+// useOf returns what name is used as, as this instance knows it.
+func (l *locks) useOf(name string) nameUse {
+	var u nameUse
+	if o, ok := l.tracker.get(streams.LeaseKey(name)); ok && o.held() {
+		u.election, u.lock = o.rec.Value != "", o.rec.Value == ""
+	} else if w, ok := l.tracker.head(streams.EncodeResource(name)); ok {
+		u.election, u.lock = w.value != "", w.value == ""
+	}
+	u.limit = l.semaphoreLimit(name)
+	return u
+}
+
+// String names what u is, for an answer that refuses another use.
+func (u nameUse) String() string {
+	switch {
+	case u.limit != 0:
+		return fmt.Sprintf("a semaphore of limit %d", u.limit)
+	case u.election:
+		return "an election"
+	case u.lock:
+		return "a lock"
+	}
+	return "free"
+}
+
+// sameKind refuses a request that asks for name as another kind than it
+// is used as: a lock (election: with a value) or a semaphore of limit
+// limit. A name nobody holds or waits on may become anything.
+func (l *locks) sameKind(name string, k kind, limit int, value string) error {
+	u := l.useOf(name)
+	var clash bool
+	switch k {
+	case kindSemaphore:
+		clash = u.lock || u.election || (u.limit != 0 && u.limit != limit)
+	default:
+		clash = u.limit != 0 || (value != "" && u.lock) || (value == "" && u.election)
+	}
+	if !clash {
+		return nil
+	}
+	return newOpError(streams.CodeInvalidRequest, "%s is %s: a name is one thing at a time (a lock, an election, or a semaphore of one limit)", quoteName(name), u)
+}
+
+// quoteName quotes a resource name for an answer.
+func quoteName(name string) string { return fmt.Sprintf("%q", name) }
