@@ -44,7 +44,7 @@ func (c *Client) List(ctx context.Context, prefix string, opts ...ListOption) it
 			for _, li := range resp.Leases {
 				st := &Status{Resource: li.Resource, Held: true, Owner: li.Owner, Token: li.Token,
 					ExpiresAt: parseTime(li.ExpiresAt), Waiters: li.Waiters, HoldUntil: parseTime(li.HoldUntil),
-					InSession: li.InSession, SessionOwner: li.SessionOwner, SetSize: li.SetSize}
+					InSession: li.InSession, SessionOwner: li.SessionOwner, SetSize: li.SetSize, Permit: li.Permit}
 				if !yield(st, nil) {
 					return
 				}
@@ -77,6 +77,8 @@ func ListPageSize(n int) ListOption {
 // Revocation is the outcome of Revoke.
 type Revocation struct {
 	Resource string
+	// Permit is the permit revoked, when RevokePermit named one.
+	Permit int
 	// Revoked is false when nobody held the resource.
 	Revoked bool
 	// Token is the token of the lease that was ended.
@@ -90,20 +92,43 @@ type Revocation struct {
 // audit log. Revoke needs an operator's rights (the admin subject): a
 // caller without them gets ErrPermission at once, once the NATS server has
 // refused the request. An invalid resource or an empty reason is
-// ErrInvalidRequest; no answer is ErrUnavailable.
-func (c *Client) Revoke(ctx context.Context, resource, reason string) (*Revocation, error) {
+// ErrInvalidRequest; no answer is ErrUnavailable. With RevokePermit it
+// ends one permit of the semaphore resource instead.
+func (c *Client) Revoke(ctx context.Context, resource, reason string, opts ...RevokeOption) (*Revocation, error) {
 	if err := streams.ValidateResource(resource); err != nil {
 		return nil, wrapErr(ErrInvalidRequest, err)
 	}
 	if reason == "" {
 		return nil, fmt.Errorf("%w: a reason is required", ErrInvalidRequest)
 	}
+	req := streams.RevokeRequest{Resource: resource, Reason: reason}
+	for _, opt := range opts {
+		if err := opt(&req); err != nil {
+			return nil, err
+		}
+	}
 	var resp streams.RevokeResponse
 	err := c.retry(ctx, func() error {
-		return c.call(ctx, streams.OpRevoke, &streams.RevokeRequest{Resource: resource, Reason: reason}, &resp, 0)
+		return c.call(ctx, streams.OpRevoke, &req, &resp, 0)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &Revocation{Resource: resp.Resource, Revoked: resp.Revoked, Token: resp.Token}, nil
+	return &Revocation{Resource: resp.Resource, Permit: resp.Permit, Revoked: resp.Revoked, Token: resp.Token}, nil
+}
+
+// RevokeOption configures Revoke.
+type RevokeOption func(*streams.RevokeRequest) error
+
+// RevokePermit makes Revoke end permit k (1 to the semaphore's limit) of
+// the semaphore named by Revoke's resource. The default is the lease of a
+// lock.
+func RevokePermit(k int) RevokeOption {
+	return func(r *streams.RevokeRequest) error {
+		if k < 1 || k > streams.MaxLimit {
+			return fmt.Errorf("%w: permit %d outside [1, %d]", ErrInvalidOption, k, streams.MaxLimit)
+		}
+		r.Permit = k
+		return nil
+	}
 }

@@ -298,6 +298,9 @@ type Status struct {
 	// SetSize, for a lease of a lock set (AcquireAll), is the number of
 	// resources the set holds with this one; zero otherwise.
 	SetSize int
+	// Permit, in List, is the permit of the semaphore Resource that the
+	// lease holds; zero for a lease of a lock.
+	Permit int
 }
 
 // Status returns the state of resource. A resource nobody holds answers
