@@ -262,6 +262,20 @@ func (h *History) Event(format string, args ...any) {
 	h.End(op, OK, nil)
 }
 
+// Count returns how many operations have ended as key, a label and a
+// result as Report.Counts names them ("acquire/ok").
+func (h *History) Count(key string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, p := range h.ops {
+		if p.Result != Pending && p.label()+"/"+p.Result.String() == key {
+			n++
+		}
+	}
+	return n
+}
+
 // Ops returns a copy of the history. Operations still pending count as
 // unknown.
 func (h *History) Ops() []Op {

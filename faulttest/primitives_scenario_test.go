@@ -77,7 +77,7 @@ func waitAnswered(send func(retry bool) Op) Op {
 func waitEvent(t *testing.T, r *Run, res, kind string, token uint64) Op {
 	t.Helper()
 	var ev Op
-	testenv.Eventually(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		for _, o := range r.Hist.Ops() {
 			if o.Kind == KEvent && o.Resource == res && o.Event == kind && o.Token == token {
 				ev = o
@@ -212,7 +212,7 @@ func TestPrimitivesClientPausedPastTTL(t *testing.T) {
 	}
 	b.Release(elect, leadB.LeaseID)
 
-	rep := driveClientPauses(t, r, 20*time.Second)
+	rep := driveClientPauses(t, r, 20*time.Second, primitiveActivity(r))
 	checkPrimitiveActivity(t, r, rep)
 }
 
@@ -263,18 +263,27 @@ func TestPrimitivesExpiryDuringServiceFailover(t *testing.T) {
 		setB = answered(t, 60*time.Second, "waiting set", func() Op {
 			return b.AcquireSet([]string{"pfailover/3", "pfailover/4", "pfailover/1"}, "b-set", 5*time.Second, 10*time.Second, true)
 		})
+		if setB.Result == OK {
+			keptPast(t, "set", func() Op { return b.RenewSet(setB.Resources, setB.LeaseID, 30*time.Second) })
+		}
 	}()
 	go func() {
 		defer wg.Done()
 		permB = answered(t, 60*time.Second, "waiting permit", func() Op {
 			return b.AcquirePermit(sem, scenarioLimit, "b-permit", 5*time.Second, 10*time.Second, true)
 		})
+		if permB.Result == OK {
+			keptPast(t, "permit", func() Op { return b.RenewPermit(sem, permB.Permit, permB.LeaseID, 30*time.Second) })
+		}
 	}()
 	go func() {
 		defer wg.Done()
 		leadB = answered(t, 60*time.Second, "campaign", func() Op {
 			return b.Campaign(elect, "b-leader", "b:1", 5*time.Second, 10*time.Second, true)
 		})
+		if leadB.Result == OK {
+			keptPast(t, "leadership", func() Op { return b.Proclaim(elect, leadB.LeaseID, "b:1", 30*time.Second) })
+		}
 	}()
 	wg.Wait()
 	setTaken(t, r, setB, setA, setA.Deadline)
@@ -312,7 +321,7 @@ func TestPrimitivesExpiryDuringServiceFailover(t *testing.T) {
 	b.ReleasePermit(sem, permB.Permit, permB.LeaseID)
 	b.Release(elect, leadB.LeaseID)
 
-	rep := drivePausesAndReplacements(t, r, []*Instance{insts[0], repl, insts[2]})
+	rep := drivePausesAndReplacements(t, r, []*Instance{insts[0], repl, insts[2]}, primitiveActivity(r))
 	checkPrimitiveActivity(t, r, rep)
 }
 
@@ -411,8 +420,19 @@ func TestPrimitivesAcrossLeaderChanges(t *testing.T) {
 		}
 	}
 
-	rep := driveLeaderChanges(t, r)
+	rep := driveLeaderChanges(t, r, primitiveActivity(r))
 	checkPrimitiveActivity(t, r, rep)
+}
+
+// What a run of sets, semaphores and elections must have done for its
+// check to mean much.
+const minSetGrants, minPermits, minLeaderships, minEvents = 8, 10, 5, 10
+
+// primitiveActivity is the condition for DriveUntil that a run's actors
+// of sets, semaphores and elections have done enough.
+func primitiveActivity(r *Run) func() bool {
+	return all(r.atLeast(minSetGrants, "set-acquire/ok"), r.atLeast(minPermits, "permit-acquire/ok"), r.atLeast(minLeaderships, "campaign/ok"),
+		func() bool { return r.W.observer.Received() >= minEvents })
 }
 
 // checkPrimitiveActivity fails a run whose actors of sets, semaphores and
@@ -421,7 +441,7 @@ func checkPrimitiveActivity(t *testing.T, r *Run, rep *Report) {
 	t.Helper()
 	sets, permits, leaders := rep.Counts["set-acquire/ok"], rep.Counts["permit-acquire/ok"], rep.Counts["campaign/ok"]
 	events := r.W.observer.Received()
-	if sets < 8 || permits < 10 || leaders < 5 || events < 10 || len(r.W.bucketLog) == 0 {
+	if sets < minSetGrants || permits < minPermits || leaders < minLeaderships || events < minEvents || len(r.W.bucketLog) == 0 {
 		t.Errorf("sets, semaphores and elections were hardly exercised: %d set grants, %d permits, %d leaderships, %d events, %d bucket writes",
 			sets, permits, leaders, events, len(r.W.bucketLog))
 	}

@@ -163,7 +163,8 @@ func TestPausedWaiterNotAnsweredLeaseLost(t *testing.T) {
 	}
 	done := make(chan Op, 1)
 	go func() { done <- c.Acquire("wait/1", "waiter", 5*time.Second, 20*time.Second, false) }()
-	time.Sleep(time.Second) // queued on the only instance, a
+	// Queued on the only instance, a.
+	testenv.Eventually(t, 30*time.Second, func() bool { return statusWaiters(c, "wait/1") == 1 }, "the waiter not queued")
 	h.Serve(1, ServiceConfig())
 	a.Pause()
 	time.Sleep(ServiceConfig().WaiterLiveness + 3*time.Second)

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -45,21 +46,69 @@ func NewRun(t *testing.T, tune func(*Workload)) *Run {
 // the workload ends on a healthy cluster and its last leases are released.
 func (r *Run) Drive(t *testing.T, d time.Duration, faults func(ctx context.Context)) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	r.DriveUntil(t, d, nil, faults)
+}
+
+// DriveUntil is Drive for a run that must have done something before it
+// ends (made so many faults, granted so many leases): what a run gets done
+// in d depends on how busy the machine is, so the faults' context ends
+// only once d-4s has passed and enough holds (or after 4d, when the test's
+// own check then fails), and the workload runs on to d, and to at least
+// 4s after the faults returned.
+func (r *Run) DriveUntil(t *testing.T, d time.Duration, enough func() bool, faults func(ctx context.Context)) {
+	t.Helper()
+	start := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan struct{})
 	go func() { defer close(done); r.W.Run(ctx) }()
+	fctx, fcancel := context.WithCancel(ctx)
+	go func() {
+		defer fcancel()
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			el := time.Since(start)
+			if el >= 4*d || el >= d-4*time.Second && (enough == nil || enough()) {
+				return
+			}
+			select {
+			case <-tick.C:
+			case <-fctx.Done():
+				return
+			}
+		}
+	}()
 	if faults != nil {
-		fctx, fcancel := context.WithTimeout(ctx, d-4*time.Second)
 		faults(fctx)
-		fcancel()
-		<-fctx.Done()
 	}
+	<-fctx.Done()
+	healed := time.Now()
 	r.H.Settle()
+	sleepCtx(ctx, max(time.Until(start.Add(d)), time.Until(healed.Add(4*time.Second))))
+	cancel()
 	select {
 	case <-done:
-	case <-time.After(d + 90*time.Second):
+	case <-time.After(90 * time.Second):
 		t.Fatal("workload did not stop")
+	}
+}
+
+// atLeast returns a condition for DriveUntil: at least n operations of the
+// history have ended as key ("acquire/ok").
+func (r *Run) atLeast(n int, key string) func() bool {
+	return func() bool { return r.Hist.Count(key) >= n }
+}
+
+// all returns a condition that holds when every one of conds holds.
+func all(conds ...func() bool) func() bool {
+	return func() bool {
+		for _, c := range conds {
+			if c != nil && !c() {
+				return false
+			}
+		}
+		return true
 	}
 }
 
@@ -211,36 +260,37 @@ func within(ops []Op, kind Kind, r Result, w Window) int {
 }
 
 // driveLeaderChanges drives the workload for 20 s while the stream leader
-// is made to step down every two seconds or so, checks the history, fails
-// the test if the leader moved fewer than four times, and returns the
-// check's report.
-func driveLeaderChanges(t *testing.T, r *Run) *Report {
+// is made to step down every two seconds or so, and on until the leader
+// has moved four times and enough holds (see DriveUntil); it checks the
+// history, fails the test if the leader moved fewer than four times, and
+// returns the check's report.
+func driveLeaderChanges(t *testing.T, r *Run, enough func() bool) *Report {
 	t.Helper()
-	changes := 0
-	r.Drive(t, 20*time.Second, func(ctx context.Context) {
+	var changes atomic.Int32
+	r.DriveUntil(t, 20*time.Second, all(func() bool { return changes.Load() >= 4 }, enough), func(ctx context.Context) {
 		every(ctx, 2*time.Second, func() {
 			if err := r.H.StepDown(); err == nil {
-				changes++
+				changes.Add(1)
 			}
 		})
 	})
-	t.Logf("%d leader changes", changes)
+	t.Logf("%d leader changes", changes.Load())
 	rep := r.Check(t, CheckOptions{Status: true})
-	if changes < 4 {
-		t.Errorf("%d leader changes", changes)
+	if changes.Load() < 4 {
+		t.Errorf("%d leader changes", changes.Load())
 	}
 	return rep
 }
 
-// driveClientPauses drives the workload for d while, every 350 to 700 ms,
-// a client's connection is paused for one to five seconds; it returns
-// when every pause has ended and the history is checked, with the check's
-// report.
-func driveClientPauses(t *testing.T, r *Run, d time.Duration) *Report {
+// driveClientPauses drives the workload for d, and on until enough holds
+// (see DriveUntil), while, every 350 to 700 ms, a client's connection is
+// paused for one to five seconds; it returns when every pause has ended
+// and the history is checked, with the check's report.
+func driveClientPauses(t *testing.T, r *Run, d time.Duration, enough func() bool) *Report {
 	t.Helper()
 	proxies := r.W.ClientProxies()
 	var pauses sync.WaitGroup
-	r.Drive(t, d, func(ctx context.Context) {
+	r.DriveUntil(t, d, enough, func(ctx context.Context) {
 		every(ctx, 700*time.Millisecond, func() {
 			i := rand.IntN(len(proxies))
 			pauseFor(&pauses, proxies[i], time.Second+rand.N(4*time.Second), r.Hist, "client "+itoa(i))
@@ -263,16 +313,17 @@ func failOverAround(r *Run, insts []*Instance, deadline time.Duration, pauses *s
 	return r.H.Serve(1, ServiceConfig())
 }
 
-// drivePausesAndReplacements drives the workload for 22 s while, every
-// one to two seconds, a service instance of live is paused for half a
-// second to four seconds or, one time in four, replaced by a new one on
-// its node; it returns when every pause has ended and the history is
-// checked, with the check's report.
-func drivePausesAndReplacements(t *testing.T, r *Run, live []*Instance) *Report {
+// drivePausesAndReplacements drives the workload for 22 s, and on until
+// enough holds (see DriveUntil), while, every one to two seconds, a
+// service instance of live is paused for half a second to four seconds
+// or, one time in four, replaced by a new one on its node; it returns when
+// every pause has ended and the history is checked, with the check's
+// report.
+func drivePausesAndReplacements(t *testing.T, r *Run, live []*Instance, enough func() bool) *Report {
 	t.Helper()
 	var pauses sync.WaitGroup
 	replaced := 0
-	r.Drive(t, 22*time.Second, func(ctx context.Context) {
+	r.DriveUntil(t, 22*time.Second, enough, func(ctx context.Context) {
 		for i := 0; ctx.Err() == nil; i++ {
 			sleepCtx(ctx, time.Second+rand.N(time.Second))
 			if ctx.Err() != nil {
