@@ -32,7 +32,7 @@ var bucketSeq atomic.Int64
 // newBucket creates a fresh R3 bucket on js.
 func newBucket(t *testing.T, js jetstream.JetStream) jetstream.KeyValue {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cfg := jetstream.KeyValueConfig{
 		Bucket:   fmt.Sprintf("fence_%d", bucketSeq.Add(1)),
@@ -127,6 +127,15 @@ func (l *laggingKV) record(err error) {
 		l.casErrs = append(l.casErrs, err)
 		l.mu.Unlock()
 	}
+}
+
+// takeCASErrs returns the CAS errors recorded so far and forgets them.
+func (l *laggingKV) takeCASErrs() []error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	errs := l.casErrs
+	l.casErrs = nil
+	return errs
 }
 
 func (l *laggingKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {

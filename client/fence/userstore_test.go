@@ -109,7 +109,7 @@ func (s *userStore) serve(m *nats.Msg) {
 	var req storeWrite
 	err := json.Unmarshal(m.Data, &req)
 	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err = s.write(ctx, req)
 		cancel()
 	}

@@ -33,7 +33,7 @@ import (
 func TestZombieHolder(t *testing.T) {
 	env := testenv.Start(t)
 	env.Serve(testenv.Config())
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
 	const resource = "lock:backup:user123"
@@ -84,7 +84,7 @@ func TestZombieHolder(t *testing.T) {
 	// A pauses: its network goes away and its renewals with it.
 	pausedAt := time.Now()
 	link.Cut()
-	testenv.Eventually(t, 5*time.Second, ncA.IsReconnecting, "A's connection did not notice the cut")
+	testenv.Eventually(t, 30*time.Second, ncA.IsReconnecting, "A's connection did not notice the cut")
 
 	// The delayed write: A sends it now, before B has even asked for the
 	// lock. It waits in A's reconnect buffer, as a packet would in a slow
@@ -133,7 +133,7 @@ func TestZombieHolder(t *testing.T) {
 	// Take a KV revision that B's write has reached, to recognise any
 	// later write of the guard record.
 	var bRev uint64
-	testenv.Eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		data, rev, err := store.read(ctx, "kv", resource)
 		if err == nil && data == "B's data" {
 			bRev = rev
@@ -145,9 +145,9 @@ func TestZombieHolder(t *testing.T) {
 	// The link comes back: A's delayed writes are delivered now, after
 	// B's, and rejected.
 	link.Restore()
-	testenv.Eventually(t, 10*time.Second, ncA.IsConnected, "A's connection did not reconnect")
+	testenv.Eventually(t, 30*time.Second, ncA.IsConnected, "A's connection did not reconnect")
 	for _, be := range backends {
-		msg, err := delayedReplies[be].NextMsg(10 * time.Second)
+		msg, err := delayedReplies[be].NextMsg(30 * time.Second)
 		if err != nil {
 			t.Fatalf("%s: no reply to A's delayed write: %v", be, err)
 		}
