@@ -299,7 +299,7 @@ func (c *cluster) serve() *running {
 	}
 	for _, s := range c.servers {
 		nc := c.connect("orders", s.ClientURL())
-		testenv.Eventually(c.t, 10*time.Second, func() bool {
+		testenv.Eventually(c.t, 30*time.Second, func() bool {
 			_, err := nc.Request(streams.Subject(streams.DefaultPrefix, streams.OpStatus), []byte(`{"resource":"ping"}`), time.Second)
 			return err == nil
 		}, "service unreachable through %s", s.Name())

@@ -25,3 +25,12 @@ func (e *Env) WaitInterest(account, subject string) {
 		Eventually(e.T, 30*time.Second, func() bool { return acc.SubscriptionInterest(subject) }, "interest in %s (account %s) on node %d", subject, account, i)
 	}
 }
+
+// WaitReachable waits until a request sent through every node reaches a
+// service instance, for an instance Serve did not start (lockd's, in its
+// own tests): interest in the request subjects spreads between nodes
+// asynchronously.
+func (e *Env) WaitReachable() {
+	e.T.Helper()
+	e.waitReachable()
+}

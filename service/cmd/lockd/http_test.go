@@ -48,7 +48,7 @@ func TestReadyzFollowsQuorum(t *testing.T) {
 	}
 
 	l := startLockd(t, append(serviceArgs(env), "--metrics", "127.0.0.1:0")...)
-	waitFor(t, 15*time.Second, func() string {
+	waitFor(t, 60*time.Second, func() string {
 		if code, h := readyz(t, l.metrics); code != http.StatusOK {
 			return strings.Join(h.Problems, "; ")
 		}
@@ -58,7 +58,7 @@ func TestReadyzFollowsQuorum(t *testing.T) {
 	env.Cluster.Stop(1)
 	env.Cluster.Stop(2)
 	var problems []string
-	waitFor(t, 15*time.Second, func() string {
+	waitFor(t, 60*time.Second, func() string {
 		code, h := readyz(t, l.metrics)
 		if code != http.StatusServiceUnavailable || len(h.Problems) == 0 {
 			return "still ready"
@@ -76,7 +76,7 @@ func TestReadyzFollowsQuorum(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 20*time.Second, func() string {
+	waitFor(t, 60*time.Second, func() string {
 		if code, h := readyz(t, l.metrics); code != http.StatusOK {
 			return strings.Join(h.Problems, "; ")
 		}

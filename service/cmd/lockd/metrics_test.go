@@ -27,7 +27,8 @@ func TestMetricsAfterWorkload(t *testing.T) {
 	if code, body := get(t, l.metrics+"/healthz"); code != 200 || strings.TrimSpace(body) != "ok" {
 		t.Fatalf("/healthz = %d %q, want 200 ok", code, body)
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool { code, _ := get(t, l.metrics+"/readyz"); return code == 200 }, "/readyz not 200")
+	testenv.Eventually(t, 30*time.Second, func() bool { code, _ := get(t, l.metrics+"/readyz"); return code == 200 }, "/readyz not 200")
+	env.WaitReachable()
 
 	caller, operator := env.Connect(), env.ConnectAs(devcluster.Operator)
 	const res = "orders/1"
@@ -47,7 +48,7 @@ func TestMetricsAfterWorkload(t *testing.T) {
 	go func() {
 		carol <- call(t, caller, streams.OpAcquire, streams.AcquireRequest{Resource: res, RequestID: "c1", Owner: "carol", WaitMs: 10000}, &carolLease)
 	}()
-	testenv.Eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		var st streams.StatusResponse
 		return call(t, caller, streams.OpStatus, streams.StatusRequest{Resource: res}, &st) == "" && st.Waiters == 1
 	}, "carol not waiting")
@@ -60,7 +61,7 @@ func TestMetricsAfterWorkload(t *testing.T) {
 		if code != "" || carolLease.Token <= alice.Token {
 			t.Fatalf("carol's acquire: %q token %d, want a grant above %d", code, carolLease.Token, alice.Token)
 		}
-	case <-time.After(15 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("carol was not granted the lease")
 	}
 	var rev streams.RevokeResponse
@@ -77,7 +78,7 @@ func TestMetricsAfterWorkload(t *testing.T) {
 
 	ok := func(op string) map[string]string { return map[string]string{"op": op, "code": "ok"} }
 	const req = "jetlock_requests_total"
-	waitFor(t, 10*time.Second, func() string {
+	waitFor(t, 30*time.Second, func() string {
 		m := scrape(t, l.metrics)
 		checks := []struct {
 			what string
@@ -123,6 +124,7 @@ func TestAuditLog(t *testing.T) {
 	env := testenv.Start(t)
 	path := filepath.Join(t.TempDir(), "audit.json")
 	l := startLockd(t, append(serviceArgs(env), "--audit", path)...)
+	env.WaitReachable()
 	caller, operator := env.Connect(), env.ConnectAs(devcluster.Operator)
 	var a, b streams.LeaseResponse
 	if code := call(t, caller, streams.OpAcquire, streams.AcquireRequest{Resource: "audit/a", RequestID: "r1", Owner: "alice"}, &a); code != "" {
