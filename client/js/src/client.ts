@@ -253,9 +253,10 @@ export class Jetlock {
     const it = this.nc.status() as AsyncIterable<{ type: string }> & { stop(): void };
     (async () => {
       for await (const s of it) {
-        if (s.type === "disconnect") {
-          // A reply to a request sent before the connection dropped may never come (the server that would route
-          // it is gone): fail the requests now as unknown outcomes, which their callers retry with the same ids.
+        if (s.type === "disconnect" || s.type === "reconnect") {
+          // A reply to a request sent before the connection dropped, or while it was down, may never come (the
+          // server that would route it, or the service instance that was serving it, is gone): fail the requests
+          // now as unknown outcomes, which their callers send again with the same ids.
           const lost = new UnavailableError("jetlock: service unavailable: the connection to the NATS server dropped");
           for (const waiting of this.#pending.values()) for (const fail of waiting) fail(lost);
           continue;
