@@ -1,6 +1,9 @@
-// Package js_test runs the JavaScript example (jetlock.mjs) against the
-// dev cluster and a service: any NATS client in any language can use
-// jetlock with plain request-reply.
+// Package js_test runs the JavaScript example (jetlock.mjs), which uses the
+// TypeScript client (client/js), against the dev cluster and a service.
+//
+// It builds the client and installs the example in a copy of the two
+// directories, so that it shares nothing with client/js's own test, which
+// may run at the same time.
 //
 // The test needs node, npm and the npm registry (npm ci), so it runs only
 // when JETLOCK_TEST_JS=1 asks for it: the README's test command must pass
@@ -11,6 +14,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -39,10 +43,28 @@ func TestJavaScriptExample(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	npm := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-	npm.Dir = "."
-	if out, err := npm.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci (it needs the npm registry; without %s the test skips): %v\n%s", optIn, err, out)
+	// examples/js depends on ../../client/js: copy both, keeping that layout.
+	root := t.TempDir()
+	example, lib := filepath.Join(root, "examples", "js"), filepath.Join(root, "client", "js")
+	copyFiles(t, ".", example, "jetlock.mjs", "package.json", "package-lock.json")
+	copyFiles(t, filepath.Join("..", "..", "client", "js"), lib, "package.json", "package-lock.json", "tsconfig.json")
+	srcs, _ := filepath.Glob(filepath.Join("..", "..", "client", "js", "src", "*.ts"))
+	for _, s := range srcs {
+		copyFiles(t, filepath.Dir(s), filepath.Join(lib, "src"), filepath.Base(s))
+	}
+	for _, step := range []struct {
+		dir  string
+		args []string
+	}{
+		{lib, []string{"ci", "--no-audit", "--no-fund"}},
+		{lib, []string{"exec", "--", "tsc", "-p", "tsconfig.json"}},
+		{example, []string{"ci", "--no-audit", "--no-fund"}},
+	} {
+		npm := exec.CommandContext(ctx, "npm", step.args...)
+		npm.Dir = step.dir
+		if out, err := npm.CombinedOutput(); err != nil {
+			t.Fatalf("npm %v in %s (npm ci needs the npm registry; without %s the test skips): %v\n%s", step.args, step.dir, optIn, err, out)
+		}
 	}
 
 	env := testenv.Start(t)
@@ -50,6 +72,7 @@ func TestJavaScriptExample(t *testing.T) {
 	nctx, ncancel := context.WithTimeout(ctx, time.Minute)
 	defer ncancel()
 	node := exec.CommandContext(nctx, "node", "jetlock.mjs", env.Cluster.URLs(), "orders/js-1")
+	node.Dir = example
 	out, err := node.CombinedOutput()
 	text := string(out)
 	t.Logf("node jetlock.mjs:\n%s", text)
@@ -69,7 +92,7 @@ func TestJavaScriptExample(t *testing.T) {
 		}
 		return n
 	}
-	t1 := num(`(?m)^acquired orders/js-1: token (\d+), ttl 10000 ms$`)
+	t1 := num(`(?m)^acquired orders/js-1: token (\d+), ttl 3000 ms$`)
 	t2 := num(`(?m)^acquired orders/js-1 again: token (\d+)$`)
 	if t1 == 0 || t2 <= t1 {
 		t.Fatalf("tokens %d then %d: want rising", t1, t2)
@@ -77,7 +100,7 @@ func TestJavaScriptExample(t *testing.T) {
 	if got := num(`second acquire: locked by js-example \(token (\d+)\)`); got != t1 {
 		t.Errorf("the locked error named token %d, want %d", got, t1)
 	}
-	if got := num(`(?m)^renewed orders/js-1: token (\d+), ttl 15000 ms$`); got != t1 {
+	if got := num(`(?m)^renewed orders/js-1 by itself: token (\d+), ttl 3000 ms$`); got != t1 {
 		t.Errorf("renewal changed the token to %d", got)
 	}
 	s1, s2 := strconv.FormatUint(t1, 10), strconv.FormatUint(t2, 10)
@@ -87,7 +110,7 @@ func TestJavaScriptExample(t *testing.T) {
 		`write "written by the second holder" with token ` + s2 + `: accepted`,
 		`write "late write by the first holder" with token ` + s1 + `: REFUSED (stale: token ` + s2 + ` was accepted)`,
 		`store holds "written by the second holder"`,
-		`renew of the first lease: lease_lost`,
+		`first lease's signal: released`,
 		`status: held true by js-example-2, token ` + s2,
 		"done",
 	} {
@@ -97,5 +120,22 @@ func TestJavaScriptExample(t *testing.T) {
 	}
 	if strings.Contains(text, "lease_id") {
 		t.Error("the example printed a lease id")
+	}
+}
+
+// copyFiles copies the named files of dir from into dir to.
+func copyFiles(t *testing.T, from, to string, names ...string) {
+	t.Helper()
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(from, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, n), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
