@@ -114,6 +114,11 @@ const maxWaitChunk = time.Minute
 // ctx.Err(): it returns a lease, or leaves nothing held. It returns within
 // ctx: a cancel that ctx leaves no time for is sent in the background,
 // bounded by the request timeout (see Client.Close).
+//
+// While the service is unreachable or unavailable (no responders while it
+// restarts, no quorum), Acquire keeps trying with the same request id,
+// with backoff, until ctx ends or the Wait bound passes: then it returns
+// ctx.Err(), or an error wrapping ErrUnavailable.
 func (c *Client) Acquire(ctx context.Context, resource string, opts ...AcquireOption) (*Lease, error) {
 	ao, err := c.acquireOptions(resource, opts)
 	if err != nil {
@@ -123,7 +128,8 @@ func (c *Client) Acquire(ctx context.Context, resource string, opts ...AcquireOp
 }
 
 // acquire is Acquire with its options read: a sequence of waiting
-// acquires with the same request id, within ctx and the Wait bound.
+// acquires with the same request id, within ctx and the Wait bound, that
+// rides out an unavailable service until then (P8).
 func (c *Client) acquire(ctx context.Context, resource string, ao acquireOptions) (*Lease, error) {
 	var until time.Time
 	if ao.wait > 0 {
@@ -135,19 +141,39 @@ func (c *Client) acquire(ctx context.Context, resource string, ao acquireOptions
 		// its answer arrives in time.
 		until, ctxBound = d.Add(-min(time.Until(d)/10, 500*time.Millisecond)), true
 	}
+	backoff := 100 * time.Millisecond
 	for {
 		wait := maxWaitChunk
 		if !until.IsZero() {
 			wait = max(min(wait, time.Until(until)), 0)
 		}
-		l, err := c.acquireOnce(ctx, resource, ao, wait)
+		l, unknown, err := c.acquireAttempt(ctx, resource, ao, wait, false)
 		switch {
 		case err == nil:
-			// acquireOnce hands over a lease only while ctx lasts; one
+			// acquireAttempt hands over a lease only while ctx lasts; one
 			// that ended since is the caller's to release.
 			return l, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case unknown:
+			pause := jitter(backoff)
+			if !until.IsZero() && time.Until(until) <= pause {
+				// Given up: nothing may stay granted to nobody.
+				c.cleanup(ctx, func(cctx context.Context) { c.abandon(cctx, resource, ao) })
+				if ctxBound {
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}
+				return nil, err
+			}
+			select {
+			case <-ctx.Done():
+				c.cleanup(ctx, func(cctx context.Context) { c.abandon(cctx, resource, ao) })
+				return nil, ctx.Err()
+			case <-time.After(pause):
+			}
+			backoff = min(backoff*2, 2*time.Second)
+			continue
 		case !errors.Is(err, ErrLocked):
 			return l, err
 		case wait < maxWaitChunk && ctxBound:
@@ -183,9 +209,18 @@ func readAcquireOptions(opts []AcquireOption) (acquireOptions, error) {
 }
 
 // acquireOnce sends one logical acquire (waiting up to wait in the queue),
-// retrying an unknown outcome with the same request id. For a lock set
-// (ao.set) resource is empty.
+// retrying an unknown outcome with the same request id, and cancels it if
+// the outcome stays unknown. For a lock set (ao.set) resource is empty.
 func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOptions, wait time.Duration) (*Lease, error) {
+	l, _, err := c.acquireAttempt(ctx, resource, ao, wait, true)
+	return l, err
+}
+
+// acquireAttempt is acquireOnce; with giveUp false, an outcome that stays
+// unknown is returned (ErrUnavailable, and unknown true) without the
+// cancel, for the caller to try again with the same request id (a
+// cancelled request id is never granted again).
+func (c *Client) acquireAttempt(ctx context.Context, resource string, ao acquireOptions, wait time.Duration, giveUp bool) (_ *Lease, unknown bool, _ error) {
 	req := streams.AcquireRequest{
 		Resource:  resource,
 		Resources: ao.set,
@@ -210,10 +245,11 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		// Granted as the caller gave up: give it back (P2).
 		err = ctx.Err()
 	}
-	if errors.Is(err, ErrUnavailable) || (err != nil && ctx.Err() != nil) {
+	if (giveUp && errors.Is(err, ErrUnavailable)) || (err != nil && ctx.Err() != nil) {
 		c.cleanup(ctx, func(cctx context.Context) { c.abandon(cctx, resource, ao) })
 	}
 	if err != nil {
+		unknown = !giveUp && ctx.Err() == nil && errors.Is(err, ErrUnavailable)
 		if errors.Is(err, ErrLocked) {
 			var he *HeldError
 			if errors.As(err, &he) {
@@ -223,19 +259,19 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 				}
 			}
 		}
-		return nil, err
+		return nil, unknown, err
 	}
 	if ao.limit > 0 && (resp.Permit < 1 || resp.Permit > ao.limit) {
 		// A grant the client cannot renew or release: give it back.
 		c.cleanup(ctx, func(cctx context.Context) { c.abandon(cctx, resource, ao) })
-		return nil, fmt.Errorf("%w: semaphore %s: bad reply: permit %d of %d", ErrInternal, resource, resp.Permit, ao.limit)
+		return nil, false, fmt.Errorf("%w: semaphore %s: bad reply: permit %d of %d", ErrInternal, resource, resp.Permit, ao.limit)
 	}
 	var members []streams.SetMember
 	if ao.set != nil {
 		if members, err = setMembers(ao.set, &resp); err != nil {
 			// A grant the client cannot use: give it back.
 			c.cleanup(ctx, func(cctx context.Context) { c.abandon(cctx, resource, ao) })
-			return nil, err
+			return nil, false, err
 		}
 	}
 	var l *Lease
@@ -255,11 +291,11 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 		// back. Release marks it lost first, whatever its outcome.
 		c.cleanup(ctx, func(cctx context.Context) { _ = l.Release(cctx) })
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		}
-		return nil, err
+		return nil, false, err
 	}
-	return l, nil
+	return l, false, nil
 }
 
 // abandon cancels an acquire (of resource, of the lock set ao.set, or of
@@ -301,6 +337,11 @@ type Status struct {
 	// Permit, in List, is the permit of the semaphore Resource that the
 	// lease holds; zero for a lease of a lock.
 	Permit int
+	// Limit, from Status, is set when Resource names a semaphore: Held
+	// then says whether any of its permits is held, and Permits lists
+	// them (as Semaphore.Status does).
+	Limit   int
+	Permits []PermitStatus
 }
 
 // Status returns the state of resource. A resource nobody holds answers
@@ -313,9 +354,13 @@ func (c *Client) Status(ctx context.Context, resource string) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Status{Resource: resp.Resource, Held: resp.Held, Owner: resp.Owner, Token: resp.Token,
+	st := &Status{Resource: resp.Resource, Held: resp.Held, Owner: resp.Owner, Token: resp.Token,
 		ExpiresAt: parseTime(resp.ExpiresAt), Waiters: resp.Waiters, HoldUntil: parseTime(resp.HoldUntil),
-		InSession: resp.InSession, SessionOwner: resp.SessionOwner, SetSize: resp.SetSize}, nil
+		InSession: resp.InSession, SessionOwner: resp.SessionOwner, SetSize: resp.SetSize, Limit: resp.Limit}
+	for _, p := range resp.Permits {
+		st.Permits = append(st.Permits, PermitStatus{Permit: p.Permit, Owner: p.Owner, Token: p.Token, ExpiresAt: parseTime(p.ExpiresAt)})
+	}
+	return st, nil
 }
 
 func parseTime(s string) time.Time {

@@ -11,8 +11,8 @@ import (
 	"github.com/jetlock/jetlock/internal/testenv"
 )
 
-// An operator revokes one permit of a semaphore: List shows the permits
-// with their numbers, Revoke with RevokePermit ends the one named (its
+// An operator revokes one permit of a semaphore: List and Status show
+// the permits with their numbers, Revoke with RevokePermit ends the one named (its
 // holder's Lost closes), and the other permit stays held.
 func TestRevokeAPermit(t *testing.T) {
 	env := testenv.Start(t)
@@ -50,6 +50,11 @@ func TestRevokeAPermit(t *testing.T) {
 	}
 	if !seen[a.Permit()] || !seen[b.Permit()] || len(seen) != 2 {
 		t.Fatalf("list shows permits %v, want %d and %d", seen, a.Permit(), b.Permit())
+	}
+	// Status of the semaphore's name shows it as the semaphore it is.
+	st, err := c.Status(ctx, "pool/r")
+	if err != nil || !st.Held || st.Limit != 2 || len(st.Permits) != 2 {
+		t.Fatalf("status of the semaphore's name: %+v %v", st, err)
 	}
 	if _, err := op.Revoke(ctx, "pool/r", "stuck", client.RevokePermit(0)); !errors.Is(err, client.ErrInvalidOption) {
 		t.Fatalf("permit 0: %v, want ErrInvalidOption", err)

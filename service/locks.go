@@ -685,7 +685,12 @@ func (s *Service) cancelLock(ctx context.Context, c *call, _ *slot) (any, error)
 // a semaphore's when the name is one.
 func (s *Service) statusLock(ctx context.Context, c *call, _ *slot) (any, error) {
 	if u := s.locks.useOf(c.resource); u.limit != 0 && !u.lock && !u.election {
-		return s.locks.semaphoreStatus(c.resource, u.limit, c.who)
+		sem, err := s.locks.semaphoreStatus(c.resource, u.limit, c.who)
+		if err != nil {
+			return nil, err
+		}
+		return &streams.StatusResponse{Resource: sem.Resource, Held: sem.HeldPermits > 0, Waiters: sem.Waiters,
+			Limit: sem.Limit, HeldPermits: sem.HeldPermits, Permits: sem.Permits}, nil
 	}
 	return s.locks.status(ctx, c.resource, c.who)
 }

@@ -170,8 +170,8 @@ func TestANameIsOneKindAtATime(t *testing.T) {
 			t.Fatalf("%+v while a permit is held: %q %s, want invalid_request naming the semaphore", req, r.errCode, r.err.Message)
 		}
 	}
-	st, r := ask[streams.SemaphoreStatus](c, streams.OpStatus, streams.StatusRequest{Resource: "encoders"})
-	if r.errCode != "" || st.Limit != 3 || st.HeldPermits != 1 {
+	st, r := ask[streams.StatusResponse](c, streams.OpStatus, streams.StatusRequest{Resource: "encoders"})
+	if r.errCode != "" || !st.Held || st.Limit != 3 || st.HeldPermits != 1 || len(st.Permits) != 1 || st.Permits[0].Permit != p.Permit {
 		t.Fatalf("status of the semaphore's name without a limit: %q %s", r.errCode, r.raw)
 	}
 	if rr, _ := ask[streams.ReleaseResponse](c, streams.OpRelease, streams.ReleaseRequest{Resource: "encoders", Permit: p.Permit, LeaseID: p.LeaseID}); !rr.Released {

@@ -204,6 +204,12 @@ type StatusResponse struct {
 	// Value is the lease's value (an election's leader's), shown to
 	// every caller.
 	Value string `json:"value,omitempty"`
+	// Limit is set when the name is a semaphore's (asked without its
+	// limit): Held then tells whether any permit is held, HeldPermits how
+	// many, and Permits lists them, as a SemaphoreStatus does.
+	Limit       int          `json:"limit,omitzero"`
+	HeldPermits int          `json:"held_permits,omitzero"`
+	Permits     []PermitInfo `json:"permits,omitempty"`
 }
 
 // LeaseInfo is one held lease in a list reply. It never carries the lease

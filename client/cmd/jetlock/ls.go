@@ -46,7 +46,7 @@ func (c *lsCmd) Run(g *globals) error {
 			}
 			all.Leases = append(all.Leases, streams.LeaseInfo{Resource: st.Resource, Owner: st.Owner, Token: st.Token,
 				ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil),
-				InSession: st.InSession, SessionOwner: st.SessionOwner, SetSize: st.SetSize})
+				InSession: st.InSession, SessionOwner: st.SessionOwner, SetSize: st.SetSize, Permit: st.Permit})
 			if len(all.Leases) >= 100_000 {
 				break // bounded: a listing this long is not for a terminal
 			}
@@ -63,7 +63,11 @@ func (c *lsCmd) Run(g *globals) error {
 	fmt.Fprintln(w, "RESOURCE\tOWNER\tTOKEN\tEXPIRES IN\tWAITERS\tSESSION")
 	for _, l := range all.Leases {
 		st := parseWire(l.ExpiresAt)
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", l.Resource, dash(l.Owner), strconv.FormatUint(l.Token, 10), expiresIn(st), l.Waiters,
+		res := l.Resource
+		if l.Permit != 0 {
+			res = fmt.Sprintf("%s (permit %d)", res, l.Permit)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", res, dash(l.Owner), strconv.FormatUint(l.Token, 10), expiresIn(st), l.Waiters,
 			dash(sessionLabel(l.InSession, l.SessionOwner)))
 	}
 	return w.Flush()
