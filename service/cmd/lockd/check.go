@@ -107,7 +107,11 @@ func (c *checkCmd) connect() (*nats.Conn, error) {
 	c.denied = make(chan error, 1)
 	nc, err := nats.Connect(url, append(opts, nats.Timeout(c.Timeout), nats.ErrorHandler(c.asyncError))...)
 	if err != nil {
-		return nil, usageError("connect %s: %v", url, err)
+		var ee *exitError
+		if err = connectError(url, "store", err); !errors.As(err, &ee) {
+			err = usageError("%v", err) // check: any failure to connect is exit 2
+		}
+		return nil, err
 	}
 	return nc, nil
 }

@@ -108,7 +108,7 @@ func TestCheck(t *testing.T) {
 		// --url: the name before --server still works, with a warning.
 		code, out, errOut := runBin(t, "check", "--bucket", "drifted", "--json", "--url", closed)
 		if code != exitUsage || out != "" || !strings.Contains(errOut, "lockd: warning: --url is deprecated: use --server\n") ||
-			!strings.Contains(errOut, "lockd: connect "+closed+": nats: no servers available for connection\n") {
+			!strings.Contains(errOut, "lockd: connect "+closed+" (store connection): nats: no servers available for connection\n") {
 			t.Fatalf("check without a reachable server = %d, %q %q; want 2, the deprecation warning and a connect error", code, out, errOut)
 		}
 	})

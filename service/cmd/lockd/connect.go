@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -122,4 +123,22 @@ func ignoredEnv(lookup func(string) (string, bool)) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// credentialFlags name, for each of lockd's connections, the flags and
+// variables of its credentials: what to check when the server refuses
+// them.
+var credentialFlags = map[string]string{
+	"request": "--creds, --nkey or --user/--password (JETLOCK_CREDS, JETLOCK_NKEY, JETLOCK_USER, JETLOCK_PASSWORD)",
+	"store":   "--store-creds, --store-nkey or --store-user/--store-password (JETLOCK_STORE_CREDS, JETLOCK_STORE_NKEY, JETLOCK_STORE_USER, JETLOCK_STORE_PASSWORD)",
+}
+
+// connectError is the error of a failed connection of lockd's which
+// ("request" or "store") to url. Refused credentials are a usage error
+// that names the flags to check: no retry mends them.
+func connectError(url, which string, err error) error {
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
+		return usageError("connect %s (%s connection): %v: the server refused the credentials; check %s", url, which, err, credentialFlags[which])
+	}
+	return fmt.Errorf("connect %s (%s connection): %w", url, which, err)
 }

@@ -5,6 +5,7 @@
 //	      --metrics 127.0.0.1:9090 --audit /var/log/jetlock/audit.json
 //	lockd check -s nats://host:4222 --store-creds store.creds [--json] [--fix]
 //	lockd check --dev            # the bucket of a running lockd --dev
+//	lockd version                # version, commit, Go version (also --version)
 //
 // The connection flags are named as the nats CLI's: -s/--server,
 // --creds, --nkey (a seed file), --user, --password, --inbox-prefix,
@@ -28,10 +29,12 @@
 // client/fence.NewKV.
 //
 // Exit codes: 0 success (check: no drift); 1 the service failed, or check
-// found drift that remains; 2 bad flags or values, or servers that cannot
+// found drift that remains; 2 bad flags or values, credentials the server
+// refuses, a store user without the rights it needs, servers that cannot
 // hold the bucket as configured (JetStream not enabled, more replicas than
-// servers): nothing is served, and the message names the fix; or check
-// could not reach the bucket or could not apply --fix.
+// servers), or --dev ports in use: nothing is served, and the message
+// names the fix; or check could not reach the bucket or could not apply
+// --fix.
 //
 // Every flag can also be set through the environment variable named in
 // `lockd serve --help` and `lockd check --help`, all of them JETLOCK_*:
@@ -62,8 +65,11 @@ const (
 )
 
 type cli struct {
-	Serve serveCmd `cmd:"" default:"withargs" help:"Serve lock requests (the default command)."`
-	Check checkCmd `cmd:"" help:"Compare the bucket stream's live configuration with jetlock's definition. Exit 0: no drift; 1: drift; 2: usage, connection or API error."`
+	Serve   serveCmd   `cmd:"" default:"withargs" help:"Serve lock requests (the default command)."`
+	Check   checkCmd   `cmd:"" help:"Compare the bucket stream's live configuration with jetlock's definition. Exit 0: no drift; 1: drift; 2: usage, connection or API error."`
+	Version versionCmd `cmd:"" help:"Print lockd's version, the commit it was built from and its Go version."`
+
+	VersionFlag kong.VersionFlag `name:"version" help:"Print lockd's version and exit (as lockd version)."`
 }
 
 // exitError is an error with the exit code it causes; with a nil err, run
@@ -110,6 +116,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (code int
 			"\"lockd serve --help\" and \"lockd check --help\" (JETLOCK_SERVER, JETLOCK_CREDS, JETLOCK_NKEY, "+
 			"JETLOCK_STORE_CREDS, JETLOCK_STORE_NKEY, ...). lockd reads no NATS_* variable: those are the nats CLI's."),
 		kong.Writers(stdout, stderr),
+		kong.Vars{"version": versionLine()},
 		kong.Exit(func(code int) { panic(kongExit(code)) }),
 		kong.BindTo(ctx, (*context.Context)(nil)),
 		kong.Bind(&stdio{out: stdout, err: stderr}))

@@ -82,7 +82,7 @@ type serveCmd struct {
 	MaxPerSession         int                `help:"Leases and waits one session may hold together; more are answered too_many_waiters." default:"10000" env:"JETLOCK_MAX_PER_SESSION"`
 	MaxSessionsPerTenant  int                `help:"Sessions one tenant (NATS user) may keep open, as this instance knows them; more are answered too_many_waiters." default:"10000" env:"JETLOCK_MAX_SESSIONS_PER_TENANT"`
 	MaxSetSize            int                `help:"Resources one lock set may name (2 to 256); more are answered invalid_request." default:"64" env:"JETLOCK_MAX_SET_SIZE"`
-	MaxBody               int                `help:"Largest request body in bytes; a larger one is answered invalid_request before it is decoded." default:"4096" env:"JETLOCK_MAX_BODY"`
+	MaxBody               int                `help:"Largest request body in bytes; a larger one is answered invalid_request before it is decoded. 0: the largest valid request (about 21 KiB with sets of 64)." default:"0" env:"JETLOCK_MAX_BODY"`
 
 	MaxInFlight int           `help:"Requests processed at once." default:"4096" env:"JETLOCK_MAX_IN_FLIGHT"`
 	MaxQueued   int           `help:"Requests waiting for a place beyond --max-in-flight; more are answered unavailable." default:"16384" env:"JETLOCK_MAX_QUEUED"`
@@ -182,7 +182,7 @@ func (c *serveCmd) Run(ctx context.Context, out *stdio) error {
 		cfg.Registerer = reg
 	}
 
-	nc, storeNC, url, cleanup, err := c.connect()
+	nc, storeNC, url, cleanup, err := c.connect(log)
 	if err != nil {
 		return err
 	}
@@ -222,13 +222,13 @@ func (c *serveCmd) Run(ctx context.Context, out *stdio) error {
 
 // connect starts the dev cluster (with --dev) and opens the service's two
 // connections. cleanup closes them and stops the cluster.
-func (c *serveCmd) connect() (nc, storeNC *nats.Conn, url string, cleanup func(), err error) {
+func (c *serveCmd) connect(log *slog.Logger) (nc, storeNC *nats.Conn, url string, cleanup func(), err error) {
 	if c.Dev {
-		cl, err := devcluster.Start(devcluster.Options{Dir: c.DevDir, ClientPorts: c.DevPorts, Prefix: c.Prefix})
+		cl, err := c.startDev(log)
 		if err != nil {
 			return nil, nil, "", nil, err
 		}
-		nc, storeNC, err := cl.ConnectService()
+		nc, storeNC, err := cl.ConnectService(asyncErrors(log))
 		if err != nil {
 			cl.Shutdown()
 			return nil, nil, "", nil, err
@@ -252,14 +252,51 @@ func (c *serveCmd) connect() (nc, storeNC *nats.Conn, url string, cleanup func()
 	if err != nil {
 		return nil, nil, "", nil, usageError("%v", err)
 	}
+	reqOpts, storeOpts = append(reqOpts, asyncErrors(log)), append(storeOpts, asyncErrors(log))
 	if nc, err = nats.Connect(c.Server, reqOpts...); err != nil {
-		return nil, nil, "", nil, fmt.Errorf("connect %s: %w", c.Server, err)
+		return nil, nil, "", nil, connectError(c.Server, "request", err)
 	}
 	if storeNC, err = nats.Connect(c.Server, storeOpts...); err != nil {
 		nc.Close()
-		return nil, nil, "", nil, fmt.Errorf("connect %s (store): %w", c.Server, err)
+		return nil, nil, "", nil, connectError(c.Server, "store", err)
 	}
 	return nc, storeNC, c.Server, func() { nc.Close(); storeNC.Close() }, nil
+}
+
+// asyncErrors logs the errors the NATS server reports asynchronously on a
+// connection of lockd's (a refused publish or subscription), in lockd's
+// log rather than as nats.go's own line on stderr. The service watches
+// the connections' last errors itself and reports a permission error as
+// not ready (see service.Health).
+func asyncErrors(log *slog.Logger) nats.Option {
+	return nats.ErrorHandler(func(nc *nats.Conn, _ *nats.Subscription, err error) {
+		log.Warn("NATS server error", "connection", nc.Opts.Name, "err", err)
+	})
+}
+
+// startDev starts the dev cluster. On the data of an earlier run it says
+// why that takes seconds: every NATS node recovers its streams, and each
+// replicated group (the JetStream meta group, then every stream) elects a
+// leader only after its raft election timeout, which nats-server draws
+// between 4 and 9 s and does not let be configured.
+func (c *serveCmd) startDev(log *slog.Logger) (*devcluster.Cluster, error) {
+	if err := devcluster.CheckPorts(c.DevPorts); errors.Is(err, devcluster.ErrPortInUse) {
+		return nil, usageError("--dev: %v: another lockd --dev, or another NATS server, is running; stop it, or choose free ports with --dev-ports", err)
+	}
+	start := time.Now()
+	restart := false
+	if entries, err := os.ReadDir(c.DevDir); err == nil && len(entries) > 0 {
+		restart = true
+		log.Info("starting the dev cluster on the data of an earlier run: its NATS nodes elect leaders again after nats-server's raft election timeout (4 to 9 s), for the JetStream meta group and for each stream", "dir", c.DevDir)
+	}
+	cl, err := devcluster.Start(devcluster.Options{Dir: c.DevDir, ClientPorts: c.DevPorts, Prefix: c.Prefix})
+	if err != nil {
+		return nil, err
+	}
+	if restart {
+		log.Info("dev cluster ready", "took", time.Since(start).Round(time.Millisecond))
+	}
+	return cl, nil
 }
 
 // writeDevStore writes the dev store file (see devStoreFile) and returns
