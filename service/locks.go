@@ -649,10 +649,12 @@ func (l *locks) list(req *streams.ListRequest, who origin) *streams.ListResponse
 // The lock's operations as the request path serves them (request.go).
 // An election is a lock whose lease carries a value (elections.go).
 
-// acquireLock serves the acquire of a lock or an election: the name's
-// kind, the tenant's lease cap, then the decision, waiting or not.
+// acquireLock serves the acquire of a lock or an election, and of a
+// permit (decided as a lock's acquire, on the semaphore's queue: see
+// trySem): the name's kind, the tenant's lease cap, then the decision,
+// waiting or not.
 func (s *Service) acquireLock(ctx context.Context, c *call, sl *slot) (any, error) {
-	if err := s.locks.sameKind(c.resource, kindLock, 0, c.value); err != nil {
+	if err := s.locks.sameKind(c.resource, c.kind, c.limit, c.value); err != nil {
 		return nil, err
 	}
 	if err := s.leaseCap(c.grant); err != nil {

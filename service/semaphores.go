@@ -310,20 +310,10 @@ func (l *locks) semaphoreStatus(sem string, limit int, who origin) (*streams.Sem
 // (request.go): each names the semaphore and its limit (acquire, cancel,
 // status) or one of its permits (renew, release, revoke).
 
-// acquirePermit serves the acquire of a permit: the name's kind and
-// limit, the tenant's lease cap, then the decision, waiting or not.
+// acquirePermit serves the acquire of a permit: as a lock's, on the
+// semaphore's queue (see acquireLock).
 func (s *Service) acquirePermit(ctx context.Context, c *call, sl *slot) (any, error) {
-	if err := s.locks.sameKind(c.resource, kindSemaphore, c.limit, ""); err != nil {
-		return nil, err
-	}
-	if err := s.leaseCap(c.grant); err != nil {
-		return nil, err
-	}
-	s.report.touched(c.resource)
-	if c.wait > 0 {
-		return s.acquireWaiting(c.grant, c.wait, sl)
-	}
-	return s.locks.acquire(ctx, c.grant)
+	return s.acquireLock(ctx, c, sl)
 }
 
 // renewPermit serves the renewal of a permit's lease.
