@@ -104,7 +104,7 @@ func (g *globals) connect() (*session, error) {
 	if err != nil {
 		cancel(nil)
 		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) {
-			return nil, kindf(exitNoPerm, codePermission, "connect to %s: %v", nctx.ServerURL(), err)
+			return nil, kindf(exitNoPerm, codePermission, "connect to %s: %v: the server refused the credentials; check --user/--password, --creds, --nkey or --context (NATS_USER, NATS_PASSWORD, NATS_CREDS, NATS_NKEY, NATS_CONTEXT)", nctx.ServerURL(), err)
 		}
 		return nil, kindf(exitUnavailable, streams.CodeUnavailable, "connect to %s: %v", nctx.ServerURL(), err)
 	}

@@ -69,6 +69,9 @@ type cli struct {
 	Watch   watchCmd   `cmd:"" help:"Print grants, releases and expiries as they happen (inspectors only)."`
 	Elect   electCmd   `cmd:"" help:"Run a command while this process leads an election; a standby waits."`
 	Leader  leaderCmd  `cmd:"" help:"Show an election's leader (value, token); --watch follows it."`
+	Version versionCmd `cmd:"" help:"Print jetlock's version, the commit it was built from and its Go version."`
+
+	VersionFlag kong.VersionFlag `name:"version" help:"Print jetlock's version and exit (as jetlock version)."`
 }
 
 const description = `jetlock: exclusive leases with fencing tokens over NATS.
@@ -96,7 +99,7 @@ func main() {
 func realMain(args []string) int {
 	var c cli
 	parser, err := kong.New(&c, kong.Name("jetlock"), kong.Description(description),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true}))
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}), kong.Vars{"version": versionLine()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "jetlock:", err)
 		return exitUsage
