@@ -29,6 +29,34 @@ func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
 }
 
+// MaxEcho is how many bytes of a caller's name (a field name, a resource,
+// a key) an error message repeats: enough to recognise it, while a reply
+// to a request with a name of thousands of bytes stays short.
+const MaxEcho = 64
+
+// Echo returns s as an error message repeats it: whole up to MaxEcho
+// bytes, else its first MaxEcho bytes (cut at a UTF-8 boundary) and
+// "…(N bytes)" with its full length.
+func Echo(s string) string { return cut(s, MaxEcho) }
+
+// cut returns s whole up to n bytes, else its first n bytes (at a UTF-8
+// boundary) and "…(N bytes)".
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return fmt.Sprintf("%s…(%d bytes)", s[:i], len(s))
+}
+
+// maxDecodeMessage bounds the decoder's own words in a malformed-JSON
+// error: they quote the JSON pointer of the bad value, whose member names
+// the caller chose.
+const maxDecodeMessage = 256
+
 // Decode parses a request body into v strictly: unknown or repeated
 // fields, field names in another case, invalid UTF-8, trailing data and
 // anything but a JSON object are errors wrapping ErrInvalid. An unknown
@@ -54,9 +82,9 @@ func Decode(data []byte, v any) error {
 		if errors.As(err, &serr) && errors.Is(serr.Err, json.ErrUnknownName) {
 			// json/v2 says "cannot unmarshal JSON string into Go
 			// streams.AcquireRequest: unknown object member name".
-			return invalidf("unknown field %q", serr.JSONPointer.LastToken())
+			return invalidf("unknown field %q", Echo(serr.JSONPointer.LastToken()))
 		}
-		return invalidf("malformed JSON: %v", err)
+		return invalidf("malformed JSON: %s", cut(err.Error(), maxDecodeMessage))
 	}
 	return nil
 }
@@ -162,11 +190,11 @@ func DecodeResource(k string) (string, error) {
 			continue
 		}
 		if i+2 >= len(k) {
-			return "", invalidf("truncated escape in key %q", k)
+			return "", invalidf("truncated escape in key %q", Echo(k))
 		}
 		hi, lo := strings.IndexByte(hexDigits, k[i+1]), strings.IndexByte(hexDigits, k[i+2])
 		if hi < 0 || lo < 0 {
-			return "", invalidf("bad escape in key %q", k)
+			return "", invalidf("bad escape in key %q", Echo(k))
 		}
 		b.WriteByte(byte(hi<<4 | lo))
 		i += 2
