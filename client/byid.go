@@ -57,7 +57,10 @@ func (c *Client) Renew(ctx context.Context, resource, leaseID string, ttl time.D
 
 // Release releases the lease leaseID of resource and reports whether it
 // was still held (false: it had ended already, which is not an error).
-// Like Lease.Release it is idempotent and never ends a newer lease.
+// Like Lease.Release it is idempotent and never ends a newer lease. The
+// lease of a lock set is released whole (ReleaseAll): naming one of its
+// resources returns an error wrapping ErrInvalidRequest, and the set stays
+// held; so does Renew.
 func (c *Client) Release(ctx context.Context, resource, leaseID string) (bool, error) {
 	req := streams.ReleaseRequest{Resource: resource, LeaseID: leaseID}
 	if err := req.Validate(); err != nil {

@@ -282,7 +282,9 @@ func (e *HeldError) about(resource string, set []string) {
 // holder keeps the lease id between processes (jetlock acquire with
 // several resources); a Lease renews itself. A set that is no longer
 // current (any of its resources) returns an error wrapping ErrLeaseLost,
-// and nothing changed. resources are checked as AcquireAll's are.
+// and nothing changed. resources must be exactly the set's: naming part of
+// it, or more, returns an error wrapping ErrInvalidRequest, and the set
+// stays held. resources are checked as AcquireAll's are.
 func (c *Client) RenewAll(ctx context.Context, resources []string, leaseID string, ttl time.Duration) (*streams.SetLeaseResponse, error) {
 	if ttl < 0 {
 		return nil, fmt.Errorf("%w: ttl %v", ErrInvalidOption, ttl)
@@ -306,8 +308,9 @@ func (c *Client) RenewAll(ctx context.Context, resources []string, leaseID strin
 // ReleaseAll releases the lease leaseID of the lock set resources, all of
 // it, and reports whether it was still held (false: it had ended already,
 // which is not an error). It is Release for a set; like Lease.Release it
-// is idempotent and never ends a newer lease. resources are checked as
-// AcquireAll's are.
+// is idempotent and never ends a newer lease. Naming part of the set, or
+// more, returns an error wrapping ErrInvalidRequest, and the set stays
+// held. resources are checked as AcquireAll's are.
 func (c *Client) ReleaseAll(ctx context.Context, resources []string, leaseID string) (bool, error) {
 	set, err := c.normalizeSet(resources)
 	if err != nil {

@@ -449,8 +449,25 @@ func TestRenewAllAndReleaseAllByID(t *testing.T) {
 	if _, err := c.RenewAll(ctx, names, strings.Repeat("0", len(l.ID())), 0); !errors.Is(err, client.ErrLeaseLost) {
 		t.Fatalf("RenewAll with another id: %v, want ErrLeaseLost", err)
 	}
-	if _, err := c.RenewAll(ctx, []string{"byid/a", "byid/c"}, l.ID(), 0); !errors.Is(err, client.ErrLeaseLost) {
-		t.Fatalf("RenewAll of another set: %v, want ErrLeaseLost", err)
+	// Naming part of the set, or other resources, is refused as such, and
+	// the set stays held (issue 39: it used to answer "lease lost", and a
+	// release "already ended").
+	if _, err := c.RenewAll(ctx, []string{"byid/a", "byid/c"}, l.ID(), 0); !errors.Is(err, client.ErrInvalidRequest) {
+		t.Fatalf("RenewAll of another set: %v, want ErrInvalidRequest", err)
+	}
+	if _, err := c.Renew(ctx, "byid/a", l.ID(), 0); !errors.Is(err, client.ErrInvalidRequest) {
+		t.Fatalf("Renew of one resource of a set: %v, want ErrInvalidRequest", err)
+	}
+	if _, err := c.Release(ctx, "byid/a", l.ID()); !errors.Is(err, client.ErrInvalidRequest) {
+		t.Fatalf("Release of one resource of a set: %v, want ErrInvalidRequest", err)
+	}
+	if _, err := c.ReleaseAll(ctx, []string{"byid/a", "byid/b", "byid/c"}, l.ID()); !errors.Is(err, client.ErrInvalidRequest) {
+		t.Fatalf("ReleaseAll of a superset: %v, want ErrInvalidRequest", err)
+	}
+	for _, r := range names {
+		if st, err := c.Status(ctx, r); err != nil || !st.Held || st.SetSize != 2 {
+			t.Fatalf("%s after requests naming part of the set: %+v %v", r, st, err)
+		}
 	}
 	released, err := c.ReleaseAll(ctx, names, l.ID())
 	if err != nil || !released {
