@@ -18,6 +18,7 @@ package version
 import (
 	"cmp"
 	"fmt"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -105,4 +106,18 @@ func (in Info) String() string {
 	}
 	fmt.Fprintf(&sb, " %s %s", in.GoVersion, in.Platform)
 	return sb.String()
+}
+
+// semVerRE is semantic versioning 2.0.0 without the leading "v", as the
+// NATS micro framework requires of a service's version.
+var semVerRE = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
+
+// SemVer returns the version without its leading "v" when it is a
+// semantic version (v0.1.0 gives 0.1.0, a pseudo-version its own form),
+// and "" otherwise (Devel): what lockd reports in `nats micro info`.
+func (in Info) SemVer() string {
+	if v := strings.TrimPrefix(in.Version, "v"); semVerRE.MatchString(v) {
+		return v
+	}
+	return ""
 }

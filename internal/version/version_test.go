@@ -51,3 +51,16 @@ func TestWithoutBuildInfo(t *testing.T) {
 		t.Errorf("FromBuildInfo(nil) = %+v", in)
 	}
 }
+
+func TestSemVer(t *testing.T) {
+	for in, want := range map[string]string{
+		"v0.1.0": "0.1.0",
+		"v0.0.0-20261204100000-0123456789ab+dirty": "0.0.0-20261204100000-0123456789ab+dirty",
+		version.Devel: "",
+		"v1.2":        "",
+	} {
+		if got := (version.Info{Version: in}).SemVer(); got != want {
+			t.Errorf("SemVer of %q = %q, want %q", in, got, want)
+		}
+	}
+}

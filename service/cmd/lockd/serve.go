@@ -20,6 +20,7 @@ import (
 
 	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/gctune"
+	"github.com/jetlock/jetlock/internal/version"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
 )
@@ -114,6 +115,9 @@ func (c *serveCmd) config() (service.Config, error) {
 	cfg.MaxPerSession, cfg.MaxSessionsPerTenant, cfg.MaxSetSize = c.MaxPerSession, c.MaxSessionsPerTenant, c.MaxSetSize
 	cfg.MaxInFlight, cfg.MaxQueued, cfg.MaxPerKey = c.MaxInFlight, c.MaxQueued, c.MaxPerKey
 	cfg.QueueWait, cfg.OpTimeout = c.QueueWait, c.OpTimeout
+	if v := version.Get().SemVer(); v != "" {
+		cfg.Version = v // nats micro info jetlock; a build without one keeps the service's default
+	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, usageError("%v", err)
 	}
