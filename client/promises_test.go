@@ -378,3 +378,89 @@ func TestAcquireWaitRidesOutAServiceRestart(t *testing.T) {
 	}
 	_ = r.l.Release(ctx)
 }
+
+// P5 and P3: an acquire of a lock set retried with the same request id
+// returns the same lease, renewed: the service's expiry moves with the
+// retry, and the client's deadline, counted from the retry's send, stays
+// before it. The service used to answer a retried set without renewing
+// it, while the client counted from the retry: two holders for a while.
+func TestRetriedSetAcquireRenewsTheSet(t *testing.T) {
+	_, _, c := setup(t)
+	ctx := ctxT(t, 60*time.Second)
+	set := []string{"retry/set/a", "retry/set/b"}
+	const ttl = 4 * time.Second
+	first, err := c.TryAcquireAll(ctx, set, client.RequestID("set-retry"), client.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release(ctx) //nolint:errcheck
+	before, err := c.Status(ctx, set[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Retry once the service's expiry has visibly moved on the wall
+	// clock: a second after the grant.
+	testenv.Eventually(t, 10*time.Second, func() bool { return time.Since(before.ExpiresAt.Add(-ttl)) > time.Second }, "no second passed")
+	retried, err := c.TryAcquireAll(ctx, set, client.RequestID("set-retry"), client.TTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer retried.Release(ctx) //nolint:errcheck
+	if retried.ID() != first.ID() {
+		t.Fatalf("the retry got lease %s, the first %s", retried.ID(), first.ID())
+	}
+	for _, r := range set {
+		t1, _ := first.TokenOf(r)
+		t2, _ := retried.TokenOf(r)
+		st, err := c.Status(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if t2 != t1 || st.Token != t1 {
+			t.Fatalf("%s: tokens %d (first) %d (retry) %d (status)", r, t1, t2, st.Token)
+		}
+		if !st.ExpiresAt.After(before.ExpiresAt) {
+			t.Fatalf("%s: the retry did not renew the set: expiry %v, before it %v", r, st.ExpiresAt, before.ExpiresAt)
+		}
+		// Both clocks are this machine's here: the client's deadline
+		// comes before the service's expiry.
+		if !retried.Expires().Before(st.ExpiresAt) {
+			t.Fatalf("%s: the client's deadline %v after the service's expiry %v", r, retried.Expires(), st.ExpiresAt)
+		}
+	}
+}
+
+// P7: an outage that ends before the client's deadline does not end the
+// lease: renewals retry until the deadline, and the first that gets
+// through moves it.
+func TestShortOutageKeepsTheLease(t *testing.T) {
+	env, _, c := setup(t)
+	ctx := ctxT(t, 60*time.Second)
+	p, pc := viaProxy(t, env, 0)
+	l, err := pc.TryAcquire(ctx, "outage/1", client.TTL(9*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx) //nolint:errcheck
+	select {
+	case <-l.Renewed(): // right after a renewal: the whole deadline ahead
+	case <-l.Lost():
+		t.Fatalf("lost: %v", context.Cause(l.Context()))
+	}
+	deadline := l.Expires()
+	p.Cut()
+	// Longer than a renewal interval (a third of the TTL), well before
+	// the deadline (the TTL less the margin).
+	time.Sleep(4 * time.Second)
+	p.Heal()
+	for renewed := l.Renewed(); !l.Expires().After(deadline); renewed = l.Renewed() {
+		select {
+		case <-renewed:
+		case <-l.Lost():
+			t.Fatalf("lost though the outage ended before the deadline %v: %v", deadline, context.Cause(l.Context()))
+		}
+	}
+	if st, err := c.Status(ctx, "outage/1"); err != nil || !st.Held || st.Token != l.Token() {
+		t.Fatalf("status after the outage %+v %v", st, err)
+	}
+}

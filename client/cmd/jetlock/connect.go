@@ -117,8 +117,11 @@ func (g *globals) connect() (*session, error) {
 	return &session{nc: nc, c: c, ctx: ctx, cancel: cancel}, nil
 }
 
-// close closes the connection.
+// close waits for the client's cleanups (the cancel of an acquire given
+// up, the release of a lease granted as it was given up: each bounded by
+// --timeout), then closes the connection.
 func (s *session) close() {
+	_ = s.c.Close()
 	s.nc.Close()
 	s.cancel(nil)
 }

@@ -37,6 +37,8 @@ const (
 	codeUsage       = "usage"             // bad input, caught before anything connects
 	codePermission  = "permission_denied" // the NATS server refused the credentials or a subject
 	codeInterrupted = "interrupted"       // a signal ended the command
+	codeNotFound    = "command_not_found" // run, elect: no such command (exit 127)
+	codeCannotExec  = "cannot_execute"    // run, elect: the command could not be started (exit 126)
 	codeFailure     = "failure"           // anything else
 )
 
@@ -81,6 +83,10 @@ func (e *exitError) jsonCode() string {
 		return codePermission
 	case e.code == exitLost:
 		return streams.CodeLeaseLost
+	case e.code == exitNotFound:
+		return codeNotFound
+	case e.code == exitCannotExec:
+		return codeCannotExec
 	case e.code > exitSignalBase:
 		return codeInterrupted
 	}
@@ -116,8 +122,12 @@ func (e *exitError) report(stdout, stderr io.Writer, asJSON bool) {
 	_ = json.NewEncoder(stdout).Encode(out)
 }
 
+// exitf is an error with exit code, of the kind its code means (see
+// jsonCode): every error line names its kind.
 func exitf(code int, format string, args ...any) *exitError {
-	return &exitError{code: code, msg: fmt.Sprintf(format, args...)}
+	e := &exitError{code: code, msg: fmt.Sprintf(format, args...)}
+	e.kind = e.jsonCode()
+	return e
 }
 
 // kindf is an error of kind with exit code.
@@ -206,9 +216,12 @@ func permissionDetail(err error) string {
 	return s
 }
 
+// holderText names a holder. The service shows an owner only to the NATS
+// user that holds the lease and to operators: without one, the lease is
+// another user's or was acquired without --owner; held either way.
 func holderText(owner string, token uint64) string {
 	if owner == "" {
-		return fmt.Sprintf("token %d", token)
+		return fmt.Sprintf("owner not shown, token %d", token)
 	}
 	return fmt.Sprintf("owner %s, token %d", owner, token)
 }

@@ -12,16 +12,24 @@ import (
 
 // The guard is the parent of `jetlock run`'s command. On Unix it is a
 // second jetlock process (see guard_unix.go) that starts the command in a
-// process group of its own and ends that group — SIGTERM, then SIGKILL —
-// in three cases:
+// process group of its own and ends that group — one SIGTERM, then SIGKILL
+// — in four cases:
 //
 //   - jetlock says so (the lease was lost: refused renewal, revoke);
 //   - the lease's deadline, as jetlock last reported it, is --grace away
 //     and jetlock has not moved it since (renewals failed, or jetlock is
 //     stopped or hung), so that SIGKILL comes at the client's deadline at
-//     the latest, before the service can expire the lease;
+//     the latest, before the service can expire the lease. Should jetlock
+//     move the deadline before SIGKILL (a renewal got through after a
+//     short outage), the stop is called off: the lease never ended;
 //   - jetlock goes away, for any reason, SIGKILL included: the guard's end
-//     of the control pipe reads EOF.
+//     of the control pipe reads EOF;
+//   - the command is frozen: stopped by SIGTTIN or SIGTTOU, as a process
+//     of a background group is when it reads from (or, with stty tostop,
+//     writes to) the terminal. Its group is never the terminal's
+//     foreground group, so it would stay stopped, holding the lock, until
+//     the hold cap. The guard sends SIGTERM and SIGCONT (a stopped process
+//     acts on SIGTERM only once continued), and SIGKILL after the grace.
 //
 // The guard talks with jetlock over two pipes, one line per message.
 // jetlock to guard (control):
@@ -35,6 +43,9 @@ import (
 //	started PID   the command runs, as the leader of group PID
 //	failed CODE M the command could not start (CODE 126 or 127, M why)
 //	expiring      the deadline came near unmoved: the group got SIGTERM
+//	resumed       the deadline moved before SIGKILL: the stop is called off
+//	frozen N      the command was stopped by signal N (SIGTTIN, SIGTTOU):
+//	              the group got SIGTERM and SIGCONT
 //	exited CODE   the command exited with CODE (128+N: signal N) and its
 //	              group is gone (or was SIGKILLed and did not go within
 //	              guardSettle)
@@ -51,6 +62,8 @@ const (
 	evStarted  = "started"
 	evFailed   = "failed"
 	evExpiring = "expiring"
+	evResumed  = "resumed"
+	evFrozen   = "frozen"
 	evExited   = "exited"
 )
 
@@ -80,13 +93,26 @@ type guardEvent struct {
 type procs interface {
 	// forward sends a signal that jetlock caught to the group.
 	forward(sig int)
-	// terminate sends SIGTERM, and kill SIGKILL, to every process left.
+	// terminate sends SIGTERM, and kill SIGKILL, to every process left,
+	// each process once; cont sends SIGCONT to the group.
 	terminate()
 	kill()
+	cont()
 	// reap collects what has exited and reports whether the command (the
-	// leader) has, with its exit code, and whether anything is left.
-	reap() (exited bool, code int, left bool)
+	// leader) has, with its exit code, and whether anything is left; and
+	// the signal that froze the command (SIGTTIN, SIGTTOU) when it was
+	// stopped by one since the last reap, else 0.
+	reap() (exited bool, code int, left bool, frozenBy int)
 }
+
+// Why the guard stops the group.
+const (
+	stopLost     = iota + 1 // jetlock said so
+	stopExpiring            // the deadline came near unmoved
+	stopGone                // jetlock went away
+	stopLeft                // the command exited, leaving processes in its group
+	stopFrozen              // the command was frozen
+)
 
 // guard decides when the command's group is stopped.
 type guard struct {
@@ -97,7 +123,7 @@ type guard struct {
 	ctl      <-chan guardMsg // closed when jetlock's end of the pipe closes
 	emit     func(guardEvent)
 
-	stopping bool
+	stopping int // why the group is being stopped (stopLost…), 0 if not
 	killAt   time.Time
 	killedAt time.Time
 }
@@ -116,9 +142,14 @@ func (g *guard) run() int {
 	var tick <-chan time.Time
 	exited, code := false, 0
 	for {
-		done, c, left := g.p.reap()
+		done, c, left, frozenBy := g.p.reap()
 		if done && !exited {
 			exited, code = true, c
+		}
+		if frozenBy != 0 && !done && g.killedAt.IsZero() {
+			g.emit(guardEvent{kind: evFrozen, n: frozenBy})
+			g.stop(killT, stopFrozen)
+			g.p.cont() // a stopped process acts on SIGTERM once continued
 		}
 		if exited && !left {
 			return code
@@ -129,36 +160,33 @@ func (g *guard) run() int {
 			}
 			return code
 		}
-		if exited && !g.stopping {
+		if exited && g.stopping == 0 {
 			// The group outlives its leader only if it left processes
 			// behind: they are part of the work under the lock.
-			g.stop(killT)
+			g.stop(killT, stopLeft)
 		}
-		if g.stopping {
+		if g.stopping != 0 {
 			tick = ticker.C
 		}
 		select {
 		case m, ok := <-g.ctl:
 			if !ok {
 				g.ctl = nil // jetlock is gone: nothing renews the lease
-				g.stop(killT)
+				g.stop(killT, stopGone)
 				continue
 			}
 			switch m.kind {
 			case msgDeadline:
-				if !g.stopping {
-					g.deadline = time.Now().Add(time.Duration(m.n))
-					termT.Reset(time.Until(g.deadline.Add(-g.grace)))
-				}
+				g.moveDeadline(time.Now().Add(time.Duration(m.n)), termT, killT)
 			case msgSignal:
 				g.p.forward(int(m.n))
 			case msgStop:
-				g.stop(killT)
+				g.stop(killT, stopLost)
 			}
 		case <-termT.C:
-			if !g.stopping {
+			if g.stopping == 0 {
 				g.emit(guardEvent{kind: evExpiring})
-				g.stop(killT)
+				g.stop(killT, stopExpiring)
 			}
 		case <-killT.C:
 			g.p.kill()
@@ -172,13 +200,32 @@ func (g *guard) run() int {
 	}
 }
 
-// stop sends SIGTERM to the group, and arms SIGKILL for the end of the
-// grace or the deadline, whichever comes first.
-func (g *guard) stop(killT *time.Timer) {
-	if g.stopping {
+// moveDeadline takes the deadline jetlock reports after a renewal. A stop
+// that began only because the deadline came near is called off if the
+// new deadline leaves the whole grace again and SIGKILL has not been
+// sent: the lease never ended (a short outage). The command got SIGTERM
+// all the same; what it makes of it is its own business.
+func (g *guard) moveDeadline(d time.Time, termT, killT *time.Timer) {
+	switch {
+	case g.stopping == 0:
+	case g.stopping == stopExpiring && g.killedAt.IsZero() && time.Now().Before(d.Add(-g.grace)):
+		g.stopping = 0
+		killT.Stop()
+		g.emit(guardEvent{kind: evResumed})
+	default:
 		return
 	}
-	g.stopping = true
+	g.deadline = d
+	termT.Reset(time.Until(d.Add(-g.grace)))
+}
+
+// stop sends SIGTERM to the group, and arms SIGKILL for the end of the
+// grace or the deadline, whichever comes first; why says what started it.
+func (g *guard) stop(killT *time.Timer, why int) {
+	if g.stopping != 0 {
+		return
+	}
+	g.stopping = why
 	g.p.terminate()
 	g.killAt = time.Now().Add(g.grace)
 	if g.deadline.Before(g.killAt) {
@@ -215,7 +262,7 @@ func readGuardMsgs(r io.Reader, msgs chan<- guardMsg) {
 // the guard carries on without it.
 func writeEvent(w io.Writer, e guardEvent) {
 	line := e.kind
-	if e.kind != evExpiring {
+	if e.kind != evExpiring && e.kind != evResumed {
 		line += " " + strconv.Itoa(e.n)
 	}
 	if e.text != "" {

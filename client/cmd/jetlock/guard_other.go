@@ -5,6 +5,7 @@ package main
 import (
 	"os"
 	"os/exec"
+	"strconv"
 	"time"
 )
 
@@ -73,13 +74,14 @@ type process struct {
 func (p *process) forward(int) { _ = p.p.Kill() }
 func (p *process) terminate()  { _ = p.p.Kill() }
 func (p *process) kill()       { _ = p.p.Kill() }
+func (p *process) cont()       {}
 
-func (p *process) reap() (exited bool, code int, left bool) {
+func (p *process) reap() (exited bool, code int, left bool, frozenBy int) {
 	select {
 	case <-p.done:
-		return true, p.code, false
+		return true, p.code, false, 0
 	default:
-		return false, 0, true
+		return false, 0, true, 0
 	}
 }
 
@@ -87,3 +89,6 @@ func (p *process) reap() (exited bool, code int, left bool) {
 func (g *guarded) abandon() {}
 
 func signalNumber(os.Signal) int { return 2 }
+
+// stopSignalName is never needed here: nothing stops the command.
+func stopSignalName(n int) string { return "signal " + strconv.Itoa(n) }

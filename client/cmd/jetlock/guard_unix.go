@@ -102,21 +102,29 @@ type pgroup struct {
 func (g *pgroup) forward(sig int) { _ = syscall.Kill(-g.pgid, syscall.Signal(sig)) }
 func (g *pgroup) terminate()      { g.send(syscall.SIGTERM) }
 func (g *pgroup) kill()           { g.send(syscall.SIGKILL) }
+func (g *pgroup) cont()           { _ = syscall.Kill(-g.pgid, syscall.SIGCONT) }
 
-// send signals the group and the guard's children. A child's pid cannot
-// be reused before the guard reaps it, which only this goroutine does.
+// send signals the group, then the guard's children that left it (the
+// orphans it adopted as a subreaper): each process once, the command
+// included, which is both the guard's child and in the group. A child's
+// pid cannot be reused before the guard reaps it, which only this
+// goroutine does.
 func (g *pgroup) send(sig syscall.Signal) {
 	_ = syscall.Kill(-g.pgid, sig)
 	for _, pid := range children() {
+		if pg, err := syscall.Getpgid(pid); err == nil && pg == g.pgid {
+			continue // the group's signal reached it
+		}
 		_ = syscall.Kill(pid, sig)
 	}
 }
 
-func (g *pgroup) reap() (exited bool, code int, left bool) {
+func (g *pgroup) reap() (exited bool, code int, left bool, frozenBy int) {
 	children := true
 	for range 10_000 {
 		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		// WUNTRACED: a stopped command is reported too (see frozen).
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG|syscall.WUNTRACED, nil)
 		if errors.Is(err, syscall.EINTR) {
 			continue
 		}
@@ -127,11 +135,17 @@ func (g *pgroup) reap() (exited bool, code int, left bool) {
 		if pid <= 0 {
 			break
 		}
-		if pid == g.pgid {
+		switch {
+		case pid != g.pgid:
+		case ws.Stopped():
+			if sig := ws.StopSignal(); sig == syscall.SIGTTIN || sig == syscall.SIGTTOU {
+				frozenBy = int(sig)
+			}
+		case ws.Exited(), ws.Signaled():
 			g.exited, g.code = true, waitCode(ws)
 		}
 	}
-	return g.exited, g.code, children || !errors.Is(syscall.Kill(-g.pgid, 0), syscall.ESRCH)
+	return g.exited, g.code, children || !errors.Is(syscall.Kill(-g.pgid, 0), syscall.ESRCH), frozenBy
 }
 
 // waitCode is an exit status as a shell reports it.
@@ -184,6 +198,17 @@ func startGuarded(path string, argv, env []string, grace time.Duration, deadline
 // reporting (it was killed): nothing else would.
 func (g *guarded) abandon() {
 	_ = syscall.Kill(-g.pid, syscall.SIGKILL)
+}
+
+// stopSignalName names a signal that froze the command (see guard.go).
+func stopSignalName(n int) string {
+	switch syscall.Signal(n) {
+	case syscall.SIGTTIN:
+		return "SIGTTIN"
+	case syscall.SIGTTOU:
+		return "SIGTTOU"
+	}
+	return syscall.Signal(n).String()
 }
 
 func signalNumber(sig os.Signal) int {

@@ -232,7 +232,7 @@ func wantError(t *testing.T, r result, code int) {
 
 // errorCodes are the CODEs of "jetlock: CODE: message".
 var errorCodes = []string{"usage", "invalid_request", "locked", "lease_lost", "too_many_waiters", "unavailable",
-	"internal", "permission_denied", "interrupted", "failure"}
+	"internal", "permission_denied", "interrupted", "command_not_found", "cannot_execute", "failure"}
 
 // wireUnits finds the wire contract's millisecond fields, and durations
 // written with zero units (Go's 24h0m0s, 10m0s), in a message.
@@ -363,6 +363,9 @@ func helperCmd(mode string, args ...string) (env []string, argv []string) {
 //	fencedwrite URL VALUE GOFILE RESULTFILE: waits for GOFILE, writes
 //	VALUE with $JETLOCK_TOKEN to the fenced store at URL, writes the
 //	store's answer to RESULTFILE, then sleeps (up to 30s) until killed.
+//	countterm FILE: writes its pid to FILE, then appends a line "TERM" to
+//	FILE.term for every SIGTERM it gets, which it otherwise ignores, for
+//	up to 60s (signal_unix_test.go).
 func helper(mode string, args []string) int {
 	switch mode {
 	case "fencedwrite":
@@ -387,6 +390,8 @@ func helper(mode string, args []string) int {
 		}
 		time.Sleep(30 * time.Second)
 		return 0
+	case "countterm":
+		return countTerm(args[0])
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper mode", mode)
 	return 1

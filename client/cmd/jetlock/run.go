@@ -166,7 +166,7 @@ func (r *runCmd) hold(g *globals, take func(g *globals, s *session, sigs <-chan 
 	path, err := exec.LookPath(r.Command[0])
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return exitf(exitNotFound, "command not found: %s", r.Command[0])
+			return exitf(exitNotFound, "%s is not a command in PATH", r.Command[0])
 		}
 		return exitf(exitCannotExec, "cannot run %s: %v", r.Command[0], err)
 	}
@@ -247,6 +247,8 @@ func (r *runCmd) supervise(lease *client.Lease, path string, grace time.Duration
 
 	lost := lease.Lost()
 	var lostErr error
+	expiring := false // lostErr is the deadline's coming near, not a loss
+	frozen := 0       // the signal that froze the command
 	for {
 		select {
 		case ev, ok := <-g.events:
@@ -257,11 +259,24 @@ func (r *runCmd) supervise(lease *client.Lease, path string, grace time.Duration
 			switch ev.kind {
 			case evExpiring:
 				if lostErr == nil {
-					lostErr = r.expiring(lease, grace)
+					lostErr, expiring = r.expiring(lease, grace), true
 				}
+			case evResumed:
+				if expiring {
+					lostErr, expiring = nil, false
+					fmt.Fprintf(os.Stderr, "jetlock: a renewal got through before the client's deadline (now %s): the stop is called off; the command got SIGTERM and goes on if it handles it\n",
+						lease.Expires().Format(time.RFC3339Nano))
+				}
+			case evFrozen:
+				frozen = ev.n
+				fmt.Fprintf(os.Stderr, "jetlock: %s: the command was stopped by %s: it read from (or wrote to) the terminal, which it may not do in its own process group; stopping it so that it does not hold the lock (SIGTERM now, SIGKILL in %s); give it its input another way (< FILE, < /dev/null)\n",
+					codeFailure, stopSignalName(ev.n), durationText(killIn(lease, grace)))
 			case evExited:
-				if lostErr != nil {
+				switch {
+				case lostErr != nil:
 					return 0, &exitError{code: exitLost}
+				case frozen != 0:
+					return 0, &exitError{code: exitSignalBase + frozen}
 				}
 				return ev.n, nil
 			}
@@ -272,6 +287,7 @@ func (r *runCmd) supervise(lease *client.Lease, path string, grace time.Duration
 			g.signal(sig)
 		case <-lost:
 			lost = nil
+			expiring = false // lost: no renewal calls the stop off any more
 			if lostErr == nil {
 				lostErr = context.Cause(lease.Context())
 				fmt.Fprintf(os.Stderr, "jetlock: %s: %s: stopping the command (SIGTERM now, SIGKILL in %v)\n",

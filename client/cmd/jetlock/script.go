@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -126,8 +127,13 @@ var interruptSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP
 // released. Without that, the vanished waiter would be granted the lock on
 // the next release, and everyone else refused until its wait record
 // lapsed.
+//
+// It takes --wait plus two --timeout at most: the acquire has --wait plus
+// one --timeout (its one request's), and the cancel of an acquire given up
+// one --timeout more (the client sends it in the background, and jetlock
+// waits for it when it closes the connection).
 func (a *acquireCmd) acquire(g *globals, s *session, sigs <-chan os.Signal) (*client.Lease, error) {
-	ctx, cancel := s.opCtx(g, a.Wait)
+	ctx, cancel := context.WithTimeout(s.ctx, a.Wait+g.Timeout)
 	defer cancel()
 	spec := acquireSpec{resources: a.Resources, owner: a.Owner, requestID: a.RequestID, ttl: a.TTL, maxHold: a.MaxHold, wait: a.Wait}
 	return spec.take(ctx, cancel, s, sigs, g.Timeout, "the request was cancelled")
@@ -316,7 +322,7 @@ func (r *renewCmd) Run(g *globals) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return setHint(err, "renew", r.Resources)
 	}
 	if r.JSON {
 		return printJSON(grantView{Resource: resp.Resource, Token: resp.Token, TTLms: resp.TTLms,
@@ -335,7 +341,7 @@ func (r *renewCmd) runSet(g *globals) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return setHint(err, "renew", r.Resources)
 	}
 	if r.JSON {
 		return printJSON(setGrantView{TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt, HoldUntil: resp.HoldUntil, Resources: resp.Resources})
@@ -392,7 +398,7 @@ func (r *releaseCmd) Run(g *globals) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return setHint(err, "release", r.Resources)
 	}
 	names := strings.Join(r.Resources, " ")
 	switch {
@@ -406,6 +412,19 @@ func (r *releaseCmd) Run(g *globals) error {
 		fmt.Printf("%s: the lease had already ended\n", names)
 	}
 	return nil
+}
+
+// setHint completes the service's refusal of a renew or release that
+// names part of a lock set, or more than it (invalid_request, exit 2: the
+// set stays held), with how to name it from the shell.
+func setHint(err error, cmd string, resources []string) error {
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.kind != streams.CodeInvalidRequest || !strings.Contains(ee.msg, "lock set") {
+		return err
+	}
+	ee.msg += fmt.Sprintf("; this names %d (%s): 'jetlock %s' names every resource the set was acquired with, in any order (jetlock %s RESOURCE...)",
+		len(resources), strings.Join(resources, " "), cmd, cmd)
+	return ee
 }
 
 type statusCmd struct {
@@ -479,9 +498,12 @@ func holdText(holdUntil string) string {
 	return ", held until " + holdUntil + " at most"
 }
 
+// ownerText names a holder in status: an owner the service did not show
+// (another user's lease, or one acquired without --owner) is still a
+// holder.
 func ownerText(o string) string {
 	if o == "" {
-		return "(no owner)"
+		return "a holder whose owner is not shown (another user's, or none given)"
 	}
 	return strconv.Quote(o)
 }
