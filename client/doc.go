@@ -17,12 +17,21 @@
 // clocks are never compared, so a skewed clock cannot end a lease early.
 //
 // The client keeps its own, shorter deadline: the time it SENT the last
-// successful acquire or renew, plus the TTL, minus a safety margin. Because
-// it counts from before the service acted, its deadline always falls before
-// the service's. When a renewal is refused, or renewals cannot be confirmed
+// successful acquire or renew (of a retried request, the retry that was
+// answered), plus the TTL, minus a safety margin. Because it counts from
+// before the service acted, its deadline always falls before the
+// service's. When a renewal is refused, or renewals cannot be confirmed
 // before that deadline, Lost() closes and Context() is cancelled with cause
 // ErrLeaseLost: from then on the holder must assume someone else may hold
-// the resource.
+// the resource. A renewal whose outcome is unknown (an outage) is retried
+// quickly until the deadline: an outage shorter than that costs nothing.
+//
+// The deadline has passed when either clock says so: the monotonic clock,
+// which no clock step moves, or the wall clock, which (unlike the
+// monotonic clock on Linux) goes on counting while the host or VM is
+// suspended, as the service's clocks do. A suspended holder sees its
+// lease lost when it wakes, not the time it slept later; a wall clock
+// stepped forward makes the loss early, never late.
 //
 // That is not enough on its own. A process can be paused (garbage
 // collection, a frozen VM, a slow disk) between checking Lost and writing to
@@ -74,7 +83,21 @@
 // Every acquire carries a request id (random unless RequestID is given).
 // When the outcome of a request is unknown (no reply, or "unavailable") the
 // client retries with the same id: the service answers with the same lease
-// if it was granted, and never grants a second one. If the outcome stays
-// unknown, or ctx ends first, the client cancels the request so that no
-// lease is left granted to nobody. Releases are idempotent too.
+// if it was granted, renewed, and never grants a second one. A waiting
+// acquire (Acquire, AcquireAll, Campaign) keeps trying while the service
+// is unavailable (restarting), until its Wait bound or ctx. If the outcome
+// stays unknown, or ctx ends first, the client cancels the request, naming
+// its owner, so that no lease is left granted to nobody and no other
+// owner's request is touched. Releases are idempotent too.
+//
+// # Calls and their context
+//
+// Every call returns within its ctx, and either returns a lease or leaves
+// nothing held: a grant that arrives as ctx ends is released. Cleanup that
+// needs the network (that release, the cancel of an abandoned wait) runs
+// within ctx when there is time, and otherwise in a goroutine of the
+// Client, bounded by the request timeout; Client.Close waits for those.
+//
+// docs/promises.md lists the client's promises, each with the tests that
+// prove it against a real cluster.
 package client
