@@ -14,8 +14,8 @@
 #                                 deploy/nats (verify_cert_and_check_known_urls)
 # OUT/clients/<client>.pem, <client>-key.pem
 #                                 client certificates (default lockd orders
-#                                 billing operator), with no host names, so
-#                                 that they cannot pass for a route
+#                                 billing operator inspector), with no host
+#                                 names, so that they cannot pass for a route
 #
 # Environment:
 #   CLIENTS     client certificate names (default "lockd orders billing operator inspector")

@@ -10,6 +10,7 @@
 //	<!-- doctest: expect-exit 75 -->       the block ends with status 75
 //	<!-- doctest: env NATS_USER=operator -->
 //	<!-- doctest: setup printf 'echo ok\n' > backup.sh -->
+//	<!-- doctest: files deploy -->          copied from the repository first
 //	<!-- doctest: timeout 90s -->          longer than the default 30 s
 //
 // Several directives may share one comment, separated by ";". An unknown

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,6 +103,11 @@ func runBlock(t *testing.T, bash string, tl *tools, b doctest.Block) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 
+	for _, f := range b.Files {
+		if err := copyTree(filepath.Join(repoRoot(t), filepath.FromSlash(f)), filepath.Join(dir, filepath.FromSlash(f))); err != nil {
+			t.Fatalf("%s: files %s: %v", b.Where(), f, err)
+		}
+	}
 	for _, s := range b.Setup {
 		out, code, err := runShell(ctx, bash, dir, env, alias(s))
 		if err != nil || code != 0 {
@@ -224,4 +230,48 @@ func lookBash(t *testing.T) string {
 		t.Fatalf("the documentation's examples are bash: %v", err)
 	}
 	return bash
+}
+
+// copyTree copies the file or directory src to dst, keeping each file's
+// mode (the scripts stay executable) and leaving out what git ignores
+// (make-ca.sh's and make-nkeys.sh's output of an earlier run, say).
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		if ignored(path) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		target := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(target, b, info.Mode().Perm())
+	})
+}
+
+// ignored reports whether git ignores path (false when git cannot say).
+func ignored(path string) bool {
+	cmd := exec.Command("git", "check-ignore", "-q", path)
+	cmd.Dir = filepath.Dir(path)
+	return cmd.Run() == nil
 }

@@ -25,13 +25,13 @@ const natsCLI = "github.com/nats-io/natscli/nats@v0.5.0"
 
 // tools are the commands the blocks run, built for the test.
 type tools struct {
-	bin    string // lockd, jetlock, bench and, unless on PATH, nats
+	bin    string // lockd, jetlock, bench, nk and, unless on PATH, nats
 	config string // XDG_CONFIG_HOME of the blocks: no nats contexts
 	goenv  string // the go command's settings file, kept
 }
 
-// buildTools builds lockd, jetlock and bench from the repository, and the
-// nats CLI unless one is on PATH.
+// buildTools builds lockd, jetlock and bench from the repository, nk (for
+// deploy/make-nkeys.sh), and the nats CLI unless one is on PATH.
 func buildTools(t *testing.T) *tools {
 	t.Helper()
 	root := repoRoot(t)
@@ -42,6 +42,9 @@ func buildTools(t *testing.T) *tools {
 		{"lockd", "./service/cmd/lockd"},
 		{"jetlock", "./client/cmd/jetlock"},
 		{"bench", "./bench"}, // for its flags only
+		// deploy/make-nkeys.sh runs nk; it is a package of the nkeys
+		// module that go.mod already requires, so it builds offline.
+		{"nk", "github.com/nats-io/nkeys/nk"},
 	} {
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(tl.bin, c.name), c.pkg)
 		cmd.Dir = root

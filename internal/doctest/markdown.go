@@ -2,6 +2,7 @@ package doctest
 
 import (
 	"fmt"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ type Block struct {
 	ExpectExit int           // the status the block ends with; 0 unless marked
 	Env        []string      // NAME=VALUE added to the block's environment
 	Setup      []string      // shell run before the block, in its directory
+	Files      []string      // repository paths copied into the block's directory first
 	Timeout    time.Duration // for setup and block together; 0: the runner's default
 
 	Steps []Step
@@ -198,6 +200,16 @@ func (b *Block) directives(text string) error {
 			if arg == "" {
 				return fmt.Errorf("doctest: env needs NAME=VALUE")
 			}
+		case "files":
+			for _, f := range strings.Fields(arg) {
+				if !filepath.IsLocal(f) {
+					return fmt.Errorf("doctest: files %q: want a path inside the repository", f)
+				}
+				b.Files = append(b.Files, filepath.ToSlash(filepath.Clean(f)))
+			}
+			if arg == "" {
+				return fmt.Errorf("doctest: files needs a path")
+			}
 		case "timeout":
 			d, err := time.ParseDuration(arg)
 			if err != nil || d <= 0 {
@@ -205,7 +217,7 @@ func (b *Block) directives(text string) error {
 			}
 			b.Timeout = d
 		default:
-			return fmt.Errorf("doctest: unknown directive %q (want skip, expect-exit, env, setup or timeout)", name)
+			return fmt.Errorf("doctest: unknown directive %q (want skip, expect-exit, env, files, setup or timeout)", name)
 		}
 	}
 	return nil
