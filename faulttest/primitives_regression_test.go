@@ -42,7 +42,9 @@ func TestPermitCancelByAStaleInstance(t *testing.T) {
 	var callers [3]*Caller
 	for node := range callers {
 		nc, _ := h.Connect(node, "probe")
-		callers[node] = &Caller{NC: nc, H: hist, Client: node}
+		// One process's request through three nodes: the same owner, as a
+		// cancel of its acquire must name.
+		callers[node] = &Caller{NC: nc, H: hist, Client: node, Owner: "probe"}
 	}
 	const limit, ttl = 3, 30 * time.Second
 	for round := 0; round < 2; round++ {
