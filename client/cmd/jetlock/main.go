@@ -32,13 +32,16 @@
 //	     lease that is no longer current
 //	126  `run`, `elect`: the command could not be started
 //	127  `run`, `elect`: the command was not found
-//	128+N `run`, `elect`: the command was killed by signal N (like a shell);
-//	     `run`, `acquire`, `elect`: signal N arrived while acquiring or
-//	     campaigning (the request is cancelled at the service first)
+//	128+N `run`, `elect`: the command was killed by signal N (like a shell),
+//	     or frozen by it (SIGTTIN, SIGTTOU: it used the terminal; jetlock
+//	     stopped it and released the lock); `run`, `acquire`, `elect`:
+//	     signal N arrived while acquiring or campaigning (the request is
+//	     cancelled at the service first)
 //
 // Every error is one line on stderr: "jetlock: CODE: message", with the
 // wire contract's code where the service gave one, else jetlock's own
-// (usage, permission_denied, interrupted). With --json (acquire, renew,
+// (usage, permission_denied, interrupted, command_not_found,
+// cannot_execute, failure). With --json (acquire, renew,
 // release, status, ls, revoke, watch, leader) it is one JSON line on stdout
 // instead, and stderr stays empty:
 //
@@ -79,7 +82,8 @@ const description = `jetlock: exclusive leases with fencing tokens over NATS.
 Exit codes: 0 success (run: the command's own), 1 other failure, 2 bad input
 (nothing started), 69 service unavailable, 75 locked, 77 permission denied,
 79 lease lost (run stopped its command), 126/127 command not executable/not
-found, 128+N command killed by signal N (or signal N while acquiring).
+found, 128+N command killed or frozen by signal N (or signal N while
+acquiring).
 
 Examples:
   jetlock -s nats://127.0.0.1:4222 run --wait 1m lock:backup:user123 -- ./backup.sh user123

@@ -59,7 +59,7 @@ token rises per permit, so fence the command's writes per permit, under
 same N (another is refused while it has holders or waiters: exit 2).
 
 When the lease is lost (a renewal refused, a revoke) the command's group gets
-SIGTERM, then SIGKILL after --grace, and jetlock exits 79. When renewals
+SIGTERM (once per process), then SIGKILL after --grace, and jetlock exits 79. When renewals
 fail, or the hold limit (--max-hold) comes, the group gets SIGTERM at the
 client's deadline (the send time of the last renewal that succeeded, plus the
 TTL, less a 1s safety margin) minus --grace, and SIGKILL at that deadline:
@@ -77,7 +77,14 @@ its group (SIGTERM, then SIGKILL by the deadline) if jetlock dies for any
 reason, SIGKILL included; on Linux also the orphans that left the group.
 
 The command runs in its own process group: it is not the terminal's
-foreground group, so it cannot read from a terminal.
+foreground group, so it cannot read from a terminal. One that tries is
+frozen by SIGTTIN (SIGTTOU for a write with stty tostop); jetlock then
+stops it, releases the lock and exits 128+N. Give it its input another
+way (< FILE, < /dev/null).
+
+A renewal that gets through before SIGKILL (a short outage) calls off a
+stop begun near the deadline: the command got SIGTERM, and goes on if it
+handles it.
 
 Example:
   jetlock run --wait 1m --ttl 30s --owner backup lock:backup:user123 -- ./backup.sh user123
