@@ -429,6 +429,7 @@ func setHint(err error, cmd string, resources []string) error {
 
 type statusCmd struct {
 	JSON     bool   `name:"json" help:"Print the service's reply as JSON; errors as JSON too."`
+	Limit    int    `help:"Look at RESOURCE as the semaphore of this many permits (as run --limit takes it): each held permit with its number."`
 	Resource string `arg:"" help:"Resource to look at."`
 }
 
@@ -436,29 +437,49 @@ type statusCmd struct {
 func (c *statusCmd) Help() string {
 	return `Shows who holds RESOURCE (never the lease id), its token, when it expires in the
 service's view, how many wait, and whether a session holds the lease (with
-the session's owner when it is shown to you; never the session id).
+the session's owner when it is shown to you; never the session id). A
+semaphore's name shows the semaphore, each held permit with its number;
+--limit N asks for it as the semaphore of N permits.
 
 Example:
-  jetlock status --json lock:backup:user123`
+  jetlock status --json lock:backup:user123
+  jetlock status --limit 3 encoders`
 }
 
 // Validate checks the resource before anything connects.
-func (c *statusCmd) Validate() error { return checkResource(c.Resource) }
+func (c *statusCmd) Validate() error {
+	if c.Limit < 0 || c.Limit > streams.MaxLimit {
+		return usagef("--limit %d outside [1, %d]", c.Limit, streams.MaxLimit)
+	}
+	return checkResource(c.Resource)
+}
 
 // Run asks and prints.
 func (c *statusCmd) Run(g *globals) error {
 	var st *client.Status
 	err := g.request(func(ctx context.Context, cl *client.Client) (err error) {
-		st, err = cl.Status(ctx, c.Resource)
+		if c.Limit != 0 {
+			st, err = semaphoreStatus(ctx, cl, c.Resource, c.Limit)
+		} else {
+			st, err = cl.Status(ctx, c.Resource)
+		}
 		return err
 	})
 	if err != nil {
 		return err
 	}
 	if c.JSON {
-		return printJSON(streams.StatusResponse{Resource: st.Resource, Held: st.Held, Owner: st.Owner, Token: st.Token,
+		resp := streams.StatusResponse{Resource: st.Resource, Held: st.Held, Owner: st.Owner, Token: st.Token,
 			ExpiresAt: wireTime(st.ExpiresAt), Waiters: st.Waiters, HoldUntil: wireTime(st.HoldUntil),
-			InSession: st.InSession, SessionOwner: st.SessionOwner, SetSize: st.SetSize})
+			InSession: st.InSession, SessionOwner: st.SessionOwner, SetSize: st.SetSize, Limit: st.Limit, HeldPermits: len(st.Permits)}
+		for _, p := range st.Permits {
+			resp.Permits = append(resp.Permits, streams.PermitInfo{Permit: p.Permit, Owner: p.Owner, Token: p.Token, ExpiresAt: wireTime(p.ExpiresAt)})
+		}
+		return printJSON(resp)
+	}
+	if st.Limit != 0 {
+		printSemaphore(st)
+		return nil
 	}
 	if !st.Held {
 		fmt.Printf("%s: free, %d waiting\n", st.Resource, st.Waiters)
@@ -477,6 +498,28 @@ func (c *statusCmd) Run(g *globals) error {
 	fmt.Printf("%s: held by %s%s, token %d, expires in %s, %d waiting\n", st.Resource, ownerText(st.Owner), in, st.Token,
 		expiresIn(st.ExpiresAt), st.Waiters)
 	return nil
+}
+
+// semaphoreStatus asks for the semaphore name of limit permits, as a
+// Status.
+func semaphoreStatus(ctx context.Context, cl *client.Client, name string, limit int) (*client.Status, error) {
+	sem, err := cl.NewSemaphore(name, limit)
+	if err != nil {
+		return nil, err
+	}
+	ss, err := sem.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &client.Status{Resource: name, Held: ss.Held > 0, Waiters: ss.Waiters, Limit: ss.Limit, Permits: ss.Permits}, nil
+}
+
+// printSemaphore prints the status of a semaphore: each held permit.
+func printSemaphore(st *client.Status) {
+	fmt.Printf("%s: semaphore of %d permits, %d held, %d waiting\n", st.Resource, st.Limit, len(st.Permits), st.Waiters)
+	for _, p := range st.Permits {
+		fmt.Printf("  permit %d: held by %s, token %d, expires in %s\n", p.Permit, ownerText(p.Owner), p.Token, expiresIn(p.ExpiresAt))
+	}
 }
 
 func printJSON(v any) error {
