@@ -1,6 +1,7 @@
 package service
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -61,5 +62,31 @@ func TestSessionLeaseOutlivesItsRecordTTL(t *testing.T) {
 	o = tr.observe(streams.WaitKey("c", "x"), entry{rev: 4, rec: w})
 	if d := tr.deadline(&o).Sub(now); d > 10*time.Second {
 		t.Fatalf("a session's waiter record is due after %v", d)
+	}
+}
+
+// The same against the real cluster: a lease granted in a session by a
+// service without a hold cap, with a hold of two days, is due when its
+// hold ends, not when its record's day-long ttl_ms would have run out.
+func TestSessionLeaseOfTwoDaysIsKeptPastADay(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxHold = 0
+	s, req := runInternal(t, cfg)
+	var sess streams.SessionResponse
+	if err := json.Unmarshal(req(streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: "s", TTLms: 10000}).Data, &sess); err != nil || sess.SessionID == "" {
+		t.Fatalf("open: %v %+v", err, sess)
+	}
+	before := time.Now()
+	m := req(streams.OpAcquire, streams.AcquireRequest{Resource: "two/days", RequestID: "l", SessionID: sess.SessionID, MaxHoldMs: (48 * time.Hour).Milliseconds()})
+	var l streams.LeaseResponse
+	if err := json.Unmarshal(m.Data, &l); err != nil || l.LeaseID == "" {
+		t.Fatalf("acquire: %v %s", err, m.Data)
+	}
+	o, ok := s.tracker.get(streams.LeaseKey("two/days"))
+	if !ok || !o.held() {
+		t.Fatal("the instance does not know the lease it granted")
+	}
+	if d := s.tracker.deadline(&o).Sub(before); d < 47*time.Hour {
+		t.Fatalf("the lease of a 48 h hold is due after %v", d)
 	}
 }
