@@ -139,6 +139,12 @@ func (g *guard) run() int {
 	defer killT.Stop()
 	ticker := time.NewTicker(guardPoll)
 	defer ticker.Stop()
+	// Timers sleep on the monotonic clock, which stops while the host is
+	// suspended; the service's clocks go on. Once a second the wall clock
+	// is looked at too, so that a suspend makes the stop late by a second
+	// at most, not by the time asleep.
+	wallCheck := time.NewTicker(time.Second)
+	defer wallCheck.Stop()
 	var tick <-chan time.Time
 	exited, code := false, 0
 	for {
@@ -191,6 +197,16 @@ func (g *guard) run() int {
 		case <-killT.C:
 			g.p.kill()
 			g.killedAt = time.Now()
+		case <-wallCheck.C:
+			switch {
+			case g.stopping == 0 && wallPassed(g.deadline.Add(-g.grace)):
+				g.emit(guardEvent{kind: evExpiring})
+				g.stop(killT, stopExpiring)
+			case g.stopping != 0 && g.killedAt.IsZero() && wallPassed(g.killAt):
+				killT.Stop()
+				g.p.kill()
+				g.killedAt = time.Now()
+			}
 		case <-g.wake:
 		case <-tick:
 			if !g.killedAt.IsZero() {
@@ -233,6 +249,10 @@ func (g *guard) stop(killT *time.Timer, why int) {
 	}
 	killT.Reset(time.Until(g.killAt))
 }
+
+// wallPassed reports whether the wall clock has reached t (read with
+// time.Now, so carrying both clocks' readings).
+func wallPassed(t time.Time) bool { return !time.Now().Round(0).Before(t.Round(0)) }
 
 // serveGuard runs the guard of a started command: it reads jetlock's
 // instructions from ctl until EOF, supervises the command, and reports its
@@ -316,8 +336,12 @@ func (g *guarded) send(kind string, n int64) {
 	_, _ = fmt.Fprintf(g.ctl, "%s %d\n", kind, n)
 }
 
-// setDeadline tells the guard the client's deadline.
-func (g *guarded) setDeadline(d time.Time) { g.send(msgDeadline, int64(time.Until(d))) }
+// setDeadline tells the guard the client's deadline: how long until it,
+// by the clock that reaches it first (the monotonic one stops while the
+// host is suspended, the wall clock does not).
+func (g *guarded) setDeadline(d time.Time) {
+	g.send(msgDeadline, int64(min(time.Until(d), d.Round(0).Sub(time.Now().Round(0)))))
+}
 
 // signal forwards sig to the command's group.
 func (g *guarded) signal(sig os.Signal) {
