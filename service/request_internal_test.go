@@ -2,6 +2,7 @@ package service
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -88,5 +89,46 @@ func TestSessionLeaseOfTwoDaysIsKeptPastADay(t *testing.T) {
 	}
 	if d := s.tracker.deadline(&o).Sub(before); d < 47*time.Hour {
 		t.Fatalf("the lease of a 48 h hold is due after %v", d)
+	}
+}
+
+// A request's place in the renewal queue and its cost follow what it
+// names, all of it: a permit's renewal of a permit held is urgent and
+// free; a "set" renewal naming a plain lease's key with 63 others, with
+// that lease's id, is neither, and costs as a set of 64; so is a renewal
+// naming part of a set.
+func TestUrgencyAndCostFollowEveryKeyNamed(t *testing.T) {
+	s, req := runInternal(t, DefaultConfig())
+	var plain, permit streams.LeaseResponse
+	var set streams.SetLeaseResponse
+	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "a", RequestID: "a"}).Data, &plain)
+	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "sem", RequestID: "p", Limit: 2}).Data, &permit)
+	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resources: []string{"x", "y", "z"}, RequestID: "s"}).Data, &set)
+	names := []string{"a"}
+	for i := 1; i < 64; i++ {
+		names = append(names, fmt.Sprintf("o/%d", i))
+	}
+	for _, tc := range []struct {
+		name  string
+		body  any
+		known bool
+		cost  float64
+	}{
+		{"the plain lease", streams.RenewRequest{Resource: "a", LeaseID: plain.LeaseID}, true, 0},
+		{"the permit", streams.RenewRequest{Resource: "sem", Permit: permit.Permit, LeaseID: permit.LeaseID}, true, 0},
+		{"the set, whole", streams.RenewRequest{Resources: []string{"z", "y", "x"}, LeaseID: set.LeaseID}, true, 0},
+		{"a plain lease as a set of 64", streams.RenewRequest{Resources: names, LeaseID: plain.LeaseID}, false, 32},
+		{"part of the set", streams.RenewRequest{Resources: []string{"x", "y"}, LeaseID: set.LeaseID}, false, 2},
+		{"a member of the set alone", streams.RenewRequest{Resource: "x", LeaseID: set.LeaseID}, false, 2},
+		{"the permit as a lock", streams.RenewRequest{Resource: "sem", LeaseID: permit.LeaseID}, false, 2},
+	} {
+		data, _ := json.Marshal(tc.body)
+		c, err := s.decodeCall(streams.OpRenew, data, origin{})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if c.known != tc.known || (!c.known && c.cost != tc.cost) || c.known && c.due.IsZero() {
+			t.Errorf("%s: known %v cost %v due %v, want known %v cost %v", tc.name, c.known, c.cost, c.due, tc.known, tc.cost)
+		}
 	}
 }
