@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -19,7 +20,9 @@ type lsCmd struct {
 // Help is the long help of `jetlock ls`.
 func (c *lsCmd) Help() string {
 	return `Lists the held locks whose resource starts with PREFIX, in resource order:
-resource, owner, token, expires in (by this machine's clock), how many
+resource, owner ("(not shown)": another user's lease, or one acquired
+without an owner; it is held all the same), token, expires in (by this
+machine's clock), how many
 wait, and the session that holds the lease: its owner, "session" when the
 owner is not shown (a session of another NATS user, or without an owner),
 "-" for a lease of its own. Never shows lease ids or session ids.
@@ -67,7 +70,7 @@ func (c *lsCmd) Run(g *globals) error {
 		if l.Permit != 0 {
 			res = fmt.Sprintf("%s (permit %d)", res, l.Permit)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", res, dash(l.Owner), strconv.FormatUint(l.Token, 10), expiresIn(st), l.Waiters,
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", res, cmp.Or(l.Owner, "(not shown)"), strconv.FormatUint(l.Token, 10), expiresIn(st), l.Waiters,
 			dash(sessionLabel(l.InSession, l.SessionOwner)))
 	}
 	return w.Flush()
