@@ -77,16 +77,25 @@ func (w *Workload) startObservers() {
 }
 
 // stopObservers stops the observer and the watch (once the watch has
-// caught up with the stream, for at most 10s) and returns what the watch
+// caught up with the stream, for at most 60s) and returns what the watch
 // saw.
 func (w *Workload) stopObservers() []BucketWrite {
 	w.stopOnce.Do(func() {
 		if w.observer != nil {
-			time.Sleep(200 * time.Millisecond) // the last events in flight
+			// The last events in flight: until none has come for half a
+			// second (a busy machine delivers late), for at most 10s.
+			for i, n, quiet := 0, -1, 0; quiet < 5 && i < 100; i++ {
+				if m := w.observer.Received(); m != n {
+					n, quiet = m, 0
+				} else {
+					quiet++
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
 			w.observer.Stop()
 		}
 		if w.bucket != nil {
-			w.bucketLog = w.bucket.Stop(10 * time.Second)
+			w.bucketLog = w.bucket.Stop(60 * time.Second)
 		}
 	})
 	return w.bucketLog
