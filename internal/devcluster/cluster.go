@@ -85,7 +85,7 @@ func Start(opts Options) (*Cluster, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = "jetlock"
 	}
-	if err := portsFree(opts.ClientPorts); err != nil {
+	if err := CheckPorts(opts.ClientPorts); err != nil {
 		return nil, err
 	}
 	c := &Cluster{opts: opts, creds: newCredentials()}
@@ -125,9 +125,10 @@ func Start(opts Options) (*Cluster, error) {
 // ReadyTimeout.
 var ErrPortInUse = errors.New("port in use")
 
-// portsFree returns an error matching ErrPortInUse, naming the port, when
-// one of ports (zero: any free port) cannot be listened on.
-func portsFree(ports []int) error {
+// CheckPorts returns an error matching ErrPortInUse, naming the port and
+// its node, when one of the client ports (zero: any free port) cannot be
+// listened on. Start checks them first.
+func CheckPorts(ports []int) error {
 	for i, p := range ports {
 		if p == 0 {
 			continue
