@@ -33,8 +33,9 @@ var aliases = []struct{ from, to string }{
 	{"go run ./bench", "bench"},
 }
 
-// blockTimeout bounds a block (setup included) that sets no timeout.
-const blockTimeout = 30 * time.Second
+// blockTimeout bounds a block (setup included) that sets no timeout: a
+// safety net against a block that hangs, generous for a busy machine.
+const blockTimeout = 2 * time.Minute
 
 // TestDocsSyntax parses every shell block of the documents and checks it
 // with bash -n, the blocks marked skip included. It needs no cluster.
