@@ -46,8 +46,10 @@ func TestRevokeWithoutRightsIsPermissionDenied(t *testing.T) {
 		if want := `jetlock: permission denied: publish to "jetlock.v1.admin.revoke" refused by the NATS server`; err.Error() != want {
 			t.Fatalf("revoke %d: %q, want %q", i, err, want)
 		}
-		if took > 2*time.Second {
-			t.Fatalf("revoke %d took %v, want the refusal within 2s", i, took)
+		// At once, not after the request timeout (5s) and its retries:
+		// a wide bound tells them apart on a busy machine too.
+		if took > 4*time.Second {
+			t.Fatalf("revoke %d took %v, want the refusal before the request timeout", i, took)
 		}
 		t.Logf("revoke %d refused after %v", i, took)
 	}

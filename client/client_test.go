@@ -50,7 +50,8 @@ func TestRenewalKeepsLeaseAliveAndReleaseIsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	leaks := goleak.IgnoreCurrent()
-	l, err := c.Acquire(ctx, "orders/1", client.TTL(time.Second), client.Owner("test"))
+	const ttl = 3 * time.Second
+	l, err := c.Acquire(ctx, "orders/1", client.TTL(ttl), client.Owner("test"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,17 +59,23 @@ func TestRenewalKeepsLeaseAliveAndReleaseIsIdempotent(t *testing.T) {
 		t.Fatalf("bad lease: token %d id %q", l.Token(), l.ID())
 	}
 	first := l.Expires()
-	if until := time.Until(first); until <= 0 || until > time.Second {
-		t.Fatalf("client deadline %v from now, want within the 1s TTL", until)
+	if until := time.Until(first); until <= 0 || until > ttl {
+		t.Fatalf("client deadline %v from now, want within the %v TTL", until, ttl)
 	}
-	time.Sleep(3500 * time.Millisecond) // 3.5 TTLs
-	select {
-	case <-l.Lost():
-		t.Fatalf("lease lost while renewing: %v", context.Cause(l.Context()))
-	default:
+	// Three renewals, each moving the deadline: the lease outlives its TTL.
+	for range 3 {
+		before := l.Expires()
+		select {
+		case <-l.Renewed():
+		case <-l.Lost():
+			t.Fatalf("lease lost while renewing: %v", context.Cause(l.Context()))
+		}
+		if !l.Expires().After(before) {
+			t.Fatal("Renewed closed but the deadline did not move")
+		}
 	}
-	if !l.Expires().After(first) {
-		t.Fatal("deadline never moved: no renewal happened")
+	if !l.Expires().After(first.Add(ttl)) {
+		t.Fatalf("deadline %v after three renewals, first %v: not renewed past the TTL", l.Expires(), first)
 	}
 	st, err := c.Status(ctx, "orders/1")
 	if err != nil || !st.Held || st.Token != l.Token() || st.Owner != "test" {
@@ -109,7 +116,7 @@ func TestLostClosesWhenRenewalRefused(t *testing.T) {
 	}
 	select {
 	case <-l.Lost():
-	case <-time.After(1500 * time.Millisecond):
+	case <-time.After(10 * time.Second): // the next renewal comes after 0.5s
 		t.Fatal("Lost not closed after the renewal was refused")
 	}
 	if cause := context.Cause(l.Context()); !errors.Is(cause, client.ErrLeaseLost) {
@@ -195,7 +202,7 @@ func TestTryAcquireLockedAndAcquireWaits(t *testing.T) {
 		}
 		got <- l
 	}()
-	time.Sleep(300 * time.Millisecond)
+	waitWaiters(t, ctx, c, "jobs/1", 1, 10*time.Second, "bob never queued")
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/internal/testenv"
 )
@@ -33,13 +35,24 @@ func TestRenewedFollowsTheDeadline(t *testing.T) {
 	}
 }
 
+// sentBy runs fn and returns how many messages the connection nc sent
+// meanwhile: a call that must send nothing is checked by what it sent, not
+// by how long it took. Nothing else may use nc meanwhile.
+func sentBy(t *testing.T, nc *nats.Conn, fn func()) uint64 {
+	t.Helper()
+	before := nc.Stats().OutMsgs
+	fn()
+	return nc.Stats().OutMsgs - before
+}
+
 // With no service answering, Release gives up at the lease's deadline
 // rather than at the end of its ctx (ErrUnavailable: outcome unknown), and
 // a Release after the deadline sends nothing (issue 32).
 func TestReleaseEndsAtTheLeaseDeadline(t *testing.T) {
 	env := testenv.Start(t)
 	inst := env.Serve(testenv.Config())
-	c, err := client.New(env.Connect())
+	nc := env.Connect()
+	c, err := client.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +73,9 @@ func TestReleaseEndsAtTheLeaseDeadline(t *testing.T) {
 	if !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("release with no service: %v, want ErrUnavailable", err)
 	}
-	if over := time.Since(deadline); over > 500*time.Millisecond {
+	// At the deadline, not at the end of ctx (a minute): a wide bound
+	// tells them apart on a busy machine too.
+	if over := time.Since(deadline); over > 2*time.Second {
 		t.Fatalf("release returned %v after the lease's deadline", over)
 	}
 
@@ -69,11 +84,11 @@ func TestReleaseEndsAtTheLeaseDeadline(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the unrenewed lease was not lost by its deadline")
 	}
-	begin := time.Now()
-	if err := late.Release(ctx); err != nil {
-		t.Fatalf("release after the deadline: %v, want nil", err)
-	}
-	if took := time.Since(begin); took > 100*time.Millisecond {
-		t.Fatalf("release after the deadline took %v, want no request", took)
+	if sent := sentBy(t, nc, func() {
+		if err := late.Release(ctx); err != nil {
+			t.Fatalf("release after the deadline: %v, want nil", err)
+		}
+	}); sent != 0 {
+		t.Fatalf("release after the deadline sent %d messages, want none", sent)
 	}
 }

@@ -118,11 +118,11 @@ func TestSemaphoreTryAcquireStatusAndRenewal(t *testing.T) {
 	if m.Name() != name || m.Limit() != 2 {
 		t.Fatalf("semaphore %q limit %d", m.Name(), m.Limit())
 	}
-	a, err := m.TryAcquire(ctx, client.TTL(time.Second), client.Owner("a"))
+	a, err := m.TryAcquire(ctx, client.TTL(3*time.Second), client.Owner("a"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := m.TryAcquire(ctx, client.TTL(time.Second), client.Owner("b"))
+	b, err := m.TryAcquire(ctx, client.TTL(3*time.Second), client.Owner("b"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,9 @@ func TestSemaphoreTryAcquireStatusAndRenewal(t *testing.T) {
 		err.Error() != "jetlock: semaphore sem/try has no free permit (limit 2)" {
 		t.Fatalf("a third permit of 2: %v, want ErrLocked saying so", err)
 	}
-	time.Sleep(3500 * time.Millisecond) // 3.5 TTLs: renewals name their permit
+	// Renewals name their permit: both outlive their TTL.
+	renewedThrice(t, "permit a", a.Renewed, a.Lost(), a.Context())
+	renewedThrice(t, "permit b", b.Renewed, b.Lost(), b.Context())
 	notLost(t, "permit a", a.Lost(), a.Context())
 	notLost(t, "permit b", b.Lost(), b.Context())
 	st, err := m.Status(ctx)

@@ -24,6 +24,20 @@ func notLost(t *testing.T, what string, ch <-chan struct{}, ctx context.Context)
 	}
 }
 
+// renewedThrice waits for three renewals (renewed closing), failing the
+// test if lost closes first: a lease or a session outlives its TTL by its
+// renewals, told by events rather than by a sleep.
+func renewedThrice(t *testing.T, what string, renewed func() <-chan struct{}, lost <-chan struct{}, ctx context.Context) {
+	t.Helper()
+	for range 3 {
+		select {
+		case <-renewed():
+		case <-lost:
+			t.Fatalf("%s lost: %v", what, context.Cause(ctx))
+		}
+	}
+}
+
 // isLost fails unless ch is closed.
 func isLost(t *testing.T, what string, ch <-chan struct{}) {
 	t.Helper()
@@ -45,16 +59,17 @@ func TestSessionKeepsLeasesAliveAndCloseReleasesThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	leaks := goleak.IgnoreCurrent()
-	s, err := c.NewSession(ctx, client.SessionTTL(time.Second), client.SessionOwner("worker"))
+	const ttl = 3 * time.Second
+	s, err := c.NewSession(ctx, client.SessionTTL(ttl), client.SessionOwner("worker"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.ID()) != streams.SessionIDLen || s.TTL() != time.Second || s.Owner() != "worker" {
+	if len(s.ID()) != streams.SessionIDLen || s.TTL() != ttl || s.Owner() != "worker" {
 		t.Fatalf("session id %q (%d chars), ttl %v, owner %q", s.ID(), len(s.ID()), s.TTL(), s.Owner())
 	}
 	first := s.Expires()
-	if until := time.Until(first); until <= 0 || until > time.Second {
-		t.Fatalf("session deadline %v from now, want within the 1s TTL", until)
+	if until := time.Until(first); until <= 0 || until > ttl {
+		t.Fatalf("session deadline %v from now, want within the %v TTL", until, ttl)
 	}
 	a, err := s.Acquire(ctx, "sess/a", client.Owner("job-a"))
 	if err != nil {
@@ -70,7 +85,7 @@ func TestSessionKeepsLeasesAliveAndCloseReleasesThem(t *testing.T) {
 	if a.Expires() != s.Expires() {
 		t.Fatalf("lease deadline %v, session's %v", a.Expires(), s.Expires())
 	}
-	time.Sleep(3500 * time.Millisecond) // 3.5 TTLs: only keepalives keep them
+	renewedThrice(t, "session", s.Renewed, s.Lost(), s.Context()) // only keepalives keep them
 	notLost(t, "session", s.Lost(), s.Context())
 	notLost(t, "lease a", a.Lost(), a.Context())
 	notLost(t, "lease b", b.Lost(), b.Context())
@@ -166,13 +181,11 @@ func TestSessionAcquireWaitsAndTTLIsRefused(t *testing.T) {
 	}
 	defer s.Close() //nolint:errcheck
 
-	begin := time.Now()
+	// Refused by the client: ErrInvalidOption, which the service never
+	// answers (it would say ErrInvalidRequest).
 	_, err = s.TryAcquire(ctx, "sess/q", client.TTL(time.Minute))
 	if !errors.Is(err, client.ErrInvalidOption) || !strings.Contains(err.Error(), "session") {
 		t.Fatalf("TTL with a session: %v, want ErrInvalidOption naming the session", err)
-	}
-	if took := time.Since(begin); took > 50*time.Millisecond {
-		t.Fatalf("refusing TTL with a session took %v: a request was sent", took)
 	}
 	_, err = s.TryAcquire(ctx, "sess/q")
 	var he *client.HeldError
@@ -280,7 +293,7 @@ func TestSessionLostBeforeServiceExpiry(t *testing.T) {
 	if lostAt.Before(deadline) {
 		t.Fatalf("Lost closed %v before the deadline with no refusal", deadline.Sub(lostAt))
 	}
-	if late := lostAt.Sub(deadline); late > 200*time.Millisecond {
+	if late := lostAt.Sub(deadline); late > time.Second { // a wide bound, for a busy machine
 		t.Fatalf("Lost closed %v after the client's deadline", late)
 	}
 	if cause := context.Cause(s.Context()); !errors.Is(cause, client.ErrLeaseLost) {
@@ -294,13 +307,10 @@ func TestSessionLostBeforeServiceExpiry(t *testing.T) {
 		t.Fatalf("lease deadline %v, session's %v", l.Expires(), deadline)
 	}
 
-	// An acquire on the lost session sends nothing.
-	begin := time.Now()
+	// An acquire on the lost session sends nothing: it says the session
+	// is lost, not that its (closed) connection failed.
 	if _, err := s.TryAcquire(ctx, "sess/other"); !errors.Is(err, client.ErrLeaseLost) || errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("acquire on a lost session: %v, want ErrLeaseLost", err)
-	}
-	if took := time.Since(begin); took > 50*time.Millisecond {
-		t.Fatalf("acquire on a lost session took %v: a request was sent", took)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("release of a lost session's lease: %v", err)
