@@ -546,7 +546,7 @@ func holdText(holdUntil string) string {
 // holder.
 func ownerText(o string) string {
 	if o == "" {
-		return "a holder whose owner is not shown (another user's, or none given)"
+		return "(owner not shown: another user's lease, or none given)"
 	}
 	return strconv.Quote(o)
 }
