@@ -3,6 +3,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -67,5 +68,22 @@ func TestNewRefusal(t *testing.T) {
 	if !errors.Is(err, ErrPermission) || !errors.Is(err, nats.ErrPermissionViolation) ||
 		err.Error() != `jetlock: permission denied: publish to "jetlock.v1.admin.revoke" refused by the NATS server` {
 		t.Fatalf("permissionError: %q", err)
+	}
+}
+
+// P10: a holder whose owner the service does not show (another user's
+// lease) is named as such, never as an owner "" that reads like no holder.
+func TestHeldErrorNamesAHiddenHolder(t *testing.T) {
+	for _, e := range []*HeldError{
+		{Resource: "orders/1", Token: 7},
+		{Resource: "a", Token: 7, Set: []string{"a", "b"}, Holders: []Holder{{Resource: "a", Token: 7}}},
+	} {
+		text := e.Error()
+		if !errors.Is(e, ErrLocked) || !strings.Contains(text, "owner is not shown") || strings.Contains(text, `""`) {
+			t.Errorf("%q: want the holder named as hidden", text)
+		}
+	}
+	if text := (&HeldError{Resource: "orders/1", Owner: "alice", Token: 7}).Error(); !strings.Contains(text, `by "alice"`) {
+		t.Errorf("%q: want the owner", text)
 	}
 }
