@@ -153,7 +153,7 @@ func waitStderr(t *testing.T, p *proc, text string, d time.Duration) {
 // --timeout after the whole budget: 12.5s here.
 func TestAcquireWithinItsBudgetWhenTheNetworkGoes(t *testing.T) {
 	t.Parallel()
-	const resource = "acquire:budget"
+	resource := fmt.Sprintf("acquire:budget:%d", time.Now().UnixNano()) // its holder outlives the test
 	holder := jl(t, "acquire", "--ttl", "30s", resource)
 	wantCode(t, holder, 0)
 	proxy := behindProxy(t)
