@@ -30,8 +30,13 @@ type Client struct {
 	nc   *nats.Conn
 	opts options
 
-	// cleanups are the cleanups running in the background (see cleanup).
-	cleanups sync.WaitGroup
+	// cleanups counts the cleanups running in the background (see
+	// cleanup); idle is closed while there are none, replaced when one
+	// starts. Not a sync.WaitGroup: Close may wait while calls start new
+	// cleanups.
+	cleanupMu sync.Mutex
+	cleanups  int
+	idle      chan struct{}
 }
 
 // New returns a client that sends its requests on nc. It uses the caller's
@@ -51,14 +56,19 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	return &Client{nc: nc, opts: o}, nil
 }
 
-// Close waits for the cleanups the client still runs in the background
-// (see Client), each bounded by the request timeout, so that a program
-// about to exit leaves nothing granted to nobody. It does not close the
-// connection, which is the caller's, nor release leases still held:
-// release them first. The client stays usable after Close. Safe for
-// concurrent use.
+// Close waits for the cleanups the client runs in the background (see
+// Client), each bounded by the request timeout, so that a program about
+// to exit leaves nothing granted to nobody: at least those of the calls
+// that returned before Close was called. It does not close the connection, which is the caller's, nor
+// release leases still held: release them first. The client stays usable
+// after Close.
 func (c *Client) Close() error {
-	c.cleanups.Wait()
+	c.cleanupMu.Lock()
+	idle := c.idle
+	c.cleanupMu.Unlock()
+	if idle != nil {
+		<-idle
+	}
 	return nil
 }
 
@@ -68,9 +78,20 @@ func (c *Client) Close() error {
 // left of fn runs on in the background (Close waits for it).
 func (c *Client) cleanup(ctx context.Context, fn func(ctx context.Context)) {
 	done := make(chan struct{})
-	c.cleanups.Add(1)
+	c.cleanupMu.Lock()
+	if c.cleanups == 0 {
+		c.idle = make(chan struct{})
+	}
+	c.cleanups++
+	c.cleanupMu.Unlock()
 	go func() {
-		defer c.cleanups.Done()
+		defer func() {
+			c.cleanupMu.Lock()
+			if c.cleanups--; c.cleanups == 0 {
+				close(c.idle)
+			}
+			c.cleanupMu.Unlock()
+		}()
 		defer close(done)
 		cctx, cancel := context.WithTimeout(context.Background(), c.opts.requestTimeout)
 		defer cancel()
