@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -417,7 +418,12 @@ func (l *locks) endMembers(ctx context.Context, hash string, why endReason) int 
 		run(func() { l.endSessionWait(ctx, wkey, hash) })
 	}
 	var group []string
+	sets := map[string][]string{} // a set lease's keys, by its lease id
 	for _, key := range leases {
+		if o, ok := l.tracker.get(key); ok && o.held() && o.rec.Set != "" {
+			sets[o.rec.LeaseID] = append(sets[o.rec.LeaseID], key)
+			continue
+		}
 		if _, queued := l.tracker.head(queueOf(key)); queued {
 			run(func() { l.endSessionLease(ctx, key, hash, why) })
 			continue
@@ -431,8 +437,43 @@ func (l *locks) endMembers(ctx context.Context, hash string, why endReason) int 
 	if len(group) > 0 {
 		run(func() { l.removeSessionLeases(ctx, group, hash, why) })
 	}
+	for id, keys := range sets {
+		run(func() { l.endSessionSet(ctx, id, keys, hash, why) })
+	}
 	wg.Wait()
 	return len(leases)
+}
+
+// endSessionSet ends the set lease id of the ended session hash, held at
+// keys (and at any other key the tracker knows it at): every key in one
+// atomic batch, as a set ends whole, waking each key's head waiter.
+func (l *locks) endSessionSet(ctx context.Context, id string, keys []string, hash string, why endReason) {
+	for _, k := range l.tracker.setKeys(id) {
+		if !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	unlock, err := l.lockAll(ctx, keys)
+	if err != nil {
+		return // the sweep ends it (tracker.membersDue)
+	}
+	defer unlock()
+	fresh := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		obs, err := l.readAll(ctx, keys, fresh)
+		if err != nil {
+			return
+		}
+		match := make([]bool, len(keys))
+		for i, o := range obs {
+			match[i] = o.held() && o.rec.LeaseID == id && o.rec.Session == hash
+		}
+		if _, err := l.endSetKeys(ctx, keys, obs, match, why, origin{}, ""); !errors.Is(err, errConflict) {
+			return
+		}
+		fresh = true
+	}
 }
 
 // endSessionLease ends the lease at key if it is still the ended session

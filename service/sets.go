@@ -688,11 +688,13 @@ func (l *locks) expireSet(ctx context.Context, it dueItem, o observation) {
 	if !ok || cur.rev != it.rev || !l.tracker.expired(cur, time.Now()) {
 		return // renewed, released or forgotten meanwhile
 	}
-	obs := make([]observation, len(keys))
-	match := make([]bool, len(keys))
-	for i, k := range keys {
-		obs[i], _ = l.tracker.get(k)
-		match[i] = obs[i].held() && obs[i].rec.LeaseID == o.rec.LeaseID && obs[i].rec.RenewedAt == o.rec.RenewedAt
+	obs, match, whole := l.expiredSet(ctx, keys, o)
+	if !whole && time.Now().Before(l.tracker.deadline(&cur).Add(setExpiryPatience)) {
+		// Part of the set looks renewed, or is not known here: a view
+		// that lags (a write whose outcome was unknown is forgotten until
+		// read again). A set ends whole: look again shortly.
+		l.tracker.retryAt(it, time.Now().Add(time.Second))
+		return
 	}
 	why := endExpiry
 	if o.rec.Session != "" && l.tracker.sessionLeaseEnded(o.rec) {
@@ -707,6 +709,47 @@ func (l *locks) expireSet(ctx context.Context, it dueItem, o observation) {
 		}
 		l.tracker.retryAt(it, time.Now().Add(time.Second))
 	}
+}
+
+// setExpiryPatience is how long past a set's expiry an instance waits to
+// see every key of it expired before it ends the keys it knows (a key
+// ended apart, by a revoke, never comes back).
+const setExpiryPatience = 10 * time.Second
+
+// expiredSet returns what is known of the keys of the set lease observed
+// in o, and which of them hold it expired; whole is set when every key of
+// the set (its size) is among them. When some key seems to hold a later
+// renewal, or fewer keys than the set's size are known, it decides on
+// fresh reads of every key.
+func (l *locks) expiredSet(ctx context.Context, keys []string, o observation) ([]observation, []bool, bool) {
+	obs := make([]observation, len(keys))
+	match := make([]bool, len(keys))
+	decide := func() (n int, later bool) {
+		now := time.Now()
+		for i, ob := range obs {
+			holds := ob.held() && ob.rec.LeaseID == o.rec.LeaseID
+			match[i] = holds && ob.rec.RenewedAt == o.rec.RenewedAt && l.tracker.expired(ob, now)
+			later = later || holds && !match[i]
+			if match[i] {
+				n++
+			}
+		}
+		return n, later
+	}
+	for i, k := range keys {
+		obs[i], _ = l.tracker.get(k)
+	}
+	n, later := decide()
+	if n == o.rec.SetSize && !later {
+		return obs, match, true
+	}
+	fresh, err := l.readAll(ctx, keys, true)
+	if err != nil {
+		return obs, match, false
+	}
+	copy(obs, fresh)
+	n, later = decide()
+	return obs, match, n == o.rec.SetSize && !later
 }
 
 // cancelSet makes sure the set request holds nothing and waits for
