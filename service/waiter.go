@@ -342,7 +342,8 @@ func (l *locks) mayClaim(enc, hash string, o observation) (bool, int) {
 // arriving later (delayed, or retried) within the retry window is a
 // duplicate and never granted; the tombstone commits only if the lease key
 // is still as read, which proves the read. So a cancel of a request the
-// service never saw costs two reads (lease and waiter keys) and that one
+// service never saw costs three reads (the waiter key, to tell whose it
+// is; the lease key; the waiter key again under the lock) and that one
 // write, which leaves the bucket after the retry window.
 //
 // A cancel belongs to the same caller as an acquire exactly when a
