@@ -296,7 +296,9 @@ func TestElectionObserveSeesEveryChangeInOrder(t *testing.T) {
 	if ch := nextChange(t, changes, 10*time.Second); ch.Leader || ch.Event != streams.EventEnded || !ch.Resync {
 		t.Fatalf("first change %+v, want no leader from a status read", ch)
 	}
-	time.Sleep(300 * time.Millisecond) // the subscription's interest reaches every node
+	// The subscription's interest reaches every node: an event published
+	// before it would be dropped.
+	env.WaitInterest(devcluster.Account, streams.EventSubject(streams.DefaultPrefix, name))
 
 	a := newElection(t, c, name, client.TTL(30*time.Second))
 	b := newElection(t, newCaller(t, env), name, client.TTL(30*time.Second))

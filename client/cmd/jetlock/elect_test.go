@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/internal/testenv"
+	"github.com/jetlock/jetlock/streams"
 )
 
 // readFields waits for path and returns the fields of its first line.
@@ -46,7 +50,10 @@ func TestElectRunsTheLeaderAndHandsOver(t *testing.T) {
 	const name = "elect-cli:hand-over"
 	dir := t.TempDir()
 	watch := start(t, nil, "leader", "--watch", "--json", "--for", "40s", name)
-	time.Sleep(time.Second) // the watcher is up
+	// The watcher is up: its first line (a status read) is out, and its
+	// subscription to the election's events has reached every node.
+	waitOutput(t, watch, func(out string) bool { return strings.Contains(out, "\n") }, 20*time.Second)
+	(&testenv.Env{T: t, Cluster: cluster}).WaitInterest(devcluster.Account, streams.EventSubject(streams.DefaultPrefix, name))
 
 	aOut, aFinish := filepath.Join(dir, "a"), filepath.Join(dir, "a-finish")
 	// A TTL far above the bound on the hand-over below: "at once" is
@@ -112,8 +119,15 @@ func TestElectRunsTheLeaderAndHandsOver(t *testing.T) {
 		t.Fatalf("leader printed %q", r.stdout)
 	}
 
-	// The watcher saw it all, in order.
-	time.Sleep(500 * time.Millisecond)
+	// The watcher saw it all, in order: wait for its last event, b's end.
+	waitOutput(t, watch, func(out string) bool {
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, `"event":"ended"`) && strings.Contains(line, `"token":`+bf[1]) {
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second)
 	_ = watch.cmd.Process.Signal(os.Interrupt)
 	w := watch.wait(t, 10*time.Second)
 	wantCode(t, w, 0)

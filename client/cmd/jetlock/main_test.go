@@ -9,12 +9,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -395,4 +397,28 @@ func helper(mode string, args []string) int {
 	}
 	fmt.Fprintln(os.Stderr, "unknown helper mode", mode)
 	return 1
+}
+
+// countTerm is the countterm helper (see helper): it counts the SIGTERMs
+// it gets, each a line in FILE.term, and ignores them.
+func countTerm(file string) int {
+	terms := make(chan os.Signal, 64)
+	signal.Notify(terms, syscall.SIGTERM)
+	out, err := os.OpenFile(file+".term", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return 1
+	}
+	defer out.Close()
+	if err := os.WriteFile(file, []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
+		return 1
+	}
+	end := time.After(60 * time.Second)
+	for {
+		select {
+		case <-terms:
+			fmt.Fprintln(out, "TERM")
+		case <-end:
+			return 0
+		}
+	}
 }

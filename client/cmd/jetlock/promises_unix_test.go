@@ -5,39 +5,16 @@ package main_test
 import (
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jetlock/jetlock/internal/testenv"
 )
 
 // The tests of jetlock run's side of the client's promises (issue 39).
-
-// countTerm is the countterm helper (see helper): it counts the SIGTERMs
-// it gets, each a line in FILE.term, and ignores them.
-func countTerm(file string) int {
-	terms := make(chan os.Signal, 64)
-	signal.Notify(terms, syscall.SIGTERM)
-	out, err := os.OpenFile(file+".term", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return 1
-	}
-	defer out.Close()
-	if err := os.WriteFile(file, []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
-		return 1
-	}
-	end := time.After(60 * time.Second)
-	for {
-		select {
-		case <-terms:
-			fmt.Fprintln(out, "TERM")
-		case <-end:
-			return 0
-		}
-	}
-}
 
 // A lost lease stops the command with ONE SIGTERM, then SIGKILL after
 // --grace. The guard used to signal the group and then each of its
@@ -128,6 +105,12 @@ func TestRunRenewalAfterAnOutageCallsTheStopOff(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d, want the command's 0; stderr %q", r.code, r.stderr)
 	}
+}
+
+// waitOutput waits up to d until what p printed on stdout satisfies ok.
+func waitOutput(t *testing.T, p *proc, ok func(stdout string) bool, d time.Duration) {
+	t.Helper()
+	testenv.Eventually(t, d, func() bool { return ok(p.stdout.String()) }, "jetlock %v printed %q", p.cmd.Args[1:], p.stdout.String())
 }
 
 // waitStderr waits up to d until p has printed text on stderr.
