@@ -59,9 +59,9 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 // Close waits for the cleanups the client runs in the background (see
 // Client), each bounded by the request timeout, so that a program about
 // to exit leaves nothing granted to nobody: at least those of the calls
-// that returned before Close was called. It does not close the connection, which is the caller's, nor
-// release leases still held: release them first. The client stays usable
-// after Close.
+// that returned before Close was called. It does not close the
+// connection, which is the caller's, nor release leases still held:
+// release them first. The client stays usable after Close.
 func (c *Client) Close() error {
 	c.cleanupMu.Lock()
 	idle := c.idle
