@@ -78,7 +78,7 @@ func TestElectPausedLeaderIsFenced(t *testing.T) {
 	t.Parallel()
 	const name = "elect-cli:paused"
 	_, b := pausedHolderIsFenced(t, name,
-		[]string{"elect", "--ttl", "1s", "--value", "a", name},
+		[]string{"elect", "--ttl", "3s", "--value", "a", name}, // a TTL a busy machine still renews
 		[]string{"elect", "--ttl", "5s", "--grace", "1s", "--value", "b", name})
 	_ = b.cmd.Process.Signal(syscall.SIGTERM)
 	b.wait(t, 20*time.Second)

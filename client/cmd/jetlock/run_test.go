@@ -195,7 +195,7 @@ func TestRunPausedCommandIsFenced(t *testing.T) {
 	t.Parallel()
 	const resource = "run:paused"
 	c, b := pausedHolderIsFenced(t, resource,
-		[]string{"run", "--ttl", "1s", "--owner", "paused", resource},
+		[]string{"run", "--ttl", "3s", "--owner", "paused", resource}, // a TTL a busy machine still renews
 		[]string{"run", "--wait", "20s", "--ttl", "5s", "--grace", "1s", resource})
 	_ = b.cmd.Process.Signal(syscall.SIGTERM) // forwarded: ends B's helper
 	if r := b.wait(t, 20*time.Second); r.code != 128+int(syscall.SIGTERM) {
