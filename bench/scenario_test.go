@@ -260,8 +260,10 @@ func TestSteadyWithSessions(t *testing.T) {
 		t.Fatalf("more raft commits than messages: per-lease %+v, session %+v", p, q)
 	}
 	// A session's keepalive stands for its ten leases' renewals: fewer
-	// commits per grant, counted either way.
-	if q.RaftCommitsPerGrant >= p.RaftCommitsPerGrant || q.WritesPerGrant >= p.WritesPerGrant || s.RaftCommitsReductionPct <= 0 {
+	// writes per grant. (Raft appends are not compared: an append carries
+	// as many proposals as arrived during the last round, so their number
+	// follows the machine's speed, not the writes; the bench reports them.)
+	if q.WritesPerGrant >= p.WritesPerGrant {
 		t.Fatalf("per grant: raft commits %v in sessions, %v per lease; writes %v, %v (%v %% fewer raft commits/s)",
 			q.RaftCommitsPerGrant, p.RaftCommitsPerGrant, q.WritesPerGrant, p.WritesPerGrant, s.RaftCommitsReductionPct)
 	}
