@@ -44,3 +44,9 @@ func toOpError(err error) *opError {
 		return &opError{code: streams.CodeInternal, msg: err.Error()}
 	}
 }
+
+// isCode reports whether err is answered on the wire with code.
+func isCode(err error, code string) bool {
+	var oe *opError
+	return errors.As(err, &oe) && oe.code == code
+}

@@ -149,7 +149,9 @@ func (l *locks) remove(ctx context.Context, key string, o observation, why endRe
 
 // handOver grants the resource whose lease is observed in o to waiter w,
 // in one atomic write with the removal of w's record, and sends w the
-// grant on its wake subject.
+// grant on its wake subject. A grant to a waiter of a session is sent only
+// once its place in the stream is confirmed (validInSession); an orphan
+// is ended at once and its waiter woken, to learn that its session ended.
 func (l *locks) handOver(ctx context.Context, resource, key string, o observation, w waiterInfo) error {
 	now := l.cfg.Clock.Now()
 	ttl := w.leaseTTL
@@ -160,6 +162,7 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 	// resource soon then, and the holder's first renewal extends it.
 	rec := newLease(now, w.requestID, w.owner, w.tenant, min(ttl, l.cfg.HandoverTTL), l.holdLimit(now, w.maxHold))
 	rec.Limit, rec.Value = w.limit, w.value
+	plain := w.session == "" || l.inStreamOrder()
 	var sess check
 	if w.session != "" {
 		// A waiter of a session is granted only while its session lives,
@@ -171,31 +174,51 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 		sessionLease(rec, now, w.session, l.holdLimit(now, w.maxHold))
 	}
 	wkey := streams.WaitKey(queueResource(resource), w.hash)
-	if w.session != "" {
+	if !plain {
 		gate, err := l.sessionGate(ctx, w.session)
 		if err != nil {
 			return err
 		}
 		defer gate.unlock()
+	} else {
+		sess = check{} // decided by the stream's order instead
 	}
 	token, removed, err := l.store.handOver(ctx, key, rec, o.rev, grantMsgID(w.hash), wkey, w.rev, sess)
 	if err != nil {
 		return err
 	}
-	l.tracker.observe(key, entry{rev: token, rec: rec})
+	granted := l.tracker.observe(key, entry{rev: token, rec: rec})
 	l.tracker.observe(wkey, entry{rev: removed})
-	l.report.granted(resource, token, w.owner, origin{}, "handover")
-	resp := leaseResponse(resource, token, rec)
 	if w.session != "" {
-		if so, ok := l.tracker.get(sess.key); ok && so.held() {
+		if err := l.validInSession(ctx, token, w.session, "", plain); err != nil {
+			if isCode(err, streams.CodeLeaseLost) {
+				l.endOrphan(ctx, key, granted)
+			}
+			// The waiter claims on a plain wake: a retry decides its grant
+			// again, or answers that its session ended.
+			l.wakes.send(w.wake, nil)
+			return nil
+		}
+	}
+	l.report.granted(resource, token, w.owner, origin{}, "handover")
+	l.wakes.send(w.wake, l.handedOverResponse(resource, token, rec, w.session))
+	return nil
+}
+
+// handedOverResponse is the grant rec at token of resource, as its waiter
+// is told it: a lease of a session carries its session's expiry, a permit
+// names its semaphore.
+func (l *locks) handedOverResponse(resource string, token uint64, rec *streams.Record, session string) *streams.LeaseResponse {
+	resp := leaseResponse(resource, token, rec)
+	if session != "" {
+		if so, ok := l.tracker.get(streams.SessionKey(session)); ok && so.held() {
 			resp = sessionLeaseResponse(resource, token, rec, so.rec)
 		}
 	}
 	if sem, k, ok := streams.SplitPermit(resource); ok {
 		resp = permitResponse(resp, sem, k)
 	}
-	l.wakes.send(w.wake, resp)
-	return nil
+	return resp
 }
 
 // dropWaiter removes the record of a waiter that can never be granted

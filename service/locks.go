@@ -363,12 +363,20 @@ func (l *locks) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (bool
 // same lease, renewed, because the caller counts its deadline from this
 // request; or locked when the retry names another owner or another
 // session (another caller reusing the request id). A lease of a session
-// is not renewed: its session is what is kept alive (sess, its record).
+// is not renewed: its session is what is kept alive (sess, its record);
+// it is answered only once its place in the stream is confirmed
+// (validInSession).
 func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation, sess *streams.Record) (*streams.LeaseResponse, error) {
 	if o.rec.Owner != g.owner || o.rec.Session != g.session {
 		return nil, lockedError(o, g.who)
 	}
 	if g.session != "" {
+		if err := l.validInSession(ctx, o.rev, g.session, g.secret, false); err != nil {
+			if isCode(err, streams.CodeLeaseLost) {
+				l.endOrphan(ctx, g.key, o)
+			}
+			return nil, err
+		}
 		return sessionLeaseResponse(g.resource, o.rec.TokenAt(o.rev), o.rec, sess), nil
 	}
 	resp, err := l.extend(ctx, g.resource, g.key, o, g.ttl)
@@ -378,33 +386,20 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation, ses
 	return resp, err
 }
 
-// grant writes a new lease for g over the revision observed in o; a lease
-// of a session commits with the check that the session observed in sess
-// has not moved on (see store.grantMsgs).
+// grant writes a new lease for g over the revision observed in o. A lease
+// of a session is one compare-and-set write answered once its place in
+// the stream is confirmed (validInSession), or, on a lone instance, commits
+// with the check that the session observed in sess has not moved on (see
+// store.grantMsgs).
 func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess observation) (*streams.LeaseResponse, error) {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, g.requestID, g.owner, g.tenant, g.ttl, l.holdLimit(now, g.maxHold))
 	rec.Limit, rec.Value = g.limit, g.value
-	var seq uint64
-	var dup bool
-	var err error
-	if g.session == "" {
-		seq, dup, err = l.store.put(ctx, g.key, rec, o.rev, grantMsgID(g.hash))
-	} else {
+	plain := g.session == "" || l.inStreamOrder()
+	if g.session != "" {
 		sessionLease(rec, now, g.session, l.holdLimit(now, g.maxHold))
-		gate, gerr := l.sessionGate(ctx, g.session)
-		if gerr != nil {
-			return nil, gerr
-		}
-		seq, err = l.store.grantInSession(ctx, g.key, rec, o.rev, grantMsgID(g.hash), check{key: streams.SessionKey(g.session), rev: sess.rev})
-		gate.unlock()
-		switch {
-		case errors.Is(err, errDuplicate):
-			seq, dup, err = 0, true, nil
-		case errors.Is(err, errConflict):
-			l.conflictPause(ctx) // perhaps another instance's write to the session
-		}
 	}
+	seq, dup, err := l.writeGrant(ctx, g, rec, o.rev, sess, plain)
 	if err != nil {
 		if !errors.Is(err, errConflict) {
 			l.tracker.forget(g.key)
@@ -414,12 +409,43 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 	if dup {
 		return l.earlierGrant(ctx, g, seq, sess.rec)
 	}
-	l.tracker.observe(g.key, entry{rev: seq, rec: rec})
-	l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
-	if g.session != "" {
-		return sessionLeaseResponse(g.resource, seq, rec, sess.rec), nil
+	granted := l.tracker.observe(g.key, entry{rev: seq, rec: rec})
+	if g.session == "" {
+		l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
+		return leaseResponse(g.resource, seq, rec), nil
 	}
-	return leaseResponse(g.resource, seq, rec), nil
+	if err := l.validInSession(ctx, seq, g.session, g.secret, plain); err != nil {
+		if isCode(err, streams.CodeLeaseLost) {
+			l.endOrphan(ctx, g.key, granted)
+		}
+		return nil, err
+	}
+	l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
+	return sessionLeaseResponse(g.resource, seq, rec, sess.rec), nil
+}
+
+// writeGrant writes the lease rec for g over revision expect: one
+// compare-and-set write when plain, else (a lease of a session, on a lone
+// instance) in one atomic batch with the check of the session observed in
+// sess, through the session's gate. It returns the grant's revision, or
+// dup when an earlier write of the request (or its cancel) was found.
+func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (uint64, bool, error) {
+	if plain {
+		return l.store.put(ctx, g.key, rec, expect, grantMsgID(g.hash))
+	}
+	gate, err := l.sessionGate(ctx, g.session)
+	if err != nil {
+		return 0, false, err
+	}
+	seq, err := l.store.grantInSession(ctx, g.key, rec, expect, grantMsgID(g.hash), check{key: streams.SessionKey(g.session), rev: sess.rev})
+	gate.unlock()
+	switch {
+	case errors.Is(err, errDuplicate):
+		return 0, true, nil
+	case errors.Is(err, errConflict):
+		l.conflictPause(ctx) // perhaps another instance's write to the session
+	}
+	return seq, false, err
 }
 
 // earlierGrant answers an acquire whose granting write JetStream reported

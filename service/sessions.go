@@ -23,13 +23,24 @@ import (
 //
 // A lease or wait made with a session id names the session's hash in its
 // record and has no TTL of its own (only its hold limit). It is valid only
-// while its session is:
+// while its session is: it counts only if no end of its session precedes
+// it in the stream.
 //
-//   - Every grant to a session commits in one atomic batch with a check
-//     that the session record is still at the revision read (store.grantMsgs),
-//     so no grant can follow its session's end in the stream: an acquire
-//     racing a close or an expiry either fails that check (lease_lost) or
-//     commits first, and is then ended by it.
+//   - While the instance follows the bucket, a grant to a session (a lease,
+//     a permit, a set, a hand-over to a waiter of a session) is the same
+//     compare-and-set write as any grant: no check of the session record,
+//     which keepalives rewrite, so grants and keepalives never conflict.
+//     Its place in the stream decides it: the instance answers it only once
+//     its watcher has delivered the stream up to the grant's revision with
+//     the session's record still live (see validInSession). A grant that
+//     landed after its session's end is an orphan: the instance ends it at
+//     once and its requester is told lease_lost; should the instance die
+//     first, every other instance sees a lease of an ended session
+//     (tracker.expired) and ends it.
+//   - A lone instance follows no watcher: it commits a grant to a session
+//     in one atomic batch with a check that the session record is still at
+//     the revision read (store.grantMsgs), so no grant of its follows the
+//     session's end in the stream.
 //   - Ending a session is one compare-and-set delete of its record (so a
 //     keepalive that landed first wins), after which its leases count as
 //     ended everywhere (tracker.expired): anyone may take them over by
@@ -58,8 +69,10 @@ const (
 )
 
 // sessionGate serialises, within this instance, the writes that commit
-// with a check of session hash's record or rewrite it: grants to the
-// session, its keepalives and its end. JetStream refuses a second write
+// with a check of session hash's record or rewrite it: its keepalives, its
+// end, the proofs of a negative answer about it, and a lone instance's
+// grants to it (an instance that follows the bucket grants without a
+// check, see above). JetStream refuses a second write
 // whose check names a key while one is being proposed (it answers a
 // conflict), so without the gate the concurrent acquires of one session
 // would fail each other. Between instances such conflicts remain; they
@@ -377,6 +390,17 @@ func (l *locks) awaitDelivered(ctx context.Context, seq uint64) {
 	if !l.following() || l.delivered == nil {
 		return
 	}
+	if !l.waitDelivered(ctx, seq) && ctx.Err() == nil {
+		l.log.Warn("ending a session before the watcher delivered its end; the other instances end what is missed", "revision", seq)
+	}
+}
+
+// waitDelivered waits, within ctx and OpTimeout, until the watcher has
+// delivered revision seq, and reports whether it has.
+func (l *locks) waitDelivered(ctx context.Context, seq uint64) bool {
+	if l.delivered() >= seq {
+		return true
+	}
 	give := time.NewTimer(l.cfg.OpTimeout)
 	defer give.Stop()
 	tick := time.NewTicker(time.Millisecond)
@@ -384,12 +408,56 @@ func (l *locks) awaitDelivered(ctx context.Context, seq uint64) {
 	for l.delivered() < seq {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-give.C:
-			l.log.Warn("ending a session before the watcher delivered its end; the other instances end what is missed", "revision", seq)
-			return
+			return false
 		case <-tick.C:
 		}
+	}
+	return true
+}
+
+// inStreamOrder reports whether a grant to a session commits now as a
+// plain compare-and-set write, its validity decided by its place in the
+// stream (see validInSession): while the instance follows the bucket and
+// its watcher has delivered every record once.
+func (l *locks) inStreamOrder() bool {
+	return l.delivered != nil && l.synced != nil && l.synced.Load() && l.following()
+}
+
+// validInSession decides whether a grant at revision rev to session hash
+// counts. plain says it was written without a check of the session record
+// (inStreamOrder); a lease read back on a retry is decided the same way
+// whenever the instance follows the bucket, since any instance may have
+// written it. Once the watcher has delivered rev, the tracker knows every
+// write before it: a session record still live there (holding secret, the
+// caller's, when given: an ended session never lives again) was not ended
+// before the grant, and whoever ends it later finds the lease (endSession
+// waits for its own end's delivery). Otherwise the session has ended and
+// validInSession answers lease_lost: the caller ends the grant (an orphan,
+// when the end came first) and never tells its requester it holds it.
+// When the watcher has not delivered rev within OpTimeout the answer is
+// unavailable and the grant stays: a retry of the same request decides
+// it again.
+func (l *locks) validInSession(ctx context.Context, rev uint64, hash, secret string, plain bool) error {
+	if !plain && !l.inStreamOrder() {
+		return nil // committed with a check of the session record, or a lone instance's view
+	}
+	if l.delivered == nil || !l.waitDelivered(ctx, rev) {
+		return newOpError(streams.CodeUnavailable, "the grant was written but its session's order in the stream is not confirmed yet: retry with the same request_id")
+	}
+	if l.tracker.sessionLive(hash, secret) {
+		return nil
+	}
+	return errNoSession()
+}
+
+// endOrphan ends the lease observed in o at key, a grant to a session that
+// validInSession refused: by compare-and-set on its revision (if anyone
+// took it over meanwhile, it is already ended), waking the next waiter.
+func (l *locks) endOrphan(ctx context.Context, key string, o observation) {
+	if err := l.remove(ctx, key, o, endSessionExpiry, ""); err != nil {
+		l.log.Debug("end a grant to an ended session", "key", key, "err", err)
 	}
 }
 

@@ -171,6 +171,12 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 			return resp, err
 		}
 		if done {
+			if err == nil && r.session != "" {
+				// A retry of a set of a session that holds every key.
+				if err := l.validSet(ctx, r, obs, false); err != nil {
+					return nil, err
+				}
+			}
 			return resp, err
 		}
 		if err := l.guard.grants(); err != nil {
@@ -316,12 +322,15 @@ func (l *locks) setLocked(r *setReq, obs []observation, all bool) *opError {
 	return oe
 }
 
-// grantSet writes the set's lease on every key over the revisions in obs,
-// removes r's waiter records (revisions in queued), and checks r's session
-// (observed in sess), all in one atomic batch.
+// grantSet writes the set's lease on every key over the revisions in obs
+// and removes r's waiter records (revisions in queued), all in one atomic
+// batch. A set of a session is answered once its place in the stream is
+// confirmed (validSet), or, on a lone instance, the batch also checks r's
+// session (observed in sess).
 func (l *locks) grantSet(ctx context.Context, r *setReq, obs []observation, queued []uint64, sess observation) (*streams.SetLeaseResponse, error) {
-	msgs, rec := l.setGrantMsgs(r, obs, queued, sess)
-	if r.session != "" {
+	plain := r.session == "" || l.inStreamOrder()
+	msgs, rec := l.setGrantMsgs(r, obs, queued, sess, plain)
+	if !plain {
 		gate, err := l.sessionGate(ctx, r.session)
 		if err != nil {
 			return nil, err
@@ -339,7 +348,6 @@ func (l *locks) grantSet(ctx context.Context, r *setReq, obs []observation, queu
 	out := make([]observation, len(r.keys))
 	for i, k := range r.keys {
 		out[i] = l.tracker.observe(k, entry{rev: msgs[i].seq, rec: rec})
-		l.report.granted(r.resources[i], msgs[i].seq, r.owner, r.who, "acquire")
 	}
 	n := len(r.keys)
 	for i, rev := range queued {
@@ -348,13 +356,44 @@ func (l *locks) grantSet(ctx context.Context, r *setReq, obs []observation, queu
 			n++
 		}
 	}
+	if r.session != "" {
+		if err := l.validSet(ctx, r, out, plain); err != nil {
+			return nil, err
+		}
+	}
+	for i := range r.keys {
+		l.report.granted(r.resources[i], msgs[i].seq, r.owner, r.who, "acquire")
+	}
 	return setResponse(r.resources, out, sess.rec), nil
+}
+
+// validSet decides, as validInSession does for one key, whether the set
+// lease of r's session that every key holds (observed in obs) counts, and
+// ends it whole when its session has ended. The caller holds every key's
+// lock.
+func (l *locks) validSet(ctx context.Context, r *setReq, obs []observation, plain bool) error {
+	var rev uint64
+	for _, o := range obs {
+		rev = max(rev, o.rev)
+	}
+	err := l.validInSession(ctx, rev, r.session, r.secret, plain)
+	if isCode(err, streams.CodeLeaseLost) {
+		match := make([]bool, len(obs))
+		for i := range match {
+			match[i] = true
+		}
+		if _, eerr := l.endSetKeys(ctx, r.keys, obs, match, endSessionExpiry, origin{}, ""); eerr != nil {
+			l.log.Debug("end a set granted to an ended session", "lease_id", obs[0].rec.LeaseID, "err", eerr)
+		}
+	}
+	return err
 }
 
 // setGrantMsgs returns the atomic batch of r's grant over the key
 // revisions obs (see grantSet), and the lease record it writes on every
-// key.
-func (l *locks) setGrantMsgs(r *setReq, obs []observation, queued []uint64, sess observation) ([]*batchMsg, *streams.Record) {
+// key; unless plain, the batch checks that r's session observed in sess
+// has not moved on.
+func (l *locks) setGrantMsgs(r *setReq, obs []observation, queued []uint64, sess observation, plain bool) ([]*batchMsg, *streams.Record) {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, r.requestID, r.owner, r.tenant, r.ttl, l.holdLimit(now, r.maxHold))
 	rec.Set, rec.SetSize = r.set, len(r.keys)
@@ -371,7 +410,7 @@ func (l *locks) setGrantMsgs(r *setReq, obs []observation, queued []uint64, sess
 			msgs = append(msgs, l.store.deleteMsg(streams.WaitKey(r.resources[i], r.hashes[i]), rev, nil))
 		}
 	}
-	if r.session != "" {
+	if !plain {
 		msgs = append(msgs, &batchMsg{Msg: l.store.checkMsg(streams.SessionKey(r.session), sess.rev)})
 	}
 	return msgs, rec
@@ -421,6 +460,9 @@ func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record)
 			}
 			return resp, err
 		case all:
+			if err := l.validSet(ctx, r, obs, false); err != nil {
+				return nil, err
+			}
 			return setResponse(r.resources, obs, sess), nil
 		case straddles(r, obs):
 			continue // read again

@@ -36,7 +36,7 @@ func TestSetGrantCrashAtEveryStep(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		msgs, _ := s.locks.setGrantMsgs(r, obs, nil, observation{})
+		msgs, _ := s.locks.setGrantMsgs(r, obs, nil, observation{}, true)
 		id := nuid.Next()
 		for i, m := range msgs[:sent] {
 			m.Header.Set(batchIDHeader, id)

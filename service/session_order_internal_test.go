@@ -1,0 +1,180 @@
+package service
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetlock/jetlock/internal/devcluster"
+	"github.com/jetlock/jetlock/streams"
+)
+
+// twoFollowing starts a cluster and two instances that follow the bucket
+// (each hears the other), so that grants to sessions commit in stream
+// order.
+func twoFollowing(t *testing.T) (a, b *Service, cl *devcluster.Cluster) {
+	t.Helper()
+	cl = startCluster(t)
+	a, _ = startInstance(t, cl, DefaultConfig(), 0)
+	b, _ = startInstance(t, cl, DefaultConfig(), 0)
+	waitFor(t, 30*time.Second, func() bool { return a.locks.inStreamOrder() && b.locks.inStreamOrder() },
+		"both instances follow the bucket with a synced watcher")
+	return a, b, cl
+}
+
+// openIn opens a session through s and returns a request to acquire res
+// in it.
+func openIn(t *testing.T, s *Service, requestID, res string) *grantReq {
+	t.Helper()
+	resp, err := s.locks.openSession(t.Context(), newSessionReq(requestID, "owner", 30*time.Second, origin{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, secret, err := streams.SplitSessionID(resp.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &grantReq{resource: res, requestID: "r-" + res, owner: "owner", key: streams.LeaseKey(res),
+		hash: requestHash(res, "r-"+res, ""), ttl: 30 * time.Second, session: hash, secret: secret}
+}
+
+// storeBucket returns the lock bucket as the store user reaches it.
+func storeBucket(t *testing.T, cl *devcluster.Cluster) jetstream.KeyValue {
+	t.Helper()
+	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Store)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(t.Context(), streams.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// lastWrite returns the revision of the last write at key and, when it
+// is a delete, the end mark it carries.
+func lastWrite(t *testing.T, cl *devcluster.Cluster, key string) (uint64, *streams.EndMark) {
+	t.Helper()
+	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Store)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(t.Context(), streams.StreamName(streams.DefaultBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.GetLastMsgForSubject(t.Context(), "$KV."+streams.DefaultBucket+"."+key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Header.Get("KV-Operation") == "" {
+		return m.Sequence, nil
+	}
+	return m.Sequence, streams.DecodeEndMark(m.Data)
+}
+
+// A grant to a session whose write lands after the session's end in the
+// stream is an orphan: the instance that wrote it never answers it (the
+// requester is told lease_lost) and ends it at once. The race is played
+// deterministically: the grant is decided on a view of the session taken
+// before its close, and written after it, as when an acquire and a close
+// of the same session are served by two instances at once. A grant
+// decided and written before the end counts, and the close ends it.
+func TestAGrantAfterItsSessionEndedIsNeverAnswered(t *testing.T) {
+	a, b, cl := twoFollowing(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	before := openIn(t, a, "counted", "order/before")
+	sess, err := a.locks.session(ctx, before, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := a.locks.current(ctx, before.key, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := a.locks.grant(ctx, before, free, sess)
+	if err != nil || lease.Token == 0 {
+		t.Fatalf("grant in a live session: %v %v", lease, err)
+	}
+	if _, err := b.locks.closeSession(ctx, before.session+before.secret, origin{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { o, _ := b.locks.current(ctx, before.key, true); return !o.held() },
+		"the grant made before the close is ended by it")
+
+	orphan := openIn(t, a, "orphaned", "order/after")
+	sess, err = a.locks.session(ctx, orphan, true) // the session as the acquire saw it: live
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err = a.locks.current(ctx, orphan.key, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed, err := b.locks.closeSession(ctx, orphan.session+orphan.secret, origin{})
+	if err != nil || !closed.Closed {
+		t.Fatalf("close: %+v %v", closed, err)
+	}
+	resp, err := a.locks.grant(ctx, orphan, free, sess)
+	if !isCode(err, streams.CodeLeaseLost) || resp != nil {
+		t.Fatalf("a grant written after its session's close answered %+v, %v; want lease_lost and no lease", resp, err)
+	}
+	// The grant was written (no check refused it) and then ended: the
+	// key's last write is an end naming the request, after the session's.
+	sessEnd, _ := b.locks.tracker.get(streams.SessionKey(orphan.session))
+	rev, mark := lastWrite(t, cl, orphan.key)
+	if mark == nil || mark.RequestID != orphan.requestID || rev <= sessEnd.rev+1 {
+		t.Fatalf("last write at %s: revision %d, end mark %+v; want the end of request %s's grant, after the session's end at %d and the grant",
+			orphan.key, rev, mark, orphan.requestID, sessEnd.rev)
+	}
+	for _, s := range []*Service{a, b} {
+		if o, _ := s.locks.current(ctx, orphan.key, true); o.held() {
+			t.Errorf("the orphan is still held: %+v", o.rec)
+		}
+	}
+}
+
+// An orphan that its instance died before ending (written here behind
+// every instance's back, after its session's close) is ended by the
+// instances that follow the bucket, long before its hold limit: a lease of
+// an ended session counts as ended wherever it is seen.
+func TestAnOrphanIsEndedOnSight(t *testing.T) {
+	a, b, cl := twoFollowing(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := openIn(t, a, "dies", "order/died")
+	if _, err := a.locks.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	rec := newLease(now, g.requestID, g.owner, "", time.Hour, time.Time{})
+	sessionLease(rec, now, g.session, time.Time{})
+	if _, err := storeBucket(t, cl).Create(ctx, g.key, rec.AppendJSON(nil)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool {
+		o, _ := b.locks.current(ctx, g.key, true)
+		return !o.held()
+	}, "the orphan written after its session's close is ended")
+	// And a retry of the request that would have held it is not told it
+	// does: its session has ended.
+	if _, err := a.locks.session(ctx, g, true); !isCode(err, streams.CodeLeaseLost) {
+		t.Fatalf("the ended session as a retry sees it: %v", err)
+	}
+}
