@@ -65,6 +65,8 @@ type follower struct {
 	// (writes reach it in commit order): once it is at or past a
 	// revision, the tracker knows every write before it.
 	delivered atomic.Uint64
+	// deliveries wakes the requests that wait for a revision's delivery.
+	deliveries deliveries
 	// synced is set once the watcher has delivered every existing record:
 	// from then on a key the tracker does not know was never written (or
 	// is being written just now, or by an instance not yet heard of, which
@@ -209,6 +211,7 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 		return err
 	}
 	defer w.Stop()
+	defer f.deliveries.stopped()
 	initial := true
 	for {
 		select {
@@ -235,6 +238,7 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 			} // else: this instance's own write, already observed
 			if !initial {
 				f.delivered.Store(kve.Revision())
+				f.deliveries.delivered(kve.Revision())
 			}
 		}
 	}

@@ -401,20 +401,17 @@ func (l *locks) waitDelivered(ctx context.Context, seq uint64) bool {
 	if l.delivered() >= seq {
 		return true
 	}
+	if l.awaitRev == nil {
+		return false
+	}
 	give := time.NewTimer(l.cfg.OpTimeout)
 	defer give.Stop()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for l.delivered() < seq {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-give.C:
-			return false
-		case <-tick.C:
-		}
+	select {
+	case <-ctx.Done():
+	case <-give.C:
+	case <-l.awaitRev(seq):
 	}
-	return true
+	return l.delivered() >= seq
 }
 
 // inStreamOrder reports whether a grant to a session commits now as a
