@@ -1,12 +1,18 @@
 package service
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/jetlock/jetlock/streams"
+)
 
 // A wait is woken by the delivery of its revision or a later one, not
 // before; a revision already delivered needs no wait; the watcher's stop
 // wakes every wait.
 func TestDeliveriesWakeOnlyWhatTheyReach(t *testing.T) {
 	var d deliveries
+	d.restart()
+	d.caughtUp()
 	isDone := func(c <-chan struct{}) bool {
 		select {
 		case <-c:
@@ -33,5 +39,38 @@ func TestDeliveriesWakeOnlyWhatTheyReach(t *testing.T) {
 	d.stopped()
 	if !isDone(w9) || len(d.waits) != 0 {
 		t.Fatal("the watcher's stop left a wait")
+	}
+}
+
+// A session is known live or ended only as of a delivered revision, and
+// only once the watcher has caught up; a restarted watcher knows nothing
+// until it has caught up again.
+func TestDeliveriesKnowSessionsAsOfARevision(t *testing.T) {
+	var d deliveries
+	d.restart()
+	key := streams.SessionKey("h1")
+	d.session(key, entry{rev: 3, rec: &streams.Record{LeaseID: "secret"}})
+	if _, known := d.liveAt("h1", "secret", 3); known {
+		t.Fatal("known before the watcher caught up")
+	}
+	d.caughtUp()
+	d.delivered(5)
+	if live, known := d.liveAt("h1", "secret", 5); !live || !known {
+		t.Fatalf("live session at 5: %v %v", live, known)
+	}
+	if live, _ := d.liveAt("h1", "another", 5); live {
+		t.Fatal("live with another secret")
+	}
+	if _, known := d.liveAt("h1", "secret", 6); known {
+		t.Fatal("known at a revision not delivered yet")
+	}
+	d.session(key, entry{rev: 6})
+	d.delivered(6)
+	if live, known := d.liveAt("h1", "secret", 6); live || !known {
+		t.Fatalf("ended session at 6: live %v known %v", live, known)
+	}
+	d.restart()
+	if _, known := d.liveAt("h1", "secret", 1); known {
+		t.Fatal("a restarted watcher knows what an earlier one delivered")
 	}
 }

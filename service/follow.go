@@ -211,6 +211,7 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 		return err
 	}
 	defer w.Stop()
+	f.deliveries.restart()
 	defer f.deliveries.stopped()
 	initial := true
 	for {
@@ -228,12 +229,16 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 				if initial {
 					initial = false
 					f.tracker.orphansDue(time.Now())
+					f.deliveries.caughtUp()
 					synced()
 				}
 				continue
 			}
+			deleted := kve.Operation() != jetstream.KeyValuePut
+			if isSessionKey(kve.Key()) {
+				f.deliveries.session(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
+			}
 			if o, ok := f.tracker.get(kve.Key()); !ok || o.rev < kve.Revision() {
-				deleted := kve.Operation() != jetstream.KeyValuePut
 				f.tracker.observe(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
 			} // else: this instance's own write, already observed
 			if !initial {

@@ -60,9 +60,9 @@ type locks struct {
 	// delivered is the revision the watcher last delivered (see
 	// follower.delivered).
 	delivered func() uint64
-	// awaitRev returns a channel closed once the watcher has delivered a
-	// revision, or has stopped (see deliveries).
-	awaitRev func(uint64) <-chan struct{}
+	// seen is what the watcher has delivered (see deliveries); nil when
+	// the instance runs none.
+	seen *deliveries
 }
 
 // origin is who sent a request, as the NATS server vouched for it on an

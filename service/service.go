@@ -218,7 +218,7 @@ func (s *Service) wire(b *streams.Bucket) error {
 		id:    s.id, epoch: time.Now(), peerSeen: make(chan struct{}, 1), linger: s.peerLinger}
 	s.locks = &locks{cfg: s.cfg, log: s.log, store: s.store, tracker: s.tracker, keys: newKeyLocks(s.cfg.MaxPerKey),
 		report: s.report, wakes: s.wakes, guard: s.guard, following: s.Following, synced: &s.follow.synced,
-		delivered: s.follow.delivered.Load, awaitRev: s.follow.deliveries.wait}
+		delivered: s.follow.delivered.Load, seen: &s.follow.deliveries}
 	return nil
 }
 

@@ -191,15 +191,6 @@ func (t *tracker) members(hash string) (leases, waits []string) {
 	return leases, waits
 }
 
-// sessionLive reports whether the tracker holds session hash's record
-// live, and holding secret when secret is not empty.
-func (t *tracker) sessionLive(hash, secret string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	o, ok := t.keys[streams.SessionKey(hash)]
-	return ok && o.held() && (secret == "" || sameLease(o.rec.LeaseID, secret))
-}
-
 // memberCount returns the number of leases and waits of session hash.
 func (t *tracker) memberCount(hash string) (leases, total int) {
 	t.mu.Lock()

@@ -401,7 +401,7 @@ func (l *locks) waitDelivered(ctx context.Context, seq uint64) bool {
 	if l.delivered() >= seq {
 		return true
 	}
-	if l.awaitRev == nil {
+	if l.seen == nil {
 		return false
 	}
 	give := time.NewTimer(l.cfg.OpTimeout)
@@ -409,7 +409,7 @@ func (l *locks) waitDelivered(ctx context.Context, seq uint64) bool {
 	select {
 	case <-ctx.Done():
 	case <-give.C:
-	case <-l.awaitRev(seq):
+	case <-l.seen.wait(seq):
 	}
 	return l.delivered() >= seq
 }
@@ -426,11 +426,12 @@ func (l *locks) inStreamOrder() bool {
 // counts. plain says it was written without a check of the session record
 // (inStreamOrder); a lease read back on a retry is decided the same way
 // whenever the instance follows the bucket, since any instance may have
-// written it. Once the watcher has delivered rev, the tracker knows every
-// write before it: a session record still live there (holding secret, the
-// caller's, when given: an ended session never lives again) was not ended
-// before the grant, and whoever ends it later finds the lease (endSession
-// waits for its own end's delivery). Otherwise the session has ended and
+// written it. Once the watcher has delivered rev, it has delivered every
+// write before it (deliveries, which only the watcher feeds: no read of a
+// stale stream leader enters it): a session record still live there
+// (holding secret, the caller's, when given: an ended session never lives
+// again) was not ended before the grant, and whoever ends it later finds
+// the lease (endSession waits for its own end's delivery). Otherwise the session has ended and
 // validInSession answers lease_lost: the caller ends the grant (an orphan,
 // when the end came first) and never tells its requester it holds it.
 // When the watcher has not delivered rev within OpTimeout the answer is
@@ -440,13 +441,25 @@ func (l *locks) validInSession(ctx context.Context, rev uint64, hash, secret str
 	if !plain && !l.inStreamOrder() {
 		return nil // committed with a check of the session record, or a lone instance's view
 	}
-	if l.delivered == nil || !l.waitDelivered(ctx, rev) {
-		return newOpError(streams.CodeUnavailable, "the grant was written but its session's order in the stream is not confirmed yet: retry with the same request_id")
+	if l.seen != nil {
+		give := time.NewTimer(l.cfg.OpTimeout)
+		defer give.Stop()
+		for {
+			if live, known := l.seen.liveAt(hash, secret, rev); known && live {
+				return nil
+			} else if known {
+				return errNoSession()
+			}
+			select {
+			case <-ctx.Done():
+			case <-give.C:
+			case <-l.seen.wait(rev):
+				continue
+			}
+			break
+		}
 	}
-	if l.tracker.sessionLive(hash, secret) {
-		return nil
-	}
-	return errNoSession()
+	return newOpError(streams.CodeUnavailable, "the grant was written but its session's order in the stream is not confirmed yet: retry with the same request_id")
 }
 
 // endOrphan ends the lease observed in o at key, a grant to a session that

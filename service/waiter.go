@@ -79,7 +79,10 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	resp, err = w.l.tryGrant(ctx, &g, fresh)
 	w.ttl = min(w.g.ttl, w.l.cfg.HandoverTTL)
 	var oe *opError
-	if err == nil || !errors.As(err, &oe) || oe.code != streams.CodeLocked {
+	// Every attempt lost a race with other writers (another instance's
+	// grants of the same semaphore): wait on, as when it is held.
+	contended := errors.Is(err, errConflict)
+	if !contended && (err == nil || !errors.As(err, &oe) || oe.code != streams.CodeLocked) {
 		if err == nil && w.queued.rev != 0 {
 			w.removeRecord(ctx)
 		}
