@@ -54,7 +54,8 @@ func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
 		{"--service", "none"},
 		{"--target", "etcd"},
 		{"--instances", "0"},
-		{"--instances", "2"}, // the default service process is one instance
+		{"--instances", "2", "--url", "nats://127.0.0.1:4222"}, // a deployed service's instances are its own
+		{"--instances", "-1", "--service", "inproc"},
 		{"--url", "nats://127.0.0.1:4222", "--service-queue-wait", "2s"},
 		{"--url", "nats://127.0.0.1:4222", "--auth=false"},
 		{"--lockd", "/bin/lockd", "--service", "inproc"},
@@ -76,8 +77,13 @@ func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
 			t.Errorf("%v accepted", args)
 		}
 	}
-	// Without batches, a worker's share may be small.
+	// Without batches, a worker's share may be small. Several instances
+	// run as processes of their own (the bench's service or a lockd), or
+	// in this process.
 	for _, args := range [][]string{
+		{"--instances", "2"},
+		{"--instances", "3", "--lockd", "/bin/lockd"},
+		{"--instances", "2", "--service", "inproc"},
 		{"--scenario", "cycles", "--target", "raw", "--raw-batch", "8", "--workers", "32"},
 		{"--scenario", "cycles", "--resources", "100", "--leases", "0", "--workers", "64"},
 	} {

@@ -107,7 +107,7 @@ func (e *env) startService(ctx context.Context) error {
 		}
 	case "proc":
 		var err error
-		e.svc, err = startServiceProc(c, e.url, e.dir, serviceUsers(e.cluster))
+		e.svc, err = startServiceProcs(c, e.url, e.dir, serviceUsers(e.cluster))
 		return err
 	}
 	return nil
@@ -173,10 +173,11 @@ func (e *env) connectLoad() error {
 	return err
 }
 
-// awaitService waits until the service answers a status request (up to
-// 90s for a service process), to fail early and clearly when none does.
-// With --service none it asks once, and only a scenario that needs the
-// service fails.
+// awaitService waits until the service answers a status request, and
+// each service process its metrics, ready (up to 90s for each: see
+// instanceReady), to fail early and clearly when one does not. With
+// --service none it asks once, and only a scenario that needs the service
+// fails.
 func (e *env) awaitService(ctx context.Context) error {
 	probe := func() error {
 		m := e.serviceBackend().Msg(streams.OpStatus, &streams.StatusRequest{Resource: "bench/probe"})
@@ -186,8 +187,9 @@ func (e *env) awaitService(ctx context.Context) error {
 		}
 		return err
 	}
-	if e.svc != nil && e.svc.proc != nil {
-		if err := e.svc.proc.WaitReady(ctx, 90*time.Second, func() bool { return probe() == nil }); err != nil {
+	for i, ch := range e.svcProcs() {
+		ready := func() bool { return probe() == nil && instanceReady(ctx, e.svc.metrics[i]) }
+		if err := ch.WaitReady(ctx, 90*time.Second, ready); err != nil {
 			if e.cfg.lockd != "" && e.cluster != nil && !e.cluster.Open() {
 				err = fmt.Errorf("%w; a lockd that reaches NATS through one connection without credentials needs --auth=false", err)
 			}
@@ -206,9 +208,9 @@ func (e *env) procs() []procstat.Proc {
 	if e.svc != nil && len(e.svc.inproc) > 0 {
 		ps[0].Name = "bench+service"
 	}
-	if e.svc != nil && e.svc.proc != nil {
-		if pid := e.svc.proc.PID(); pid > 0 {
-			ps = append(ps, procstat.Proc{Name: "service", PID: pid})
+	for i, ch := range e.svcProcs() {
+		if pid := ch.PID(); pid > 0 {
+			ps = append(ps, procstat.Proc{Name: serviceProcName(i), PID: pid})
 		}
 	}
 	for i := range devcluster.Size {
@@ -217,6 +219,15 @@ func (e *env) procs() []procstat.Proc {
 		}
 	}
 	return ps
+}
+
+// svcProcs returns the service processes the bench started (none with
+// --service inproc or none).
+func (e *env) svcProcs() []*devcluster.Child {
+	if e.svc == nil {
+		return nil
+	}
+	return e.svc.procs
 }
 
 // streamLeader returns the server name leading the lock stream.
@@ -298,11 +309,15 @@ func (e *env) describe() (cluster, svc string) {
 			cluster = "3 nats-server processes on loopback, sync always, R3 over az:a/az:b/az:c, no accounts (--auth=false)"
 		}
 	}
+	procs := "separate process"
+	if n := e.cfg.instances; n > 1 {
+		procs = fmt.Sprintf("%d separate processes (their CPU counted together as the service's)", n)
+	}
 	switch {
 	case e.cfg.lockd != "":
-		return cluster, "separate process: " + e.cfg.lockd
+		return cluster, procs + ": " + e.cfg.lockd
 	case e.cfg.serviceMode == "proc":
-		return cluster, "separate process"
+		return cluster, procs
 	case e.cfg.serviceMode == "inproc" && e.cfg.instances > 1:
 		return cluster, fmt.Sprintf("%d instances in the bench process (its CPU includes the load generator)", e.cfg.instances)
 	case e.cfg.serviceMode == "inproc":

@@ -206,3 +206,98 @@ func TestCloseKeepsTheDataOfAFailedRun(t *testing.T) {
 		}
 	}
 }
+
+// Several service processes (--instances with --service proc) are the
+// service together: their CPU is summed, and named in order of start.
+func TestCPUCostSumsServiceProcesses(t *testing.T) {
+	procs := map[string]procstat.Summary{
+		"bench": {CPUSeconds: 9}, "service": {CPUSeconds: 0.25}, "service-2": {CPUSeconds: 0.5}, "service-10": {CPUSeconds: 0.25},
+		"n1": {CPUSeconds: 1}, "n2": {CPUSeconds: 0.75}, "n3": {CPUSeconds: 0.25},
+	}
+	ops := map[string]load.OpSummary{load.OpAcquire: {Count: 10000}}
+	c := cpuCost(procs, ops, 8000, true)
+	want := CPUCost{Answered: 10000, Commits: 8000, ServiceProcess: "service+service-2+service-10", ServiceUsPerOp: 100,
+		ServiceUsPerCommit: 125, ClusterUsPerOp: 200, ClusterUsPerCommit: 250}
+	if *c != want {
+		t.Fatalf("cost %+v, want %+v", *c, want)
+	}
+	if c := cpuCost(procs, ops, 8000, false); c.ServiceUsPerOp != 0 || c.ServiceProcess != "" {
+		t.Fatalf("raw phase: %+v", *c)
+	}
+}
+
+// sessionPhase returns a phase as measure fills it in: granted acquires
+// (first tries and retries), stream messages, the service's batch commits
+// of grants and its conflicts, and the CPU per operation.
+func sessionPhase(granted, msgs int64, commits map[string]int64, conflicts int64, clusterUs, serviceUs float64) *phase {
+	return &phase{Name: "sessions", DurationS: 10, Commits: msgs, CommitsPerSec: float64(msgs) / 10,
+		Ops: map[string]load.OpSummary{
+			load.OpAcquire:      {Count: granted - 10, P50: 2, P99: 9},
+			load.OpAcquireRetry: {Count: 10},
+		},
+		ServiceCommits: commits, ServiceConflicts: conflicts, CPU: &CPUCost{ClusterUsPerOp: clusterUs, ServiceUsPerOp: serviceUs}}
+}
+
+// Session mode's check messages are the service's batch commits of kind
+// grant: a lone instance's grants to sessions, each a lease and a check.
+// Two or more instances grant with plain writes (no such commit), and
+// without the service's metrics (--service none) none is counted. The
+// per-lease mode has none.
+func TestSessionFiguresCountChecksFromTheServiceBatches(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		commits map[string]int64
+		checks  int64
+		writes  float64 // per grant
+	}{
+		{"a lone instance", map[string]int64{"grant": 1000, "put": 500, "delete": 1000}, 1000, 2.5},
+		{"two instances", map[string]int64{"put": 1500, "delete": 1000}, 0, 3.5},
+		{"a deployed service", nil, 0, 3.5},
+	} {
+		ph := sessionPhase(1000, 3500, tc.commits, 50, 300, 120)
+		f := sessionFigures(ph, 200, load.Losses{}, true)
+		if f.CheckMsgs != tc.checks || f.Granted != 1000 || f.WritesPerGrant != tc.writes || f.Errors != 0 {
+			t.Errorf("%s: check messages %d, granted %d, writes per grant %v, errors %d; want %d, 1000, %v, 0",
+				tc.name, f.CheckMsgs, f.Granted, f.WritesPerGrant, f.Errors, tc.checks, tc.writes)
+		}
+		if f.ClusterUsPerOp != 300 || f.ServiceUsPerOp != 120 || f.Conflicts != 50 || f.ConflictsPerGrantPct != 5 {
+			t.Errorf("%s: cpu %v/%v µs per op, conflicts %d (%v %%)", tc.name, f.ClusterUsPerOp, f.ServiceUsPerOp, f.Conflicts, f.ConflictsPerGrantPct)
+		}
+		if f := sessionFigures(ph, 200, load.Losses{}, false); f.CheckMsgs != 0 || f.WritesPerGrant != 3.5 {
+			t.Errorf("%s: per-lease mode counts %d check messages, %v writes per grant", tc.name, f.CheckMsgs, f.WritesPerGrant)
+		}
+	}
+}
+
+// The comparison gives session mode's CPU per operation over per-lease
+// mode's, and prints the ratios that both modes measured; they do not
+// change the target.
+func TestCompareSessionsCPURatio(t *testing.T) {
+	per := sessionFigures(sessionPhase(1000, 6000, map[string]int64{"put": 5000}, 0, 400, 150), 200, load.Losses{}, false)
+	ses := sessionFigures(sessionPhase(1000, 3000, map[string]int64{"grant": 1000}, 20, 300, 120), 200, load.Losses{}, true)
+	per.RaftCommitsPerSec, ses.RaftCommitsPerSec = 500, 300
+	r := &SessionsResult{Sessions: 20, Opened: 20, RaftRead: true, ServiceRead: true, PerLease: per, Session: ses}
+	compareSessions(r, 200*time.Millisecond)
+	if r.ClusterCPURatio != 0.75 || r.ServiceCPURatio != 0.8 || !r.Met || !r.MetByWrites || r.WritesReductionPct != 66.67 {
+		t.Fatalf("ratios %v %v, met %v (%s) by writes %v (%s), writes %v %% lower",
+			r.ClusterCPURatio, r.ServiceCPURatio, r.Met, r.Why, r.MetByWrites, r.WhyByWrites, r.WritesReductionPct)
+	}
+	var out strings.Builder
+	printSessions(&out, r)
+	for _, want := range []string{"cluster µs/op", "service µs/op", "conflicts", "20 (2.00%)",
+		"writes: stream messages less the 1000 check messages of session grants",
+		"session mode against per-lease mode: cluster CPU per operation 0.75×, service CPU per operation 0.80×\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	// A deployed service: its CPU and its batches are unknown.
+	r.PerLease.ServiceUsPerOp, r.Session.ServiceUsPerOp, r.ServiceRead = 0, 0, false
+	compareSessions(r, 200*time.Millisecond)
+	out.Reset()
+	printSessions(&out, r)
+	if r.ServiceCPURatio != 0 || !strings.Contains(out.String(), "cluster CPU per operation 0.75×\n") ||
+		!strings.Contains(out.String(), "none is counted") {
+		t.Fatalf("service ratio %v; output:\n%s", r.ServiceCPURatio, out.String())
+	}
+}

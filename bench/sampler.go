@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
@@ -63,7 +64,8 @@ type phase struct {
 	ServiceShed map[string]int64 `json:"service_shed,omitempty"`
 	// ServiceCommitMs is the service's mean round trip of its writes to
 	// the bucket, by kind, and ServiceCommits their number (the kind
-	// "grant" is a session's grant, an atomic batch); ServiceConflicts
+	// "grant" is an atomic batch: a lone instance's grant to a session,
+	// with its check, or a lock set's grant); ServiceConflicts
 	// counts its compare-and-set writes that lost a race and were decided
 	// again (when the bench runs the service).
 	ServiceCommitMs  map[string]float64 `json:"service_commit_mean_ms,omitempty"`
@@ -106,9 +108,10 @@ func (p *phase) event(what string) {
 type CPUCost struct {
 	Answered int64 `json:"ops_answered"`
 	Commits  int64 `json:"commits"`
-	// ServiceProcess is the process measured as the service: "service",
-	// or "bench+service" when the service runs in the bench process (the
-	// load generator's CPU included).
+	// ServiceProcess is the process measured as the service: "service";
+	// the processes together when it runs in several ("service+service-2"
+	// with --instances 2); or "bench+service" when the service runs in the
+	// bench process (the load generator's CPU included).
 	ServiceProcess     string  `json:"service_process,omitempty"`
 	ServiceUsPerOp     float64 `json:"service_us_per_op,omitempty"`
 	ServiceUsPerCommit float64 `json:"service_us_per_commit,omitempty"`
@@ -119,8 +122,33 @@ type CPUCost struct {
 // isNode reports whether a process name is a cluster node's (n1, n2, n3).
 func isNode(name string) bool { return len(name) == 2 && name[0] == 'n' }
 
+// isServiceProc reports whether a process name is a service process's:
+// "service", or "service-2"... when several run (see env.procs).
+func isServiceProc(name string) bool { return name == "service" || strings.HasPrefix(name, "service-") }
+
+// serviceCPU returns the CPU seconds of the service's processes together
+// and their names joined by "+" in the order they were started, or of the
+// bench process when the service runs in it; ok is false when none was
+// measured.
+func serviceCPU(procs map[string]procstat.Summary) (seconds float64, name string, ok bool) {
+	if p, ok := procs["bench+service"]; ok {
+		return p.CPUSeconds, "bench+service", true
+	}
+	var names []string
+	for n, p := range procs {
+		if isServiceProc(n) {
+			names = append(names, n)
+			seconds += p.CPUSeconds
+		}
+	}
+	// service, service-2, ..., service-10: shorter names first.
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(cmp.Compare(len(a), len(b)), strings.Compare(a, b)) })
+	return seconds, strings.Join(names, "+"), len(names) > 0
+}
+
 // cpuCost divides the CPU time of procs by the operations answered and by
-// the commits; the service's only when the load went to the service.
+// the commits: the nodes' together, and the service's (its processes'
+// together, see serviceCPU) only when the load went to the service.
 func cpuCost(procs map[string]procstat.Summary, ops map[string]load.OpSummary, commits int64, service bool) *CPUCost {
 	c := &CPUCost{Commits: commits}
 	for _, s := range ops {
@@ -139,11 +167,9 @@ func cpuCost(procs map[string]procstat.Summary, ops map[string]load.OpSummary, c
 		}
 	}
 	c.ClusterUsPerOp, c.ClusterUsPerCommit = per(cluster, c.Answered), per(cluster, commits)
-	for _, name := range []string{"service", "bench+service"} {
-		if p, ok := procs[name]; ok && service {
-			c.ServiceProcess = name
-			c.ServiceUsPerOp, c.ServiceUsPerCommit = per(p.CPUSeconds, c.Answered), per(p.CPUSeconds, commits)
-		}
+	if seconds, name, ok := serviceCPU(procs); ok && service {
+		c.ServiceProcess = name
+		c.ServiceUsPerOp, c.ServiceUsPerCommit = per(seconds, c.Answered), per(seconds, commits)
 	}
 	return c
 }

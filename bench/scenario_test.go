@@ -44,7 +44,7 @@ func newEnv(t *testing.T, args ...string) (context.Context, *env, *Summary) {
 // so does hotlock's waiting.
 func TestCyclesAndHotlockOnTheLeastPrivilegeCluster(t *testing.T) {
 	ctx, e, sum := newEnv(t, "--workers", "8", "--hot-resources", "2", "--waiters", "3", "--wait", "2s")
-	if e.cluster.Open() || e.svc.proc == nil {
+	if e.cluster.Open() || len(e.svc.procs) != 1 {
 		t.Fatal("want the accounts and a service process by default")
 	}
 	if err := runCycles(ctx, e, sum); err != nil {
@@ -246,9 +246,25 @@ func TestSteadyWithSessions(t *testing.T) {
 	if s.HeldAtClose < 100 || s.ClosedReleased != int64(s.HeldAtClose) {
 		t.Fatalf("%d leases held at the close, %d released by it", s.HeldAtClose, s.ClosedReleased)
 	}
+	var ph *phase
+	for _, x := range sum.Phases {
+		if x.Name == "sessions" {
+			ph = x
+		}
+	}
+	if ph == nil || ph.Ops[load.OpKeepalive].Count == 0 || ph.Ops[load.OpRenew].Count != 0 || !ph.RaftRead {
+		t.Fatalf("session phase %+v", ph)
+	}
+	// A lone instance grants to a session in a batch with a check
+	// message: its batch commits of kind grant are the check messages.
 	p, q := s.PerLease, s.Session
-	if q.Errors != 0 || q.LeasesLost != 0 || q.Granted == 0 || q.CheckMsgs != q.Granted || p.CheckMsgs != 0 || p.Errors != 0 {
-		t.Fatalf("per-lease %+v, session %+v", p, q)
+	if q.Errors != 0 || q.LeasesLost != 0 || q.Granted == 0 || p.CheckMsgs != 0 || p.Errors != 0 ||
+		!s.ServiceRead || q.CheckMsgs == 0 || q.CheckMsgs != ph.ServiceCommits["grant"] {
+		t.Fatalf("per-lease %+v, session %+v (service commits %v)", p, q, ph.ServiceCommits)
+	}
+	if p.ClusterUsPerOp == 0 || q.ClusterUsPerOp == 0 || p.ServiceUsPerOp == 0 || q.ServiceUsPerOp == 0 ||
+		s.ClusterCPURatio != ratio(q.ClusterUsPerOp, p.ClusterUsPerOp) || s.ServiceCPURatio != ratio(q.ServiceUsPerOp, p.ServiceUsPerOp) {
+		t.Fatalf("cpu per op: per-lease %+v, session %+v, ratios %v %v", p, q, s.ClusterCPURatio, s.ServiceCPURatio)
 	}
 	if !s.RaftRead || p.RaftCommits == 0 || q.RaftCommits == 0 || p.StreamMsgs == 0 || q.StreamMsgs < q.CheckMsgs {
 		t.Fatalf("commits: raft read %v, per-lease %+v, session %+v", s.RaftRead, p, q)
@@ -266,15 +282,6 @@ func TestSteadyWithSessions(t *testing.T) {
 	if q.WritesPerGrant >= p.WritesPerGrant {
 		t.Fatalf("per grant: raft commits %v in sessions, %v per lease; writes %v, %v (%v %% fewer raft commits/s)",
 			q.RaftCommitsPerGrant, p.RaftCommitsPerGrant, q.WritesPerGrant, p.WritesPerGrant, s.RaftCommitsReductionPct)
-	}
-	var ph *phase
-	for _, x := range sum.Phases {
-		if x.Name == "sessions" {
-			ph = x
-		}
-	}
-	if ph == nil || ph.Ops[load.OpKeepalive].Count == 0 || ph.Ops[load.OpRenew].Count != 0 || !ph.RaftRead {
-		t.Fatalf("session phase %+v", ph)
 	}
 	if sum.Safety == nil || sum.Safety.Grants == 0 || sum.Safety.Violations != 0 {
 		t.Fatalf("safety %+v", sum.Safety)
@@ -451,7 +458,7 @@ func TestShapeFlags(t *testing.T) {
 func TestProfile(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "profiles")
 	ctx, e, sum := newEnv(t, "--profile", dir, "--workers", "4", "--duration", "1s")
-	if e.svc.proc == nil {
+	if len(e.svc.procs) != 1 {
 		t.Fatal("want a service process")
 	}
 	if err := runCycles(ctx, e, sum); err != nil {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -60,11 +61,12 @@ func serviceUsers(cl *devcluster.ProcCluster) []string {
 type connOptions func(devcluster.Role) []nats.Option
 
 // serviceRun is the service the bench started: instances in this process,
-// or one process of its own. Each serves its metrics on loopback.
+// or processes of their own (one per instance). Each instance serves its
+// metrics on loopback.
 type serviceRun struct {
 	inproc  []*inprocService
-	proc    *devcluster.Child
-	metrics []string  // metrics URLs, one per instance
+	procs   []*devcluster.Child
+	metrics []string  // metrics URLs, one per instance (and process, in order)
 	log     io.Closer // the in-process instances' log
 }
 
@@ -140,21 +142,49 @@ func (rs *inprocService) stop() {
 	rs.closeAll()
 }
 
-// startServiceProc starts the service as a process of its own: this
-// program's __service, or a lockd binary; it logs to dir/service.log. users
-// are the flags of its users (see serviceUsers). A lockd is given the
-// servers by --url, the one name every lockd takes (the current one's
+// startServiceProcs starts the service as --instances processes of
+// their own: this program's __service, or a lockd binary. The first is
+// named "service" and logs to dir/service.log, the others "service-2"...
+// and service-2.log...; each serves its metrics on a port of its own.
+// users are the flags of its users (see serviceUsers). Only the first
+// writes the profiles of --profile. On an error it returns the processes
+// it started, for the caller to stop.
+func startServiceProcs(cfg *config, url, dir string, users []string) (*serviceRun, error) {
+	run := &serviceRun{}
+	for i := range cfg.instances {
+		ch, metrics, err := startServiceProc(cfg, url, dir, users, i)
+		if err != nil {
+			return run, err
+		}
+		run.procs, run.metrics = append(run.procs, ch), append(run.metrics, metrics)
+	}
+	return run, nil
+}
+
+// serviceProcName returns the name of the i-th service process (from 0):
+// service, service-2, service-3...
+func serviceProcName(i int) string {
+	if i == 0 {
+		return "service"
+	}
+	return fmt.Sprintf("service-%d", i+1)
+}
+
+// startServiceProc starts the i-th service process (see
+// startServiceProcs) and returns it and its metrics URL. A lockd is given
+// the servers by --url, the one name every lockd takes (the current one's
 // hidden alias of --server).
-func startServiceProc(cfg *config, url, dir string, users []string) (*serviceRun, error) {
+func startServiceProc(cfg *config, url, dir string, users []string, i int) (*devcluster.Child, string, error) {
 	port, err := devcluster.FreePort()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	metrics := fmt.Sprintf("127.0.0.1:%d", port)
 	args := append(append([]string{"--prefix", cfg.prefix, "--bucket", cfg.bucket, "--metrics", metrics}, users...), cfg.tune.args()...)
-	ch := &devcluster.Child{Name: "service", Path: cfg.lockd, Args: append([]string{cmdService, "--server", url}, args...),
-		Log: filepath.Join(dir, "service.log")}
-	if cfg.profileDir != "" {
+	name := serviceProcName(i)
+	ch := &devcluster.Child{Name: name, Path: cfg.lockd, Args: append([]string{cmdService, "--server", url}, args...),
+		Log: filepath.Join(dir, name+".log")}
+	if cfg.profileDir != "" && i == 0 {
 		cpu, heap := serviceProfiles(cfg.profileDir)
 		ch.Args = append(ch.Args, "--cpuprofile", cpu, "--heapprofile", heap)
 	}
@@ -162,9 +192,9 @@ func startServiceProc(cfg *config, url, dir string, users []string) (*serviceRun
 		ch.Args = append([]string{"--url", url}, args...)
 	}
 	if err := ch.Start(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return &serviceRun{proc: ch, metrics: []string{"http://" + metrics + "/metrics"}}, nil
+	return ch, "http://" + metrics + "/metrics", nil
 }
 
 // serviceMain runs the service in a process of its own until its stdin
@@ -236,9 +266,15 @@ func (s *serviceRun) stop() {
 	for _, rs := range s.inproc {
 		rs.stop()
 	}
-	if s.proc != nil {
-		s.proc.Stop(15 * time.Second)
+	var wg sync.WaitGroup
+	for _, ch := range s.procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ch.Stop(15 * time.Second)
+		}()
 	}
+	wg.Wait()
 	if s.log != nil {
 		s.log.Close()
 	}
@@ -338,6 +374,39 @@ func parseMetrics(r io.Reader, st svcStats) error {
 		*st.conflicts += m.GetCounter().GetValue()
 	}
 	return nil
+}
+
+// instanceReady reports whether the service instance whose metrics are at
+// url answers them and reports itself ready: jetlock_ready 1, or no such
+// gauge (a lockd older than it). A service process serves its metrics
+// before it serves requests, and sets the gauge within a second of
+// serving.
+func instanceReady(ctx context.Context, url string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := httpGet(ctx, url)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return false
+	}
+	ready, ok := fams["jetlock_ready"]
+	if !ok {
+		return true
+	}
+	for _, m := range ready.GetMetric() {
+		if m.GetGauge().GetValue() != 1 {
+			return false
+		}
+	}
+	return len(ready.GetMetric()) > 0
 }
 
 // label returns the value of a metric's label name.

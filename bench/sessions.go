@@ -33,9 +33,14 @@ type SessionsResult struct {
 	PauseS float64 `json:"pause_s"`
 	// RaftRead says that both modes' replicated commits were read from
 	// the stream's raft log (see phase.RaftCommits).
-	RaftRead bool           `json:"raft_read"`
-	PerLease SessionFigures `json:"per_lease"`
-	Session  SessionFigures `json:"session"`
+	RaftRead bool `json:"raft_read"`
+	// ServiceRead says that the bench read the service's metrics, and so
+	// counted the check messages of session mode from its batch commits
+	// (see SessionFigures.CheckMsgs); without them (--service none) it
+	// counts none.
+	ServiceRead bool           `json:"service_metrics_read"`
+	PerLease    SessionFigures `json:"per_lease"`
+	Session     SessionFigures `json:"session"`
 	// The reductions of session mode against per-lease mode, in percent of
 	// per-lease mode's rate: of replicated commits (raft appends), of
 	// stream messages, and of writes (stream messages less the check
@@ -43,6 +48,11 @@ type SessionsResult struct {
 	RaftCommitsReductionPct float64 `json:"raft_commits_reduction_pct"`
 	StreamMsgsReductionPct  float64 `json:"stream_msgs_reduction_pct"`
 	WritesReductionPct      float64 `json:"writes_reduction_pct"`
+	// ClusterCPURatio and ServiceCPURatio are session mode's CPU per
+	// operation over per-lease mode's, of the nodes and of the service (0
+	// when either mode's figure is unknown).
+	ClusterCPURatio float64 `json:"cluster_cpu_ratio"`
+	ServiceCPURatio float64 `json:"service_cpu_ratio,omitempty"`
 	// HeldAtClose is the number of leases held in the sessions when they
 	// were closed at the end, ClosedReleased the number the closes
 	// released, by their answers.
@@ -73,15 +83,30 @@ type SessionFigures struct {
 	// StreamMsgsPerSec counts the stream's messages (phase.CommitsPerSec).
 	StreamMsgsPerSec float64 `json:"stream_msgs_per_s"`
 	StreamMsgs       int64   `json:"stream_msgs"`
-	// CheckMsgs is the number of session grants answered granted, each of
-	// which committed one check message on the bucket's "confirm" key in
-	// its atomic batch (a grant whose answer was lost is not counted);
-	// WritesPerSec is the stream's messages a second less these: each
-	// single write and each atomic batch once.
+	// CheckMsgs is, in session mode, the number of atomic batches of a
+	// lease and a check message (on the bucket's "confirm" key) that the
+	// service committed to grant to sessions: its commits of kind "grant"
+	// in the phase, from its metrics (jetlock_store_commit_duration_seconds).
+	// A lone instance grants to a session so; a service of two or more
+	// instances, which follow the bucket, grants with one plain
+	// compare-and-set write and no check message. Without the service's
+	// metrics (--service none) none are counted. WritesPerSec is the
+	// stream's messages a second less these: each single write and each
+	// atomic batch once.
 	CheckMsgs    int64   `json:"check_msgs"`
 	WritesPerSec float64 `json:"writes_per_s"`
 	// MsgsPerRaftCommit is how many messages an append carried on average.
 	MsgsPerRaftCommit float64 `json:"msgs_per_raft_commit"`
+	// ClusterUsPerOp and ServiceUsPerOp are the CPU time of the nodes
+	// together and of the service (its processes together) per operation
+	// answered, in microseconds (see CPUCost).
+	ClusterUsPerOp float64 `json:"cluster_us_per_op"`
+	ServiceUsPerOp float64 `json:"service_us_per_op,omitempty"`
+	// Conflicts counts the compare-and-set writes the service lost to
+	// another write and decided again (from its metrics), and
+	// ConflictsPerGrantPct them per acquire granted, in percent.
+	Conflicts            int64   `json:"cas_conflicts"`
+	ConflictsPerGrantPct float64 `json:"cas_conflicts_per_grant_pct"`
 	// Granted counts acquires answered granted (first tries and retries),
 	// and the rest per grant: raft commits, and writes.
 	Granted             int64   `json:"granted"`
@@ -99,7 +124,8 @@ type SessionFigures struct {
 }
 
 // sessionFigures reads one mode's figures from its phase; sessions tells
-// whether its grants carried check messages.
+// whether it is session mode, whose grants may carry check messages (see
+// SessionFigures.CheckMsgs).
 func sessionFigures(ph *phase, held int, lost load.Losses, sessions bool) SessionFigures {
 	f := SessionFigures{Phase: ph.Name, LeasesHeld: held, RaftCommitsPerSec: ph.RaftCommitsPerSec, RaftCommits: ph.RaftCommits,
 		StreamMsgsPerSec: ph.CommitsPerSec, StreamMsgs: ph.Commits, LeasesLost: lost.Leases(), ErrorsByCode: map[string]map[string]int64{}}
@@ -116,7 +142,7 @@ func sessionFigures(ph *phase, held int, lost load.Losses, sessions bool) Sessio
 	acq := ph.Ops[load.OpAcquire]
 	f.AcquireP50, f.AcquireP99 = acq.P50, acq.P99
 	if sessions {
-		f.CheckMsgs = f.Granted
+		f.CheckMsgs = ph.ServiceCommits["grant"] // none without the service's metrics
 	}
 	writes := max(f.StreamMsgs-f.CheckMsgs, 0)
 	f.WritesPerSec = f.StreamMsgsPerSec
@@ -128,6 +154,13 @@ func sessionFigures(ph *phase, held int, lost load.Losses, sessions bool) Sessio
 		f.WritesPerGrant = round2(float64(writes) / float64(f.Granted))
 	}
 	f.MsgsPerRaftCommit = ratio(f.StreamMsgsPerSec, f.RaftCommitsPerSec)
+	if c := ph.CPU; c != nil {
+		f.ClusterUsPerOp, f.ServiceUsPerOp = c.ClusterUsPerOp, c.ServiceUsPerOp
+	}
+	f.Conflicts = ph.ServiceConflicts
+	if f.Granted > 0 {
+		f.ConflictsPerGrantPct = round2(100 * float64(f.Conflicts) / float64(f.Granted))
+	}
 	if m := ph.Machine; m != nil {
 		f.MachineBusy, f.MachineSteal = m.BusyPct, m.StealPct
 	}
@@ -147,6 +180,8 @@ func compareSessions(r *SessionsResult, p99Target time.Duration) {
 	r.RaftCommitsReductionPct = reduction(r.PerLease.RaftCommitsPerSec, r.Session.RaftCommitsPerSec)
 	r.StreamMsgsReductionPct = reduction(r.PerLease.StreamMsgsPerSec, r.Session.StreamMsgsPerSec)
 	r.WritesReductionPct = reduction(r.PerLease.WritesPerSec, r.Session.WritesPerSec)
+	r.ClusterCPURatio = ratio(r.Session.ClusterUsPerOp, r.PerLease.ClusterUsPerOp)
+	r.ServiceCPURatio = ratio(r.Session.ServiceUsPerOp, r.PerLease.ServiceUsPerOp)
 	r.Target = fmt.Sprintf("session mode's replicated commits/s at least %d %% below per-lease mode's, 0 errors, acquire p99 <= %s",
 		sessionsTargetPct, fmtMs(msOf(p99Target)))
 	var rest []string
@@ -253,6 +288,7 @@ func (e *env) sessionSteady(ctx context.Context, sum *Summary, log *load.GrantLo
 		PerLease: sessionFigures(ph, perLeaseHeld, perLeaseLost, false), Session: sessionFigures(sph, held, lost, true)}
 	res.LeasesPerSession = round2(float64(held) / float64(n))
 	res.RaftRead = ph.RaftRead && sph.RaftRead
+	res.ServiceRead = len(sph.ServiceCommits) > 0
 	compareSessions(res, c.p99Target)
 	sum.Sessions = res
 	return nil
@@ -262,23 +298,27 @@ func printSessions(w io.Writer, r *SessionsResult) {
 	fmt.Fprintf(w, "\n== sessions: %d leases in %d sessions (%.1f a session), each kept alive every %.0fs, against per-lease renewals (a pause of %.0fs between) ==\n",
 		r.Session.LeasesHeld, r.Opened, r.LeasesPerSession, r.KeepaliveEveryS, r.PauseS)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tleases\traft commits/s\tper grant\tmsgs each\tstream msgs/s\twrites/s\tper grant\tacquire p50\tp99\terrors\tlost\tmachine busy\t")
+	fmt.Fprintln(tw, "mode\tleases\traft commits/s\tper grant\tmsgs each\tstream msgs/s\twrites/s\tper grant\tacquire p50\tp99\terrors\tlost\t"+
+		"cluster µs/op\tservice µs/op\tconflicts\tmachine busy\t")
 	for _, f := range []struct {
 		name string
 		SessionFigures
 	}{{"per-lease", r.PerLease}, {"session", r.Session}} {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.1f\t%.0f\t%.0f\t%.2f\t%s\t%s\t%d\t%d\t%.0f%%\t\n", f.name, f.LeasesHeld,
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.1f\t%.0f\t%.0f\t%.2f\t%s\t%s\t%d\t%d\t%.0f\t%.0f\t%d (%.2f%%)\t%.0f%%\t\n", f.name, f.LeasesHeld,
 			f.RaftCommitsPerSec, f.RaftCommitsPerGrant, f.MsgsPerRaftCommit, f.StreamMsgsPerSec, f.WritesPerSec, f.WritesPerGrant,
-			fmtMs(f.AcquireP50), fmtMs(f.AcquireP99), f.Errors, f.LeasesLost, f.MachineBusy)
+			fmtMs(f.AcquireP50), fmtMs(f.AcquireP99), f.Errors, f.LeasesLost, f.ClusterUsPerOp, f.ServiceUsPerOp,
+			f.Conflicts, f.ConflictsPerGrantPct, f.MachineBusy)
 	}
 	tw.Flush()
 	if !r.RaftRead {
 		fmt.Fprintln(w, "raft commits: the stream's raft log was not read (it is read on the bench's own cluster only)")
 	}
-	fmt.Fprintf(w, "raft commits: appends of the lock stream's raft group; writes: stream messages less the %d check messages of session grants (each write or atomic batch once)\n",
-		r.Session.CheckMsgs)
+	fmt.Fprintln(w, "raft commits: appends of the lock stream's raft group; "+checksText(r))
 	fmt.Fprintf(w, "session mode against per-lease mode: raft commits/s %.1f %% lower, stream msgs/s %.1f %% lower, writes/s %.1f %% lower\n",
 		r.RaftCommitsReductionPct, r.StreamMsgsReductionPct, r.WritesReductionPct)
+	if s := cpuRatiosText(r); s != "" {
+		fmt.Fprintln(w, "session mode against per-lease mode: "+s)
+	}
 	for _, f := range []struct {
 		name string
 		SessionFigures
@@ -296,4 +336,30 @@ func printSessions(w io.Writer, r *SessionsResult) {
 	}
 	fmt.Fprintf(w, "target (%s): %s\n", r.Target, verdict(r.Met, r.Why))
 	fmt.Fprintf(w, "the same target with writes in place of replicated commits: %s\n", verdict(r.MetByWrites, r.WhyByWrites))
+}
+
+// checksText says what the writes of the comparison are: the stream's
+// messages less the check messages of session grants, as the service's
+// batch commits counted them.
+func checksText(r *SessionsResult) string {
+	if !r.ServiceRead {
+		return "writes: stream messages less the 0 check messages of session grants (each write or atomic batch once): " +
+			"the service's metrics were not read, so its checked batches are unknown and none is counted"
+	}
+	return fmt.Sprintf("writes: stream messages less the %d check messages of session grants (each write or atomic batch once), "+
+		"counted from the service's batch commits: a lone instance grants to a session in a batch with a check message, "+
+		"two or more instances with one plain write", r.Session.CheckMsgs)
+}
+
+// cpuRatiosText renders session mode's CPU per operation against
+// per-lease mode's, each figure only when both modes measured it.
+func cpuRatiosText(r *SessionsResult) string {
+	var parts []string
+	if r.ClusterCPURatio > 0 {
+		parts = append(parts, fmt.Sprintf("cluster CPU per operation %.2f×", r.ClusterCPURatio))
+	}
+	if r.ServiceCPURatio > 0 {
+		parts = append(parts, fmt.Sprintf("service CPU per operation %.2f×", r.ServiceCPURatio))
+	}
+	return strings.Join(parts, ", ")
 }
