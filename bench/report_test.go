@@ -273,8 +273,13 @@ func TestSessionFiguresCountChecksFromTheServiceBatches(t *testing.T) {
 // mode's, and prints the ratios that both modes measured; they do not
 // change the target.
 func TestCompareSessionsCPURatio(t *testing.T) {
-	per := sessionFigures(sessionPhase(1000, 6000, map[string]int64{"put": 5000}, 0, 400, 150), 200, load.Losses{}, false)
-	ses := sessionFigures(sessionPhase(1000, 3000, map[string]int64{"grant": 1000}, 20, 300, 120), 200, load.Losses{}, true)
+	perPh := sessionPhase(1000, 6000, map[string]int64{"put": 5000}, 0, 400, 150)
+	sesPh := sessionPhase(1000, 3000, map[string]int64{"grant": 1000}, 20, 300, 120)
+	// The same load: session mode answers fewer operations (keepalives
+	// for renewals).
+	perPh.CPU.Answered, sesPh.CPU.Answered = 6000, 4800
+	per := sessionFigures(perPh, 200, load.Losses{}, false)
+	ses := sessionFigures(sesPh, 200, load.Losses{}, true)
 	per.RaftCommitsPerSec, ses.RaftCommitsPerSec = 500, 300
 	r := &SessionsResult{Sessions: 20, Opened: 20, RaftRead: true, ServiceRead: true, PerLease: per, Session: ses}
 	compareSessions(r, 200*time.Millisecond)
@@ -282,21 +287,27 @@ func TestCompareSessionsCPURatio(t *testing.T) {
 		t.Fatalf("ratios %v %v, met %v (%s) by writes %v (%s), writes %v %% lower",
 			r.ClusterCPURatio, r.ServiceCPURatio, r.Met, r.Why, r.MetByWrites, r.WhyByWrites, r.WritesReductionPct)
 	}
+	if per.ClusterCPUSeconds != 2.4 || ses.ClusterCPUSeconds != 1.44 || r.ClusterLoadCPURatio != 0.6 || r.ServiceLoadCPURatio != 0.64 {
+		t.Fatalf("cpu in all: cluster %v s / %v s, ratios %v %v; want 2.4 / 1.44, 0.6 and 0.64",
+			per.ClusterCPUSeconds, ses.ClusterCPUSeconds, r.ClusterLoadCPURatio, r.ServiceLoadCPURatio)
+	}
 	var out strings.Builder
 	printSessions(&out, r)
 	for _, want := range []string{"cluster µs/op", "service µs/op", "conflicts", "20 (2.00%)",
 		"writes: stream messages less the 1000 check messages of session grants",
-		"session mode against per-lease mode: cluster CPU per operation 0.75×, service CPU per operation 0.80×\n"} {
+		"session mode against per-lease mode: cluster CPU per operation 0.75×, service CPU per operation 0.80×, " +
+			"cluster CPU for the load in all 0.60×, service CPU for the load in all 0.64×\n"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
 	// A deployed service: its CPU and its batches are unknown.
 	r.PerLease.ServiceUsPerOp, r.Session.ServiceUsPerOp, r.ServiceRead = 0, 0, false
+	r.PerLease.ServiceCPUSeconds, r.Session.ServiceCPUSeconds = 0, 0
 	compareSessions(r, 200*time.Millisecond)
 	out.Reset()
 	printSessions(&out, r)
-	if r.ServiceCPURatio != 0 || !strings.Contains(out.String(), "cluster CPU per operation 0.75×\n") ||
+	if r.ServiceCPURatio != 0 || !strings.Contains(out.String(), "cluster CPU per operation 0.75×, cluster CPU for the load in all 0.60×\n") ||
 		!strings.Contains(out.String(), "none is counted") {
 		t.Fatalf("service ratio %v; output:\n%s", r.ServiceCPURatio, out.String())
 	}

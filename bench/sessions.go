@@ -53,6 +53,14 @@ type SessionsResult struct {
 	// when either mode's figure is unknown).
 	ClusterCPURatio float64 `json:"cluster_cpu_ratio"`
 	ServiceCPURatio float64 `json:"service_cpu_ratio,omitempty"`
+	// ClusterLoadCPURatio and ServiceLoadCPURatio compare the CPU each
+	// mode spent in all over its phase (of the same length, with the same
+	// acquires and releases and the same leases kept): what carrying the
+	// load in sessions costs against carrying it with renewals. Session
+	// mode answers fewer operations (a keepalive for many renewals), so
+	// its CPU per operation can be higher while its CPU in all is lower.
+	ClusterLoadCPURatio float64 `json:"cluster_load_cpu_ratio"`
+	ServiceLoadCPURatio float64 `json:"service_load_cpu_ratio,omitempty"`
 	// HeldAtClose is the number of leases held in the sessions when they
 	// were closed at the end, ClosedReleased the number the closes
 	// released, by their answers.
@@ -102,6 +110,11 @@ type SessionFigures struct {
 	// answered, in microseconds (see CPUCost).
 	ClusterUsPerOp float64 `json:"cluster_us_per_op"`
 	ServiceUsPerOp float64 `json:"service_us_per_op,omitempty"`
+	// Answered counts the operations answered in the phase, and
+	// ClusterCPUSeconds, ServiceCPUSeconds the CPU time spent over it.
+	Answered          int64   `json:"ops_answered"`
+	ClusterCPUSeconds float64 `json:"cluster_cpu_s"`
+	ServiceCPUSeconds float64 `json:"service_cpu_s,omitempty"`
 	// Conflicts counts the compare-and-set writes the service lost to
 	// another write and decided again (from its metrics), and
 	// ConflictsPerGrantPct them per acquire granted, in percent.
@@ -155,7 +168,9 @@ func sessionFigures(ph *phase, held int, lost load.Losses, sessions bool) Sessio
 	}
 	f.MsgsPerRaftCommit = ratio(f.StreamMsgsPerSec, f.RaftCommitsPerSec)
 	if c := ph.CPU; c != nil {
-		f.ClusterUsPerOp, f.ServiceUsPerOp = c.ClusterUsPerOp, c.ServiceUsPerOp
+		f.ClusterUsPerOp, f.ServiceUsPerOp, f.Answered = c.ClusterUsPerOp, c.ServiceUsPerOp, c.Answered
+		f.ClusterCPUSeconds = round2(c.ClusterUsPerOp * float64(c.Answered) / 1e6)
+		f.ServiceCPUSeconds = round2(c.ServiceUsPerOp * float64(c.Answered) / 1e6)
 	}
 	f.Conflicts = ph.ServiceConflicts
 	if f.Granted > 0 {
@@ -182,6 +197,8 @@ func compareSessions(r *SessionsResult, p99Target time.Duration) {
 	r.WritesReductionPct = reduction(r.PerLease.WritesPerSec, r.Session.WritesPerSec)
 	r.ClusterCPURatio = ratio(r.Session.ClusterUsPerOp, r.PerLease.ClusterUsPerOp)
 	r.ServiceCPURatio = ratio(r.Session.ServiceUsPerOp, r.PerLease.ServiceUsPerOp)
+	r.ClusterLoadCPURatio = ratio(r.Session.ClusterCPUSeconds, r.PerLease.ClusterCPUSeconds)
+	r.ServiceLoadCPURatio = ratio(r.Session.ServiceCPUSeconds, r.PerLease.ServiceCPUSeconds)
 	r.Target = fmt.Sprintf("session mode's replicated commits/s at least %d %% below per-lease mode's, 0 errors, acquire p99 <= %s",
 		sessionsTargetPct, fmtMs(msOf(p99Target)))
 	var rest []string
@@ -360,6 +377,12 @@ func cpuRatiosText(r *SessionsResult) string {
 	}
 	if r.ServiceCPURatio > 0 {
 		parts = append(parts, fmt.Sprintf("service CPU per operation %.2f×", r.ServiceCPURatio))
+	}
+	if r.ClusterLoadCPURatio > 0 {
+		parts = append(parts, fmt.Sprintf("cluster CPU for the load in all %.2f×", r.ClusterLoadCPURatio))
+	}
+	if r.ServiceLoadCPURatio > 0 {
+		parts = append(parts, fmt.Sprintf("service CPU for the load in all %.2f×", r.ServiceLoadCPURatio))
 	}
 	return strings.Join(parts, ", ")
 }
