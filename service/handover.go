@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jetlock/jetlock/streams"
@@ -90,13 +93,17 @@ func (l *locks) end(ctx context.Context, resource, key string, o observation, wh
 	// that turned out cancelled or granted are not handed the resource.
 	gone := []string{requestHash(queueResource(resource), o.rec.RequestID, o.rec.Tenant)}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		w, ok := l.tracker.head(enc, gone...)
+		w, ok := l.handing.next(l.tracker, enc, gone)
 		if !ok || l.guard.grants() != nil || w.set != "" {
 			// A waiter for a lock set claims all of its resources at once
 			// (sets.go): it is woken to, rather than handed this one.
+			if ok {
+				l.handing.done(enc, w.hash)
+			}
 			return l.remove(ctx, key, o, why, reason)
 		}
 		err := l.handOver(ctx, resource, key, o, w)
+		l.handing.done(enc, w.hash)
 		switch {
 		case err == nil:
 			l.report.handedOver(resource, time.Since(start))
@@ -127,6 +134,54 @@ func (l *locks) end(ctx context.Context, resource, key string, o observation, wh
 		}
 	}
 	return l.remove(ctx, key, o, why, reason)
+}
+
+// handing is, per queue, the waiters this instance is handing a resource
+// to right now. The permits of a semaphore end under locks of their own,
+// so several of them can be handed over at once; each to another waiter,
+// rather than all to the head, where all but one commit would fail and be
+// decided again. (The compare-and-set of each hand-over is what keeps a
+// waiter from being granted twice; this only keeps them from colliding.)
+type handing struct {
+	mu      sync.Mutex
+	byQueue map[string]map[string]struct{}
+}
+
+// next returns the head waiter of the encoded queue enc, but for those in
+// gone and those being handed a resource already, and marks it so.
+func (h *handing) next(t *tracker, enc string, gone []string) (waiterInfo, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	busy := h.byQueue[enc]
+	skip := gone
+	if len(busy) > 0 {
+		skip = append(slices.Clip(gone), slices.Collect(maps.Keys(busy))...)
+	}
+	w, ok := t.head(enc, skip...)
+	if !ok {
+		return w, false
+	}
+	if busy == nil {
+		if h.byQueue == nil {
+			h.byQueue = map[string]map[string]struct{}{}
+		}
+		busy = map[string]struct{}{}
+		h.byQueue[enc] = busy
+	}
+	busy[w.hash] = struct{}{}
+	return w, true
+}
+
+// done ends the hand-over to waiter hash of queue enc.
+func (h *handing) done(enc, hash string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if busy := h.byQueue[enc]; busy != nil {
+		delete(busy, hash)
+		if len(busy) == 0 {
+			delete(h.byQueue, enc)
+		}
+	}
 }
 
 // remove deletes the lease observed in o by compare-and-set; the marker

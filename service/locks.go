@@ -63,6 +63,11 @@ type locks struct {
 	// seen is what the watcher has delivered (see deliveries); nil when
 	// the instance runs none.
 	seen *deliveries
+	// joins are the acquires of permits waiting for their semaphore's
+	// lock, which its holder may grant in its commit (sem_bulk.go).
+	joins semJoins
+	// handing marks the waiters being handed a resource (handover.go).
+	handing handing
 }
 
 // origin is who sent a request, as the NATS server vouched for it on an
@@ -259,9 +264,9 @@ func (l *locks) confirmNegative(ctx context.Context, key string, o observation) 
 
 // acquire decides an acquire that does not wait.
 func (l *locks) acquire(ctx context.Context, g *grantReq) (*streams.LeaseResponse, error) {
-	st, err := l.lock(ctx, g.key)
-	if err != nil {
-		return nil, err
+	st, granted, _, err := l.lockToGrant(ctx, g, nil, true)
+	if granted != nil || err != nil {
+		return granted, err
 	}
 	defer st.unlock()
 	return l.tryGrant(ctx, g, false)

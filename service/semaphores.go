@@ -104,7 +104,13 @@ attempts:
 			}
 		}
 		k := free[0]
-		resp, err := l.grant(ctx, g.permit(k), frees[0], sess)
+		var resp *streams.LeaseResponse
+		var err error
+		if joins, ks, obs := l.joinPermits(g, free, frees, 0); len(joins) > 0 {
+			resp, err = l.grantBulk(ctx, g, k, frees[0], joins, ks, obs)
+		} else {
+			resp, err = l.grant(ctx, g.permit(k), frees[0], sess)
+		}
 		if errors.Is(err, errConflict) {
 			l.report.conflict()
 			fresh = true

@@ -54,11 +54,25 @@ func (l *locks) newWaiter(g *grantReq) *waiter {
 // it was woken for. When the tracker already shows the lock free, no read
 // is needed.
 func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseResponse, done bool, err error) {
-	st, err := w.l.lock(ctx, w.g.key)
+	g := *w.g
+	g.ttl = w.ttl
+	// Not yet queued, it may be granted or queued with another acquire's
+	// commit while it waits for the lock (sem_bulk.go).
+	st, granted, queued, err := w.l.lockToGrant(ctx, &g, w, w.queued.rev == 0)
+	if granted != nil {
+		w.ttl = min(w.g.ttl, w.l.cfg.HandoverTTL)
+		return granted, true, nil
+	}
 	if err != nil {
 		return nil, false, err
 	}
 	defer st.unlock()
+	if queued != nil {
+		w.queued, w.refresh = *queued, time.Now().Add(w.l.cfg.WaiterLiveness/3)
+		if err := w.newPlace(ctx); err != nil {
+			return nil, true, err
+		}
+	}
 	wasQueued := w.queued.rev != 0
 	if err := w.checkPlace(ctx); err != nil {
 		return nil, true, err
@@ -74,8 +88,6 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 			fresh = true
 		}
 	}
-	g := *w.g
-	g.ttl = w.ttl
 	resp, err = w.l.tryGrant(ctx, &g, fresh)
 	w.ttl = min(w.g.ttl, w.l.cfg.HandoverTTL)
 	var oe *opError
@@ -89,7 +101,11 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 		return resp, true, err
 	}
 	if w.queued.rev == 0 || !time.Now().Before(w.refresh) {
-		if qerr := w.enqueue(ctx); qerr != nil {
+		enqueue := w.enqueue
+		if w.queued.rev == 0 && w.g.limit != 0 && w.g.session == "" {
+			enqueue = w.enqueueBulk // with the semaphore's pending waits
+		}
+		if qerr := enqueue(ctx); qerr != nil {
 			if errors.As(qerr, &oe) {
 				return nil, true, qerr
 			}
@@ -161,7 +177,7 @@ func (w *waiter) enqueue(ctx context.Context) error {
 			}
 			mine = 0 // removed while this instance could not refresh it: queue again
 		}
-		rec, err := w.record(o)
+		rec, err := w.record(o, 0, 0)
 		if err != nil {
 			return err
 		}
@@ -179,22 +195,29 @@ func (w *waiter) enqueue(ctx context.Context) error {
 		if o.held() {
 			return nil
 		}
-		// A new place: a cancel that came between this request's "locked"
-		// answer and this write found no record to remove; its tombstone
-		// is the proof, so look for it now.
-		cancelled, err := w.cancelled(ctx)
-		if cancelled {
-			w.removeRecord(ctx)
-		}
-		return err
+		return w.newPlace(ctx)
 	}
 	return tooManyConflicts()
 }
 
+// newPlace looks, once the waiter's record has taken a new place, for the
+// tombstone of a cancel that came between this request's "locked" answer
+// and that write: that cancel found no record to remove, and its
+// tombstone is the proof.
+func (w *waiter) newPlace(ctx context.Context) error {
+	cancelled, err := w.cancelled(ctx)
+	if cancelled {
+		w.removeRecord(ctx)
+	}
+	return err
+}
+
 // record returns the waiter record to write over o, the key's current
 // entry: the same ticket if o is this request's record, else a new place
-// if the caps allow one.
-func (w *waiter) record(o observation) (*streams.Record, error) {
+// if the caps allow one, counting besides the records of the resource and
+// of the tenant that the tracker knows the others written with it
+// (onResource, ofTenant: enqueueBulk).
+func (w *waiter) record(o observation, onResource, ofTenant int) (*streams.Record, error) {
 	cfg := w.l.cfg
 	now := cfg.Clock.Now()
 	rec := &streams.Record{
@@ -208,6 +231,7 @@ func (w *waiter) record(o observation) (*streams.Record, error) {
 		rec.GrantedAt = o.rec.GrantedAt
 	} else {
 		n, owned := w.l.tracker.waiterCounts(streams.EncodeResource(w.g.resource), w.g.tenant)
+		n, owned = n+onResource, owned+ofTenant
 		if n >= cfg.MaxWaitersPerResource {
 			return nil, newOpError(streams.CodeTooManyWaiters, "resource has %d waiters, the cap", n)
 		}
