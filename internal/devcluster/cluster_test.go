@@ -68,6 +68,10 @@ func TestStartAgainWaitsForStreamLeaders(t *testing.T) {
 	if js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)
 	}
+	// A budget of its own: the restart above may have used most of the
+	// first one on a busy machine.
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	if _, err := js.Stream(ctx, "KV_restart"); err != nil {
 		t.Fatalf("stream info after the restart: %v", err)
 	}
