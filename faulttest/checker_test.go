@@ -123,10 +123,13 @@ type reqKey struct{ res, req string }
 //     of the lock record (porcupine);
 //   - lock sets, semaphores and elections (checkPrimitives): each resource
 //     of a set and each permit of a semaphore counts as a lease of its own
-//     key for every invariant above (see expand); a set is granted whole,
-//     and renewed and released only whole; no more permits of a semaphore
-//     are valid at once than it has; the election events never show two
-//     leaders at once, nor a leader while an earlier one's lease is valid.
+//     key for every invariant above (see expand), a set or a permit taken
+//     in a session as a lease of each of its keys in that session (valid
+//     only while the session is, and ended by its end); a set is granted
+//     whole, and renewed and released only whole; no more permits of a
+//     semaphore are valid at once than it has; the election events never
+//     show two leaders at once, nor a leader while an earlier one's lease
+//     is valid.
 func Check(ops []Op, regLog map[string][]uint64, opt CheckOptions) *Report {
 	rep := &Report{Counts: map[string]int{}}
 	for i := range ops {

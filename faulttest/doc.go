@@ -19,9 +19,13 @@
 // guard) with its tokens, including late writes of ended leases. Session
 // actors, in the scenarios that ask for them and in the soak, open
 // sessions (raw session.open), keep them alive at a third of their TTL or
-// stop doing so, acquire several resources in each (some waiting), write
-// with each lease's token, release some, and close the session, sometimes
-// while its acquires are in flight, then probe the closed session. Actors
+// stop doing so, acquire several resources in each (some waiting), now
+// and then a lock set (out of the set actors' pool or the other
+// resources) or a permit of a semaphore (the semaphore actors', same
+// limit) in the session, write with each lease's token (each resource of
+// a set, and each permit, fenced on its own), release some (a set whole,
+// a permit by its number), and close the session, sometimes while its
+// acquires are in flight, then probe the closed session. Actors
 // of lock sets, semaphores and elections, in the scenarios that ask for
 // them and in the soak, are raw clients too: set actors acquire sets of 2
 // to 4 resources out of a small pool, overlapping and named in random
@@ -57,7 +61,10 @@
 // resources. Each resource of a lock set and each permit of a semaphore
 // counts as a lease of its own key for all of these (the resource, and
 // "<sem>#<k>"), so a set's resources and a semaphore's permits are
-// excluded, tokened, fenced and linearized one by one. Besides: a set
+// excluded, tokened, fenced and linearized one by one; one taken in a
+// session is a lease in that session of each of its keys, valid only as
+// long as the session and ended with it, by every rule on sessions above.
+// Besides: a set
 // grant's reply lists every resource of the set with a token, a set is
 // renewed and released only whole, a status shows a set's resource with
 // its set's size, and the bucket never shows a set's lease on part of its

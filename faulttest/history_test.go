@@ -110,9 +110,15 @@ type Op struct {
 }
 
 // label is the name of o's kind in counts and dumps: an acquire in a
-// session is a "session-acquire".
+// session is a "session-acquire", of a lock set in a session a
+// "session-set-acquire", of a permit in a session a
+// "session-permit-acquire".
 func (o *Op) label() string {
 	switch {
+	case o.Kind == KAcquire && o.Session != "" && len(o.Resources) > 0:
+		return "session-set-acquire"
+	case o.Kind == KAcquire && o.Session != "" && o.Limit > 0:
+		return "session-permit-acquire"
 	case o.Kind == KAcquire && o.Session != "":
 		return "session-acquire"
 	case len(o.Resources) > 0:

@@ -277,3 +277,24 @@ func (o Op) withValue(v string) Op {
 	o.Value = v
 	return o
 }
+
+// An acquire of a set or a permit in a session answered lease_lost is
+// explained by its session's end (a close sent before the answer, or the
+// session's deadline passed); one answered so while its session was
+// current, a retry that checkSessions leaves alone, is not.
+func TestCheckerExplainsLeaseLostInSessions(t *testing.T) {
+	xy := []string{"x", "y"}
+	lost := func(o Op, from, to int, retry bool) Op {
+		o.Kind, o.Session, o.Invoke, o.Complete, o.Retry = KAcquire, sessA, ms(from), ms(to), retry
+		return o.withFail("lease_lost")
+	}
+	h := hist{}.add(openOp("s", sessA, 0, 10, 1000)).
+		add(lost(Op{Resources: xy, RequestID: "a"}, 100, 200, true)).
+		add(lost(Op{Resource: sem, Limit: 3, RequestID: "b"}, 1100, 1110, false)).
+		add(closeOp(sessA, true, 300, 310, OK)).
+		add(lost(Op{Resources: xy, RequestID: "c"}, 290, 320, false))
+	got := unexplainedLeaseLost(h)
+	if len(got) != 1 || got[0].RequestID != "a" {
+		t.Errorf("unexplained: %v; want the retried set acquire a alone", got)
+	}
+}

@@ -533,9 +533,14 @@ func checkBucket(log []BucketWrite, rep *Report) {
 // unexplainedLeaseLost returns the acquires of sets, permits and elections
 // answered lease_lost that the history does not explain: their request
 // was not cancelled before the answer (a cancel sent before it), and was
-// not granted before. The contract keeps lease_lost for those; the others
-// are not safety violations, and Run.Check reports them.
+// not granted before, and, made in a session, the session may not have
+// ended by then (no close of it sent before, and its client deadline as
+// the request had to find it not passed). The contract keeps lease_lost
+// for those; the others are not safety violations, and Run.Check reports
+// them. (checkSessions reports an acquire in a session, not retried,
+// answered lease_lost before its session may have ended, as a violation.)
 func unexplainedLeaseLost(ops []Op) []*Op {
+	sessions := sessionsOf(ops)
 	cancelled := map[string]time.Duration{} // request id -> earliest cancel sent
 	granted := map[string]time.Duration{}   // request id -> earliest grant answered
 	for i := range ops {
@@ -561,6 +566,9 @@ func unexplainedLeaseLost(ops []Op) []*Op {
 			continue
 		}
 		if t, ok := granted[o.RequestID]; ok && t < o.Complete {
+			continue
+		}
+		if o.Session != "" && sessions[o.Session].mayHaveEnded(o) {
 			continue
 		}
 		out = append(out, o)

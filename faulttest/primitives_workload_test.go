@@ -61,19 +61,21 @@ func (w *Workload) primitiveDefaults() {
 	}
 }
 
-// startObservers starts the election events' observer and the bucket's
-// watch, when the workload has actors of sets, semaphores or elections.
+// startObservers starts the election events' observer, when the workload
+// has actors of sets, semaphores or elections, and the bucket's watch,
+// when it has those or session actors that take lock sets.
 func (w *Workload) startObservers() {
-	if w.primitives() == 0 {
-		return
+	if w.primitives() > 0 {
+		nc, _ := w.H.Connect(0, "observer")
+		o, err := Observe(nc, w.Hist, -2)
+		if err != nil {
+			w.H.T.Fatal(err)
+		}
+		w.observer, w.obsConn = o, nc
 	}
-	nc, _ := w.H.Connect(0, "observer")
-	o, err := Observe(nc, w.Hist, -2)
-	if err != nil {
-		w.H.T.Fatal(err)
+	if w.primitives() > 0 || w.Sessions > 0 && w.SessionSets > 0 {
+		w.bucket = WatchBucket(w.H, w.Hist)
 	}
-	w.observer, w.obsConn = o, nc
-	w.bucket = WatchBucket(w.H, w.Hist)
 }
 
 // stopObservers stops the observer and the watch (once the watch has

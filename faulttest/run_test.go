@@ -136,8 +136,12 @@ func (r *Run) Check(t *testing.T, opt CheckOptions) *Report {
 			}
 		}
 		t.Logf("refusals in sessions: %v", codes)
-		t.Logf("sessions: %d opened, %d closed (%d with acquires in flight), %d no longer kept alive, %d lost, %d leases, %d probes",
-			s.opened.Load(), s.closed.Load()+s.closedInFlight.Load(), s.closedInFlight.Load(), s.abandoned.Load(), s.lost.Load(), s.grants.Load(), s.probes.Load())
+		t.Logf("sessions: %d opened, %d closed (%d with acquires in flight), %d no longer kept alive, %d lost, %d leases (%d lock sets, %d permits), %d probes",
+			s.opened.Load(), s.closed.Load()+s.closedInFlight.Load(), s.closedInFlight.Load(), s.abandoned.Load(), s.lost.Load(), s.grants.Load(),
+			s.sets.Load(), s.permits.Load(), s.probes.Load())
+		if r.W.primitives() == 0 {
+			t.Logf("%d bucket writes watched", len(opt.Bucket))
+		}
 	}
 	if r.W.primitives() > 0 {
 		codes := map[string]int{}
@@ -182,14 +186,18 @@ func dumpHistory(t *testing.T, ops []Op, rep *Report) {
 	var faults []Op
 	byRes := map[string][]Op{}
 	// The opens, keepalives and closes of a session are shown with every
-	// resource it acquired.
+	// resource it acquired (each of a set's, a permit's semaphore).
 	sessionRes := map[string]map[string]bool{}
 	for _, o := range ops {
 		if o.Kind == KAcquire && o.Session != "" {
 			if sessionRes[o.Session] == nil {
 				sessionRes[o.Session] = map[string]bool{}
 			}
-			sessionRes[o.Session][o.Resource] = true
+			for _, r := range append([]string{o.Resource}, o.Resources...) {
+				if r != "" {
+					sessionRes[o.Session][r] = true
+				}
+			}
 		}
 	}
 	for _, o := range ops {

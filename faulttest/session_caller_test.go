@@ -2,6 +2,7 @@ package faulttest
 
 import (
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -106,5 +107,43 @@ func (c *Caller) AcquireInDropReply(res, rid, session string) {
 	op := c.H.Begin(Op{Client: c.Client, Kind: KAcquire, Resource: res, RequestID: rid, Session: session, Note: "reply dropped"})
 	data, _ := json.Marshal(streams.AcquireRequest{Resource: res, RequestID: rid, Owner: c.owner(), SessionID: session})
 	_ = c.NC.PublishRequest(streams.Subject(streams.DefaultPrefix, streams.OpAcquire), nats.NewInbox(), data)
+	c.H.End(op, Unknown, func(o *Op) { o.Code = "reply dropped" })
+}
+
+// AcquireSetIn sends an acquire of the lock set res (named in the order
+// given) in session and records it. A grant carries the session's TTL and
+// a token per resource; the set is valid as long as the session is.
+func (c *Caller) AcquireSetIn(res []string, rid, session string, wait time.Duration, retry bool) Op {
+	op := c.H.Begin(Op{Client: c.Client, Kind: KAcquire, Resources: slices.Clone(res), RequestID: rid, Session: session, Wait: wait, Retry: retry})
+	r := c.call(streams.OpAcquire, streams.AcquireRequest{Resources: res, RequestID: rid, Owner: c.owner(),
+		SessionID: session, WaitMs: wait.Milliseconds()}, wait)
+	c.finishNoting(op, r, decodeSet)
+	return *op
+}
+
+// AcquireSetInDropReply sends an acquire of a lock set in session whose
+// reply nobody receives; it is recorded as unknown.
+func (c *Caller) AcquireSetInDropReply(res []string, rid, session string) {
+	op := c.H.Begin(Op{Client: c.Client, Kind: KAcquire, Resources: slices.Clone(res), RequestID: rid, Session: session, Note: "reply dropped"})
+	c.publishDropped(streams.AcquireRequest{Resources: res, RequestID: rid, Owner: c.owner(), SessionID: session})
+	c.H.End(op, Unknown, func(o *Op) { o.Code = "reply dropped" })
+}
+
+// AcquirePermitIn sends an acquire of a permit of the semaphore sem of
+// limit permits in session and records it; a grant names its permit,
+// which is valid as long as the session is.
+func (c *Caller) AcquirePermitIn(sem string, limit int, rid, session string, wait time.Duration, retry bool) Op {
+	op := c.H.Begin(Op{Client: c.Client, Kind: KAcquire, Resource: sem, Limit: limit, RequestID: rid, Session: session, Wait: wait, Retry: retry})
+	r := c.call(streams.OpAcquire, streams.AcquireRequest{Resource: sem, Limit: limit, RequestID: rid, Owner: c.owner(),
+		SessionID: session, WaitMs: wait.Milliseconds()}, wait)
+	c.finishNoting(op, r, decodePermit)
+	return *op
+}
+
+// AcquirePermitInDropReply sends an acquire of a permit in session whose
+// reply nobody receives; it is recorded as unknown.
+func (c *Caller) AcquirePermitInDropReply(sem string, limit int, rid, session string) {
+	op := c.H.Begin(Op{Client: c.Client, Kind: KAcquire, Resource: sem, Limit: limit, RequestID: rid, Session: session, Note: "reply dropped"})
+	c.publishDropped(streams.AcquireRequest{Resource: sem, Limit: limit, RequestID: rid, Owner: c.owner(), SessionID: session})
 	c.H.End(op, Unknown, func(o *Op) { o.Code = "reply dropped" })
 }

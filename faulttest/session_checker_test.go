@@ -1,6 +1,10 @@
 package faulttest
 
-import "time"
+import (
+	"time"
+
+	"github.com/jetlock/jetlock/streams"
+)
 
 // What the checker knows of sessions.
 //
@@ -12,7 +16,11 @@ import "time"
 // deadline, or until its holder invoked its release or cancel, or the
 // session's close, whichever is first (Check sets lease.end so); the
 // invariants on leases then apply to session leases and plain leases
-// alike. checkSessions adds what is particular to sessions.
+// alike. A lock set or a permit granted in a session is, once expanded
+// (see expand), a lease in that session of each resource of the set and
+// of the permit's key: each counts as ended when its session does, and
+// every rule here and above applies to each. checkSessions adds what is
+// particular to sessions.
 
 // sessInfo is everything the history says about one session id.
 type sessInfo struct {
@@ -92,6 +100,18 @@ func (s *sessInfo) closeInvokedBefore(t time.Duration, not *Op) bool {
 	return false
 }
 
+// mayHaveEnded reports whether the session s may have ended by the time
+// o, a request in it, was answered: a close of it was sent before, or its
+// client deadline as o had to find it had passed. A session the history
+// never saw opened (nil) may have.
+func (s *sessInfo) mayHaveEnded(o *Op) bool {
+	if s == nil || s.closeInvokedBefore(o.Complete, nil) {
+		return true
+	}
+	d, _ := s.deadlineBefore(o.Invoke)
+	return o.Complete >= d
+}
+
 // checkSessions checks what is particular to sessions:
 //
 //   - session-id: an open's request id names one session: every
@@ -116,35 +136,7 @@ func (s *sessInfo) closeInvokedBefore(t time.Duration, not *Op) bool {
 //     after the client's deadline even when a late keepalive then keeps
 //     the record: it does not forbid later successes.)
 func checkSessions(ops []Op, sessions map[string]*sessInfo, leases map[string]*lease, rep *Report) {
-	byOpen := map[string]*Op{}
-	firstOpen := map[string]time.Duration{} // request id -> earliest open sent
-	openLost := map[string]*Op{}            // request id -> earliest open answered lease_lost
-	cancelled := map[reqKey]time.Duration{} // earliest cancel invoked
-	for i := range ops {
-		o := &ops[i]
-		if o.Kind == KOpen {
-			if t, ok := firstOpen[o.RequestID]; !ok || o.Invoke < t {
-				firstOpen[o.RequestID] = o.Invoke
-			}
-			if p := openLost[o.RequestID]; o.Result == Fail && o.Code == "lease_lost" && (p == nil || o.Complete < p.Complete) {
-				openLost[o.RequestID] = o
-			}
-		}
-		switch {
-		case o.Kind == KOpen && o.Result == OK:
-			if p := byOpen[o.RequestID]; p != nil && p.Session != o.Session {
-				rep.add("session-id", "open %s answered two sessions: %v and %v", o.RequestID, p, o)
-			} else if p == nil {
-				byOpen[o.RequestID] = o
-			}
-		case o.Kind == KCancel:
-			k := reqKey{o.Resource, o.RequestID}
-			if t, ok := cancelled[k]; !ok || o.Invoke < t {
-				cancelled[k] = o.Invoke
-			}
-		}
-	}
-
+	firstOpen, openLost, cancelled := requestFacts(ops, rep)
 	gone := map[string]*Op{} // session -> earliest keepalive or open answered lease_lost
 	for i := range ops {
 		o := &ops[i]
@@ -217,4 +209,54 @@ func checkSessions(ops []Op, sessions map[string]*sessInfo, leases map[string]*l
 			rep.add("session-lost", "open %s: %v succeeded after the service answered its session had ended: %v", o.RequestID, o, g)
 		}
 	}
+}
+
+// cancelKeys returns the acquires that the cancel o (as expand gives it,
+// one per key) ends: the acquire of its key, and for a permit's key
+// "<sem>#<k>" also an acquire of the semaphore whose permit no reply
+// named, which expand puts on the semaphore's queue key "<sem>#".
+func cancelKeys(o *Op) []reqKey {
+	keys := []reqKey{{o.Resource, o.RequestID}}
+	if sem, _, ok := streams.SplitPermit(o.Resource); ok {
+		keys = append(keys, reqKey{streams.PermitQueue(sem), o.RequestID})
+	}
+	return keys
+}
+
+// requestFacts gathers what checkSessions needs of the requests of ops:
+// per open's request id, when it was first sent and its earliest answer
+// lease_lost (and it checks that every acknowledged open of it answers
+// one session: session-id); per acquire (see cancelKeys), when a cancel
+// of it was first sent.
+func requestFacts(ops []Op, rep *Report) (firstOpen map[string]time.Duration, openLost map[string]*Op, cancelled map[reqKey]time.Duration) {
+	byOpen := map[string]*Op{}
+	firstOpen = map[string]time.Duration{}
+	openLost = map[string]*Op{}
+	cancelled = map[reqKey]time.Duration{}
+	for i := range ops {
+		o := &ops[i]
+		if o.Kind == KOpen {
+			if t, ok := firstOpen[o.RequestID]; !ok || o.Invoke < t {
+				firstOpen[o.RequestID] = o.Invoke
+			}
+			if p := openLost[o.RequestID]; o.Result == Fail && o.Code == "lease_lost" && (p == nil || o.Complete < p.Complete) {
+				openLost[o.RequestID] = o
+			}
+		}
+		switch {
+		case o.Kind == KOpen && o.Result == OK:
+			if p := byOpen[o.RequestID]; p != nil && p.Session != o.Session {
+				rep.add("session-id", "open %s answered two sessions: %v and %v", o.RequestID, p, o)
+			} else if p == nil {
+				byOpen[o.RequestID] = o
+			}
+		case o.Kind == KCancel:
+			for _, k := range cancelKeys(o) {
+				if t, ok := cancelled[k]; !ok || o.Invoke < t {
+					cancelled[k] = o.Invoke
+				}
+			}
+		}
+	}
+	return firstOpen, openLost, cancelled
 }

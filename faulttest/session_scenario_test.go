@@ -242,14 +242,17 @@ func TestSessionsAcrossLeaderChanges(t *testing.T) {
 	checkSessionActivity(t, rep, &r.W.sessStats)
 }
 
-// What a run of sessions must have done for its check to mean much.
-const minSessionGrants, minKeepalives, minCloses = 10, 10, 3
+// What a run of sessions must have done for its check to mean much:
+// grants of single resources, of lock sets and of permits in sessions,
+// keepalives and closes.
+const minSessionGrants, minSessionSets, minSessionPermits, minKeepalives, minCloses = 10, 2, 2, 10, 3
 
 // sessionActivity is the condition for DriveUntil that a run's session
 // actors have done enough.
 func sessionActivity(r *Run) func() bool {
 	s := &r.W.sessStats
-	return all(r.atLeast(minSessionGrants, "session-acquire/ok"), r.atLeast(minKeepalives, "keepalive/ok"),
+	return all(r.atLeast(minSessionGrants, "session-acquire/ok"), r.atLeast(minSessionSets, "session-set-acquire/ok"),
+		r.atLeast(minSessionPermits, "session-permit-acquire/ok"), r.atLeast(minKeepalives, "keepalive/ok"),
 		func() bool { return s.closed.Load()+s.closedInFlight.Load() >= minCloses })
 }
 
@@ -257,8 +260,10 @@ func sessionActivity(r *Run) func() bool {
 // its check to mean much.
 func checkSessionActivity(t *testing.T, rep *Report, s *sessionStats) {
 	t.Helper()
-	if rep.Counts["session-acquire/ok"] < minSessionGrants || rep.Counts["keepalive/ok"] < minKeepalives || s.closed.Load()+s.closedInFlight.Load() < minCloses {
-		t.Errorf("sessions were hardly exercised: %d grants in sessions, %d keepalives, %d closes",
-			rep.Counts["session-acquire/ok"], rep.Counts["keepalive/ok"], s.closed.Load()+s.closedInFlight.Load())
+	grants, sets, permits := rep.Counts["session-acquire/ok"], rep.Counts["session-set-acquire/ok"], rep.Counts["session-permit-acquire/ok"]
+	closes := s.closed.Load() + s.closedInFlight.Load()
+	if grants < minSessionGrants || sets < minSessionSets || permits < minSessionPermits || rep.Counts["keepalive/ok"] < minKeepalives || closes < minCloses {
+		t.Errorf("sessions were hardly exercised: %d grants in sessions (%d of lock sets, %d of permits), %d keepalives, %d closes",
+			grants, sets, permits, rep.Counts["keepalive/ok"], closes)
 	}
 }

@@ -19,11 +19,12 @@ import (
 // request id, and write through the fenced register; and Go clients
 // (package client) that wait for hot resources, sometimes giving up
 // mid-wait; and, when asked, session actors (runSession) that open
-// sessions, keep them alive and hold several leases in each, and actors of
-// lock sets, semaphores and elections (primitives_workload_test.go), with
-// an observer of election events and a watch of the bucket. Every
-// operation is recorded in Hist. Zero values of the tuning fields take the
-// defaults given.
+// sessions, keep them alive and hold several leases in each (lock sets
+// and permits of semaphores among them), and actors of lock sets,
+// semaphores and elections (primitives_workload_test.go), with an
+// observer of election events and a watch of the bucket. Every operation
+// is recorded in Hist. Zero values of the tuning fields take the defaults
+// given.
 type Workload struct {
 	H    *Harness
 	Hist *History
@@ -41,6 +42,12 @@ type Workload struct {
 	Raw, Go int
 	// Sessions is the number of session actors. The default is none.
 	Sessions int
+	// SessionSets and SessionPermits are the shares of a session actor's
+	// acquires that take a lock set (2 to 4 resources, out of the set
+	// pool or of the hot and cold resources) or a permit of a semaphore
+	// (of Permits permits) in the session. Defaults 0.25 and 0.2;
+	// negative for none.
+	SessionSets, SessionPermits float64
 	// MinSessionTTL and MaxSessionTTL bound the TTL of each session, drawn
 	// at random between them. Defaults 2s and 4s.
 	MinSessionTTL, MaxSessionTTL time.Duration
@@ -128,6 +135,9 @@ func (w *Workload) defaults() {
 	def(&w.WaitShare, 0.2)
 	def(&w.CancelShare, 0.3)
 	def(&w.StaleWrite, 0.15)
+	def(&w.SessionSets, 0.25)
+	def(&w.SessionPermits, 0.2)
+	w.SessionSets, w.SessionPermits = max(w.SessionSets, 0), max(w.SessionPermits, 0)
 	w.primitiveDefaults()
 }
 
