@@ -580,8 +580,14 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 		return nil, err
 	}
 	defer st.unlock()
-	if o, ok := l.tracker.get(key); ok && o.held() && o.rec.Set != "" && sameLease(o.rec.LeaseID, leaseID) {
+	o, ok := l.tracker.get(key)
+	if ok && o.held() && o.rec.Set != "" && sameLease(o.rec.LeaseID, leaseID) {
 		return nil, errSetMember()
+	}
+	if ok && o.held() && o.rec.Session != "" && sameLease(o.rec.LeaseID, leaseID) {
+		if _, _, live := l.tracker.sessionInfo(o.rec.Session); !live {
+			return l.releaseInEndedSession(ctx, resource, key, leaseID, o.rec.Session, who)
+		}
 	}
 	ended, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool {
 		// A lease of a session that has ended ended with it: it is not
@@ -593,6 +599,31 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 		return nil, err
 	}
 	return &streams.ReleaseResponse{Resource: resource, Released: ended != nil}, nil
+}
+
+// releaseInEndedSession answers the release of a lease of session hash
+// that this instance does not know live (it missed the session's end, or
+// never saw the session): on a fresh read of the session's record. A
+// session that has ended ended the lease with it: the answer is
+// released:false, as for any lease that has ended, and the record, if it
+// is still there, is ended now (its session's end, as the sweep would).
+func (l *locks) releaseInEndedSession(ctx context.Context, resource, key, leaseID, hash string, who origin) (*streams.ReleaseResponse, error) {
+	gone, err := l.sessionGone(ctx, hash)
+	if err != nil {
+		return nil, err
+	}
+	match := func(rec *streams.Record) bool { return sameLease(rec.LeaseID, leaseID) && rec.Set == "" }
+	if !gone {
+		ended, err := l.endIf(ctx, resource, key, match, endRelease, who, "")
+		if err != nil {
+			return nil, err
+		}
+		return &streams.ReleaseResponse{Resource: resource, Released: ended != nil}, nil
+	}
+	if _, err := l.endIf(ctx, resource, key, match, endSessionExpiry, origin{}, ""); err != nil {
+		return nil, err
+	}
+	return &streams.ReleaseResponse{Resource: resource}, nil
 }
 
 // revoke ends the current lease of resource, whoever holds it. Only an

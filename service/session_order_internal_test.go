@@ -178,3 +178,40 @@ func TestAnOrphanIsEndedOnSight(t *testing.T) {
 		t.Fatalf("the ended session as a retry sees it: %v", err)
 	}
 }
+
+// A release of a lease of a session that this instance does not know (it
+// restarted, or forgot the session after a write of unknown outcome), and
+// that ended meanwhile, is answered as for any lease that has ended,
+// released:false, on a fresh read of the session's record, and the lease
+// is ended with its session.
+func TestAReleaseInASessionEndedUnseenIsNotReleasedAgain(t *testing.T) {
+	cl := startCluster(t)
+	s, _ := startInstance(t, cl, DefaultConfig(), 200*time.Millisecond)
+	waitFor(t, 30*time.Second, func() bool { return !s.Following() }, "the lone instance stops following")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := openIn(t, s, "unseen", "order/unseen")
+	sess, err := s.locks.session(ctx, g, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := s.locks.current(ctx, g.key, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := s.locks.grant(ctx, g, free, sess)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := storeBucket(t, cl).Delete(ctx, streams.SessionKey(g.session)); err != nil {
+		t.Fatal(err)
+	}
+	s.tracker.forget(streams.SessionKey(g.session))
+	resp, err := s.locks.release(ctx, g.resource, lease.LeaseID, origin{})
+	if err != nil || resp.Released {
+		t.Fatalf("release of a lease whose session ended: %+v %v; want released:false", resp, err)
+	}
+	if o, _ := s.locks.current(ctx, g.key, true); o.held() {
+		t.Fatalf("the lease of the ended session is still held: %+v", o.rec)
+	}
+}

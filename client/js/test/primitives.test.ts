@@ -89,7 +89,10 @@ describe("sessions", () => {
     await s.renewed(); // keepalives run by themselves
     assert.ok(s.expiresAt.getTime() > before);
     assert.equal(la.signal.aborted, false);
-    assert.ok(la.expiresAt.getTime() <= s.expiresAt.getTime());
+    // The lease's deadline is the session's (or earlier). Each getter reads
+    // the wall clock (whole ms) and the monotonic clock at its own instant:
+    // the two can differ by the rounding of one millisecond.
+    assert.ok(la.expiresAt.getTime() <= s.expiresAt.getTime() + 1);
     await assert.rejects(s.acquire(unique("sess"), { ttlMs: 1000 } as never), InvalidRequestError);
     // Releasing one lease leaves the session and the others.
     assert.equal(await set.release(), true);
