@@ -72,10 +72,9 @@ const (
 // with a check of session hash's record or rewrite it: its keepalives, its
 // end, the proofs of a negative answer about it, and a lone instance's
 // grants to it (an instance that follows the bucket grants without a
-// check, see above). JetStream refuses a second write
-// whose check names a key while one is being proposed (it answers a
-// conflict), so without the gate the concurrent acquires of one session
-// would fail each other. Between instances such conflicts remain; they
+// check, see above). JetStream refuses a second write whose check names a
+// key while one is being proposed (it answers a conflict), so without the
+// gate the concurrent writes of one session would fail each other. Between instances such conflicts remain; they
 // are retried after a pause (conflictPause). The gate is always the last
 // lock taken (after the session's key and a lease key), so it cannot
 // deadlock.
@@ -431,9 +430,10 @@ func (l *locks) inStreamOrder() bool {
 // stale stream leader enters it): a session record still live there
 // (holding secret, the caller's, when given: an ended session never lives
 // again) was not ended before the grant, and whoever ends it later finds
-// the lease (endSession waits for its own end's delivery). Otherwise the session has ended and
-// validInSession answers lease_lost: the caller ends the grant (an orphan,
-// when the end came first) and never tells its requester it holds it.
+// the lease (endSession waits for its own end's delivery). Otherwise the
+// session has ended and validInSession answers lease_lost: the caller
+// ends the grant (an orphan, when the end came first) and never tells its
+// requester it holds it.
 // When the watcher has not delivered rev within OpTimeout the answer is
 // unavailable and the grant stays: a retry of the same request decides
 // it again.
