@@ -34,8 +34,9 @@ const (
 
 // ended describes a lease that was ended.
 type ended struct {
-	token uint64 // of the lease ended
-	owner string
+	token   uint64 // of the lease ended
+	owner   string
+	session string // the session the lease was held in, if any
 }
 
 // endIf ends the lease at key if match accepts its record, and returns
@@ -78,7 +79,7 @@ func (l *locks) endIf(ctx context.Context, resource, key string, match func(*str
 			return nil, err
 		}
 		l.report.ended(why, resource, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", who, attrs...)
-		return &ended{token: o.rec.TokenAt(o.rev), owner: o.rec.Owner}, nil
+		return &ended{token: o.rec.TokenAt(o.rev), owner: o.rec.Owner, session: o.rec.Session}, nil
 	}
 	return nil, tooManyConflicts()
 }

@@ -598,6 +598,18 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 	if err != nil {
 		return nil, err
 	}
+	if ended != nil && ended.session != "" && l.inStreamOrder() {
+		// The release counts only if its session had not ended before it
+		// in the stream, as a grant to a session (validInSession): this
+		// instance's view of the session may lag. If it had, the lease
+		// had ended with it.
+		o, _ := l.tracker.get(key)
+		if err := l.validInSession(ctx, o.rev, ended.session, "", true); isCode(err, streams.CodeLeaseLost) {
+			ended = nil
+		} else if err != nil {
+			return nil, err
+		}
+	}
 	return &streams.ReleaseResponse{Resource: resource, Released: ended != nil}, nil
 }
 

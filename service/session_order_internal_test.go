@@ -215,3 +215,45 @@ func TestAReleaseInASessionEndedUnseenIsNotReleasedAgain(t *testing.T) {
 		t.Fatalf("the lease of the ended session is still held: %+v", o.rec)
 	}
 }
+
+// A release of a lease of a session counts, like a grant, only if the
+// session had not ended before it in the stream: an instance whose view
+// of the session lags (here its tracker is set back to the live session
+// after its watcher delivered the end) ends the lease it is asked to, and
+// answers released:false, as for a lease that had ended with its session.
+func TestAReleaseAfterItsSessionEndedIsNotAReleaseInStreamOrder(t *testing.T) {
+	cl := startCluster(t)
+	s, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute) // follows the bucket throughout
+	waitFor(t, 30*time.Second, s.locks.inStreamOrder, "the instance follows the bucket")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := openIn(t, s, "lagging", "order/lagging")
+	sess, err := s.locks.session(ctx, g, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := s.locks.current(ctx, g.key, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := s.locks.grant(ctx, g, free, sess)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := storeBucket(t, cl).Delete(ctx, streams.SessionKey(g.session)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		live, known := s.locks.seen.liveAt(g.session, "", 0)
+		return known && !live
+	}, "the watcher delivered the session's end")
+	s.tracker.forget(streams.SessionKey(g.session))
+	s.tracker.observe(streams.SessionKey(g.session), sess.entry) // the lagging view
+	resp, err := s.locks.release(ctx, g.resource, lease.LeaseID, origin{})
+	if err != nil || resp.Released {
+		t.Fatalf("release after the session's end: %+v %v; want released:false", resp, err)
+	}
+	if _, mark := lastWrite(t, cl, g.key); mark == nil || mark.Why != string(endRelease) {
+		t.Fatalf("the lease's end: %+v; want this release's (the check is of the release's own write)", mark)
+	}
+}
