@@ -41,6 +41,25 @@ func openIn(t *testing.T, s *Service, requestID, res string) *grantReq {
 		hash: requestHash(res, "r-"+res, ""), ttl: 30 * time.Second, session: hash, secret: secret}
 }
 
+// grantIn grants g, a request in a live session, through s's decision on
+// fresh reads, and returns the lease and the session as it was read.
+func grantIn(ctx context.Context, t *testing.T, s *Service, g *grantReq) (*streams.LeaseResponse, observation) {
+	t.Helper()
+	sess, err := s.locks.session(ctx, g, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := s.locks.current(ctx, g.key, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := s.locks.grant(ctx, g, free, sess)
+	if err != nil || lease.Token == 0 {
+		t.Fatalf("grant in a live session: %v %v", lease, err)
+	}
+	return lease, sess
+}
+
 // storeBucket returns the lock bucket as the store user reaches it.
 func storeBucket(t *testing.T, cl *devcluster.Cluster) jetstream.KeyValue {
 	t.Helper()
@@ -100,18 +119,7 @@ func TestAGrantAfterItsSessionEndedIsNeverAnswered(t *testing.T) {
 	defer cancel()
 
 	before := openIn(t, a, "counted", "order/before")
-	sess, err := a.locks.session(ctx, before, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	free, err := a.locks.current(ctx, before.key, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease, err := a.locks.grant(ctx, before, free, sess)
-	if err != nil || lease.Token == 0 {
-		t.Fatalf("grant in a live session: %v %v", lease, err)
-	}
+	grantIn(ctx, t, a, before)
 	if _, err := b.locks.closeSession(ctx, before.session+before.secret, origin{}); err != nil {
 		t.Fatal(err)
 	}
@@ -119,11 +127,11 @@ func TestAGrantAfterItsSessionEndedIsNeverAnswered(t *testing.T) {
 		"the grant made before the close is ended by it")
 
 	orphan := openIn(t, a, "orphaned", "order/after")
-	sess, err = a.locks.session(ctx, orphan, true) // the session as the acquire saw it: live
+	sess, err := a.locks.session(ctx, orphan, true) // the session as the acquire saw it: live
 	if err != nil {
 		t.Fatal(err)
 	}
-	free, err = a.locks.current(ctx, orphan.key, true)
+	free, err := a.locks.current(ctx, orphan.key, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,18 +199,7 @@ func TestAReleaseInASessionEndedUnseenIsNotReleasedAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	g := openIn(t, s, "unseen", "order/unseen")
-	sess, err := s.locks.session(ctx, g, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	free, err := s.locks.current(ctx, g.key, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease, err := s.locks.grant(ctx, g, free, sess)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease, _ := grantIn(ctx, t, s, g)
 	if err := storeBucket(t, cl).Delete(ctx, streams.SessionKey(g.session)); err != nil {
 		t.Fatal(err)
 	}
@@ -228,18 +225,7 @@ func TestAReleaseAfterItsSessionEndedIsNotAReleaseInStreamOrder(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	g := openIn(t, s, "lagging", "order/lagging")
-	sess, err := s.locks.session(ctx, g, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	free, err := s.locks.current(ctx, g.key, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lease, err := s.locks.grant(ctx, g, free, sess)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lease, sess := grantIn(ctx, t, s, g)
 	if err := storeBucket(t, cl).Delete(ctx, streams.SessionKey(g.session)); err != nil {
 		t.Fatal(err)
 	}
