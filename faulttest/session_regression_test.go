@@ -3,6 +3,8 @@ package faulttest
 import (
 	"testing"
 	"time"
+
+	"github.com/jetlock/jetlock/internal/testenv"
 )
 
 // A retried session.open is answered lease_lost ("request_id … opened a
@@ -44,5 +46,53 @@ func TestRetriedOpenWhileTheFirstIsInFlight(t *testing.T) {
 			t.Fatalf("open %s, retried right after its first attempt (TTL %v), was answered that its session had ended: %v; 200ms later the same open: %v",
 				rid, ttl, &op, &again)
 		}
+	}
+}
+
+// A session opened on the majority side while the stream's leader is cut
+// off, then kept alive or closed through the old leader's node right after
+// the partition heals, is answered as the live session it is: found by the
+// soak (a close answered closed:false and a keepalive lease_lost, 0.1–0.4s
+// after a heal, seconds before the session's deadline). The instance on the
+// old leader's node has not seen the session: its watcher was cut off with
+// the node, and the node, still leader in its own term until it hears the
+// new one, answers reads from its old state.
+func TestStaleSessionAfterHeal(t *testing.T) {
+	t.Parallel()
+	h := StartHarness(t)
+	for node := 0; node < 3; node++ {
+		h.Serve(node, ServiceConfig())
+	}
+	var callers [3]*Caller
+	for node := range callers {
+		nc, _ := h.Connect(node, "probe")
+		callers[node] = &Caller{NC: nc, H: NewHistory(), Client: node}
+	}
+	const ttl = 10 * time.Second
+	for round := 0; round < 5; round++ {
+		old, err := h.IsolateLeader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s Op
+		testenv.Eventually(t, 20*time.Second, func() bool {
+			s = callers[(old+1)%3].OpenSession("heal-"+itoa(round), ttl, true)
+			return s.Result == OK
+		}, "no session opened on the majority side")
+		h.Heal()
+		via := callers[old]
+		if round%2 == 0 {
+			k := via.Keepalive(s.Session)
+			t.Logf("round %d: keepalive through the old leader's node right after healing: %v", round, &k)
+			if k.Result == Fail {
+				t.Fatalf("the live session was answered %s by a keepalive: %v", k.Code, &k)
+			}
+		}
+		c := via.CloseSession(s.Session)
+		t.Logf("round %d: close through the old leader's node right after healing: %v", round, &c)
+		if c.Result == OK && !c.Flag {
+			t.Fatalf("the live session was answered closed:false: %v", &c)
+		}
+		h.WaitCurrent(20 * time.Second)
 	}
 }

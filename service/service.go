@@ -145,6 +145,10 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := s.wire(b); err != nil {
 		return err
 	}
+	if err := s.store.acks.start(); err != nil {
+		return err
+	}
+	defer s.store.acks.stop() // after the requests and the background work
 	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	var bgWG sync.WaitGroup
 	defer func() {

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -261,9 +262,23 @@ func (l *locks) ownedSession(ctx context.Context, key, secret string, who origin
 		} else if err != nil {
 			return observation{}, false, err
 		}
+		l.notOwned(key, o, secret, who)
 		return o, false, nil
 	}
 	return observation{}, false, tooManyConflicts()
+}
+
+// notOwned logs, at debug level, what a negative answer about session key
+// rested on: rare, and the first thing to read when a caller disputes it.
+func (l *locks) notOwned(key string, o observation, secret string, who origin) {
+	if !l.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	args := []any{"key", key, "rev", o.rev, "held", o.held(), "foreign", o.foreign, "ended", o.end != nil}
+	if o.rec != nil {
+		args = append(args, "tenant_match", o.rec.Tenant == who.tenant(), "secret_match", sameLease(o.rec.LeaseID, secret))
+	}
+	l.log.Debug("session not the caller's", args...)
 }
 
 // lockSession splits the session id id and locks its session's key.

@@ -99,6 +99,8 @@ type store struct {
 
 	// mean is a moving mean of the writes' round trips, in nanoseconds.
 	mean atomic.Int64
+
+	acks acks // the writes' acknowledgements
 }
 
 // commitMean returns the recent mean round trip of a write.
@@ -108,6 +110,7 @@ func newStore(nc *nats.Conn, bucket string, retryWindow time.Duration) *store {
 	stream := streams.StreamName(bucket)
 	return &store{
 		nc:        nc,
+		acks:      acks{nc: nc},
 		subjPfx:   streams.SubjectPrefix(bucket),
 		stream:    stream,
 		getSubj:   "$JS.API.STREAM.MSG.GET." + stream,
@@ -251,6 +254,14 @@ func (s *store) deleteWrite(m *nats.Msg, expect uint64, end []byte) *nats.Msg {
 
 // del writes a delete marker on key if its last revision is still expect.
 // A non-nil end becomes the marker's body.
+//
+// An end (a release, a close) is answered to its caller, and a refusal
+// that came from a node that no longer leads the stream, while the
+// current leader committed the end, would answer it wrongly ("released:
+// false"; see acks). So an end carries a message id of its own, and one
+// refused in a way that may hide a commit (answerWait) is sent again, a
+// few times: if the first committed after all, the stream answers the
+// resend as its duplicate, with the first's revision.
 func (s *store) del(ctx context.Context, key string, expect uint64, end *streams.EndMark) (uint64, error) {
 	var body []byte
 	if end != nil {
@@ -260,8 +271,38 @@ func (s *store) del(ctx context.Context, key string, expect uint64, end *streams
 	}
 	m := s.deleteWrite(newWrite(s.subjPfx+key), expect, body)
 	defer freeWrite(m)
-	seq, _, err := s.publish(ctx, "delete", m)
-	return seq, err
+	if end == nil {
+		seq, _, err := s.publish(ctx, "delete", m)
+		return seq, err
+	}
+	m.Header.Set(jetstream.MsgIDHeader, "end-"+nuid.Next())
+	for try := 0; ; try++ {
+		seq, _, err := s.publish(ctx, "delete", m)
+		if try == endResends || !s.mayHaveCommitted(err, expect) {
+			return seq, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, classify(ctx.Err())
+		case <-time.After(time.Duration(1<<try) * time.Millisecond):
+		}
+	}
+}
+
+// endResends bounds the resends of an end refused as in flight (del).
+const endResends = 6
+
+// mayHaveCommitted reports whether err, a write's refusal, may have come
+// from a node that no longer leads the stream while the write committed
+// (see answerWait).
+func (s *store) mayHaveCommitted(err error, expect uint64) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	b, _ := json.Marshal(pubAck{Error: apiErr})
+	_, _, ambiguous := s.answerWait(b, expect)
+	return ambiguous
 }
 
 // confirm proves that key's last revision is still rev, by a write that
@@ -416,18 +457,21 @@ func (s *store) batch(ctx context.Context, op string, msgs []*batchMsg) (uint64,
 func (s *store) batchOnce(ctx context.Context, op string, msgs []*batchMsg) (uint64, error) {
 	id := nuid.Next()
 	last := len(msgs) - 1
+	var expect uint64
 	for i, m := range msgs {
+		expect = max(expect, expectedRev(m.Msg))
 		m.Header.Set(batchIDHeader, id)
 		m.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
 		if i == last {
 			m.Header.Set(batchCommitHeader, "1")
 			break
 		}
+		m.Reply = ""
 		if err := s.nc.PublishMsg(m.Msg); err != nil {
 			return 0, classify(err)
 		}
 	}
-	seq, _, err := s.publish(ctx, op, msgs[last].Msg)
+	seq, _, err := s.write(ctx, op, msgs[last].Msg, expect)
 	if err != nil {
 		return 0, err
 	}
@@ -454,7 +498,7 @@ func newWrite(subject string) *nats.Msg {
 // after.
 func freeWrite(m *nats.Msg) {
 	clear(m.Header)
-	m.Subject, m.Data = "", nil
+	m.Subject, m.Reply, m.Data = "", "", nil
 	writePool.Put(m)
 }
 
@@ -499,23 +543,28 @@ const (
 	noResponderWait    = 100 * time.Millisecond
 )
 
-// publish sends m to the stream and waits for its acknowledgement. It is
-// the request jetstream.PublishMsg makes, with a faster decoder for the
-// acknowledgement, which every write pays. Only a publish that reached no
-// stream leader ("no responders": certainly not written) is retried; any
-// other failure goes back to the caller, which decides again on fresh
-// state.
+// publish sends m to the stream and waits for its acknowledgement (see
+// write).
 func (s *store) publish(ctx context.Context, op string, m *nats.Msg) (uint64, bool, error) {
+	return s.write(ctx, op, m, expectedRev(m))
+}
+
+// expectedRev is the revision m's compare-and-set is based on (0: none).
+func expectedRev(m *nats.Msg) uint64 {
+	n, _ := strconv.ParseUint(m.Header.Get(jetstream.ExpectedLastSubjSeqHeader), 10, 64)
+	return n
+}
+
+// write sends m to the stream and waits for its acknowledgement: the
+// request jetstream.PublishMsg makes, with a faster decoder for the
+// acknowledgement, which every write pays. expect is the highest revision
+// the write's compare-and-sets are based on. Only a publish that reached
+// no stream leader ("no responders": certainly not written) is retried;
+// any other failure goes back to the caller, which decides again on fresh
+// state.
+func (s *store) write(ctx context.Context, op string, m *nats.Msg, expect uint64) (uint64, bool, error) {
 	floor, start := s.floor.Load(), time.Now()
-	msg, err := s.nc.RequestMsgWithContext(ctx, m)
-	for r := 0; errors.Is(err, nats.ErrNoResponders) && r < noResponderRetries; r++ {
-		select {
-		case <-ctx.Done():
-			return 0, false, classify(err)
-		case <-time.After(noResponderWait):
-		}
-		msg, err = s.nc.RequestMsgWithContext(ctx, m)
-	}
+	msg, err := s.request(ctx, m, expect)
 	if err != nil {
 		return 0, false, classify(err)
 	}
@@ -533,6 +582,57 @@ func (s *store) publish(ctx context.Context, op string, m *nats.Msg) (uint64, bo
 		}
 	}
 	return seq, dup, err
+}
+
+// request publishes m on a reply subject of its own (see acks) and returns
+// its answer: the first, unless that is a refusal that may have come from
+// a node that no longer leads the stream (answerWait): then the next
+// answer that is not from behind, if one comes within the wait.
+func (s *store) request(ctx context.Context, m *nats.Msg, expect uint64) (*nats.Msg, error) {
+	reply, ch, done, err := s.acks.open()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	m.Reply = reply
+	var msg *nats.Msg
+	for r := 0; ; r++ {
+		if err := s.nc.PublishMsg(m); err != nil {
+			return nil, err
+		}
+		if msg, err = await(ctx, ch); err != nil {
+			return nil, err
+		}
+		if !isNoResponders(msg) {
+			break
+		}
+		if r == noResponderRetries {
+			return nil, nats.ErrNoResponders
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(noResponderWait):
+		}
+	}
+	wait, _, ambiguous := s.answerWait(msg.Data, expect)
+	if !ambiguous {
+		return msg, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		next, err := await(wctx, ch)
+		if err != nil {
+			// The only answer: the key's last write expired, or the
+			// current leader's answer is late. The caller decides again
+			// on a fresh read; an end is sent again (del).
+			return msg, nil
+		}
+		if _, alsoBehind, _ := s.answerWait(next.Data, expect); !alsoBehind && !isNoResponders(next) {
+			return next, nil
+		}
+	}
 }
 
 // parseAck decodes an acknowledgement.
