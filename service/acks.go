@@ -25,7 +25,7 @@ import (
 // "wrong last sequence", at once, while the current leader commits the same
 // write and answers after the commit. Taken alone, the first answer would
 // report a write that committed as one that lost: a close that closed its
-// session answered closed:false (see store.write).
+// session answered closed:false (see store.request).
 type acks struct {
 	nc     *nats.Conn
 	once   sync.Once
@@ -125,56 +125,48 @@ func isNoResponders(m *nats.Msg) bool {
 // answer, which goes on with the sequence the answering node holds.
 const wrongLastPrefix = "wrong last sequence: "
 
-// refusal decodes data when it is a refused compare-and-set: "wrong last
-// sequence" with the revision the answering node holds (held, known), or
-// a write to the key in flight there (code 10164, or 10158 for the same
-// message id). ok is false for anything else, an acknowledgement first.
-func refusal(data []byte) (code jetstream.ErrorCode, held uint64, known, ok bool) {
+// answerWait says whether data, the answer to a compare-and-set on
+// revision expect, is a refusal that may have come from a node that does
+// not lead the stream any longer, while the current leader commits the
+// write (see ambiguity), and how long to wait for another answer then.
+func (s *store) answerWait(data []byte, expect uint64) (wait time.Duration, behind, ambiguous bool) {
 	if !bytes.Contains(data, []byte(`"error"`)) {
-		return 0, 0, false, false
+		return 0, false, false
 	}
 	var ack pubAck
 	if jsonv2.Unmarshal(data, &ack) != nil || ack.Error == nil {
-		return 0, 0, false, false
+		return 0, false, false
 	}
-	switch code = ack.Error.ErrorCode; code {
-	case codeWrongLastSeq:
-		n, found := strings.CutPrefix(ack.Error.Description, wrongLastPrefix)
-		held, err := strconv.ParseUint(n, 10, 64)
-		return code, held, found && err == nil, true
-	case codeWrongLastSeqInFlight, codeDuplicateInProcess:
-		return code, 0, false, true
-	}
-	return 0, 0, false, false
+	return s.ambiguity(ack.Error, expect)
 }
 
-// answerWait says whether data, the answer to a compare-and-set on
-// revision expect, may have come from a node that does not lead the
-// stream any longer (while the current leader commits the write), and
-// how long to wait for another answer then:
+// ambiguity says whether e, the refusal of a compare-and-set on revision
+// expect, may have come from a node that does not lead the stream any
+// longer, and how long to wait for the current leader's answer then:
 //   - "wrong last sequence" from a node that holds an older revision than
 //     expect, one this instance has seen committed: that node is behind
 //     the stream (or the key's last write has since expired, as a delete
 //     marker does after the retry window). The current leader answers
-//     after its commit: secondAnswerWait.
-//   - a write to the key in flight: the current leader's own answer, or
-//     that of a node that has stuck proposals from before a partition
-//     healed. A resent write (store.del) is answered by the current
-//     leader at once, as a duplicate: inFlightWait.
+//     after its commit: four mean commits, at least minSecondAnswer.
+//   - a write to the key (or of the same message id) in flight: the
+//     current leader's own answer, or that of a node with proposals stuck
+//     from before a partition healed. A write sent again (store.del) is
+//     answered by the current leader at once, as a duplicate: a mean
+//     commit, within 2–20 ms.
 //
 // behind reports the first case.
-func (s *store) answerWait(data []byte, expect uint64) (wait time.Duration, behind, ambiguous bool) {
-	code, held, known, ok := refusal(data)
-	switch {
-	case !ok:
-		return 0, false, false
-	case code == codeWrongLastSeq:
-		if known && held < expect {
+func (s *store) ambiguity(e *jetstream.APIError, expect uint64) (wait time.Duration, behind, ambiguous bool) {
+	switch e.ErrorCode {
+	case codeWrongLastSeq:
+		n, found := strings.CutPrefix(e.Description, wrongLastPrefix)
+		held, err := strconv.ParseUint(n, 10, 64)
+		if found && err == nil && held < expect {
 			return max(4*s.commitMean(), minSecondAnswer), true, true
 		}
-		return 0, false, false
+	case codeWrongLastSeqInFlight, codeDuplicateInProcess:
+		return min(max(s.commitMean(), 2*time.Millisecond), 20*time.Millisecond), false, true
 	}
-	return min(max(s.commitMean(), 2*time.Millisecond), 20*time.Millisecond), false, true
+	return 0, false, false
 }
 
 const minSecondAnswer = 100 * time.Millisecond

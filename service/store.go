@@ -289,7 +289,7 @@ func (s *store) del(ctx context.Context, key string, expect uint64, end *streams
 	}
 }
 
-// endResends bounds the resends of an end refused as in flight (del).
+// endResends bounds the resends of an end (del).
 const endResends = 6
 
 // mayHaveCommitted reports whether err, a write's refusal, may have come
@@ -300,8 +300,7 @@ func (s *store) mayHaveCommitted(err error, expect uint64) bool {
 	if !errors.As(err, &apiErr) {
 		return false
 	}
-	b, _ := json.Marshal(pubAck{Error: apiErr})
-	_, _, ambiguous := s.answerWait(b, expect)
+	_, _, ambiguous := s.ambiguity(apiErr, expect)
 	return ambiguous
 }
 
