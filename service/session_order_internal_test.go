@@ -226,20 +226,79 @@ func TestAReleaseAfterItsSessionEndedIsNotAReleaseInStreamOrder(t *testing.T) {
 	defer cancel()
 	g := openIn(t, s, "lagging", "order/lagging")
 	lease, sess := grantIn(ctx, t, s, g)
-	if err := storeBucket(t, cl).Delete(ctx, streams.SessionKey(g.session)); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, func() bool {
-		live, known := s.locks.seen.liveAt(g.session, "", 0)
-		return known && !live
-	}, "the watcher delivered the session's end")
-	s.tracker.forget(streams.SessionKey(g.session))
-	s.tracker.observe(streams.SessionKey(g.session), sess.entry) // the lagging view
+	endBehindItsBack(ctx, t, s, cl, g.session, &sess)
 	resp, err := s.locks.release(ctx, g.resource, lease.LeaseID, origin{})
 	if err != nil || resp.Released {
 		t.Fatalf("release after the session's end: %+v %v; want released:false", resp, err)
 	}
 	if _, mark := lastWrite(t, cl, g.key); mark == nil || mark.Why != string(endRelease) {
 		t.Fatalf("the lease's end: %+v; want this release's (the check is of the release's own write)", mark)
+	}
+}
+
+// setIn grants the set of resources to a request in g's session (g from
+// openIn), through s's decision on fresh reads.
+func setIn(ctx context.Context, t *testing.T, s *Service, g *grantReq, resources ...string) *streams.SetLeaseResponse {
+	t.Helper()
+	r := newSetReq(resources, "set-"+g.requestID, g.owner, origin{})
+	r.ttl, r.session, r.secret = 30*time.Second, g.session, g.secret
+	resp, err := s.locks.acquireSet(ctx, r)
+	if err != nil || resp.LeaseID == "" {
+		t.Fatalf("set in a live session: %+v %v", resp, err)
+	}
+	return resp
+}
+
+// The same for a lock set held in a session (found by the soak: a set's
+// release answered released:true just after its session's close had been
+// answered): by stream order on an instance that follows the bucket, and
+// on a fresh read of the session on one that does not know it.
+func TestASetReleaseAfterItsSessionEndedIsNotARelease(t *testing.T) {
+	cl := startCluster(t)
+	s, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute) // follows the bucket throughout
+	waitFor(t, 30*time.Second, s.locks.inStreamOrder, "the instance follows the bucket")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, lagging := range []bool{true, false} {
+		name := map[bool]string{true: "lagging", false: "unseen"}[lagging]
+		g := openIn(t, s, "set-"+name, "order/set-"+name+"/a")
+		sess, err := s.locks.session(ctx, g, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resources := []string{"order/set-" + name + "/a", "order/set-" + name + "/b"}
+		set := setIn(ctx, t, s, g, resources...)
+		view := &sess
+		if !lagging {
+			view = nil
+		}
+		endBehindItsBack(ctx, t, s, cl, g.session, view)
+		resp, err := s.locks.releaseSet(ctx, resources, set.LeaseID, origin{})
+		if err != nil || resp.Released {
+			t.Fatalf("%s: release of a set after its session's end: %+v %v; want released:false", name, resp, err)
+		}
+		for _, res := range resources {
+			if o, _ := s.locks.current(ctx, streams.LeaseKey(res), true); o.held() {
+				t.Fatalf("%s: %s of the ended session's set is still held: %+v", name, res, o.rec)
+			}
+		}
+	}
+}
+
+// endBehindItsBack deletes session hash's record behind s's back, waits
+// until s's watcher has delivered that, and sets s's tracker to know
+// nothing of the session, or, given lagging, to that view of it.
+func endBehindItsBack(ctx context.Context, t *testing.T, s *Service, cl *devcluster.Cluster, hash string, lagging *observation) {
+	t.Helper()
+	if err := storeBucket(t, cl).Delete(ctx, streams.SessionKey(hash)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		live, known := s.locks.seen.liveAt(hash, "", 0)
+		return known && !live
+	}, "the watcher delivered the session's end")
+	s.tracker.forget(streams.SessionKey(hash))
+	if lagging != nil {
+		s.tracker.observe(streams.SessionKey(hash), lagging.entry)
 	}
 }

@@ -662,16 +662,62 @@ func (l *locks) releaseSet(ctx context.Context, resources []string, leaseID stri
 		if err != nil {
 			return nil, err
 		}
-		n, err := l.endSetKeys(ctx, keys, obs, match, endRelease, who, "")
+		hash := setSession(obs, match)
+		why, by, err := l.releaseWhy(ctx, hash, who)
+		if err != nil {
+			return nil, err
+		}
+		n, err := l.endSetKeys(ctx, keys, obs, match, why, by, "")
 		if errors.Is(err, errConflict) {
 			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		return &streams.SetReleaseResponse{Resources: resources, Released: n > 0}, nil
+		released := n > 0 && why == endRelease
+		if released && hash != "" && l.inStreamOrder() {
+			// As for a single lease (locks.release): the release counts
+			// only if its session had not ended before it in the stream.
+			o, _ := l.tracker.get(keys[slices.Index(match, true)])
+			if err := l.validInSession(ctx, o.rev, hash, "", true); isCode(err, streams.CodeLeaseLost) {
+				released = false
+			} else if err != nil {
+				return nil, err
+			}
+		}
+		return &streams.SetReleaseResponse{Resources: resources, Released: released}, nil
 	}
 	return nil, tooManyConflicts()
+}
+
+// setSession returns the session that the set observed in obs (at its
+// keys where match is set) is held in; "" for none.
+func setSession(obs []observation, match []bool) string {
+	for i, o := range obs {
+		if match[i] && o.held() {
+			return o.rec.Session
+		}
+	}
+	return ""
+}
+
+// releaseWhy says how a release of a lease of session hash ("" for none)
+// ends it, and for whom: a release by who, unless the session has ended,
+// which this instance may not have seen (it is then read fresh): the lease
+// ended with it, and what is left of it is ended as its session's end
+// would (the answer is released:false).
+func (l *locks) releaseWhy(ctx context.Context, hash string, who origin) (endReason, origin, error) {
+	if hash == "" {
+		return endRelease, who, nil
+	}
+	if _, _, live := l.tracker.sessionInfo(hash); live {
+		return endRelease, who, nil
+	}
+	gone, err := l.sessionGone(ctx, hash)
+	if err != nil || !gone {
+		return endRelease, who, err
+	}
+	return endSessionExpiry, origin{}, nil
 }
 
 // endSetKeys ends, in one atomic batch of delete markers, the keys whose
