@@ -306,8 +306,8 @@ func (l *locks) wakeHead(enc string) {
 // waiter gets the resource in the same write. Every instance sweeps; the
 // compare-and-set lets exactly one succeed.
 func (l *locks) expire(ctx context.Context, it dueItem) {
-	if o, ok := l.tracker.get(it.key); ok && o.rev == it.rev && o.held() && o.rec.Set != "" && strings.HasPrefix(it.key, streams.LeaseKeyPrefix) && l.tracker.expired(o, time.Now()) {
-		l.expireSet(ctx, it, o) // a set ends whole; it locks every key
+	if o, ok := l.tracker.get(it.key); ok && o.rev == it.rev && o.held() && o.rec.Set != "" && strings.HasPrefix(it.key, streams.LeaseKeyPrefix) {
+		l.expireSetKey(ctx, it, o) // a set ends whole, never one key alone
 		return
 	}
 	st, err := l.lock(ctx, it.key)

@@ -302,3 +302,29 @@ func endBehindItsBack(ctx context.Context, t *testing.T, s *Service, cl *devclus
 		s.tracker.observe(streams.SessionKey(hash), lagging.entry)
 	}
 }
+
+// A due item of one key of a set of a session that has ended (an orphan
+// the tracker made due without knowing the session) ends the set whole,
+// never that key alone (found by the soak: "set-partial").
+func TestADueKeyOfAnOrphanSetEndsTheSetWhole(t *testing.T) {
+	cl := startCluster(t)
+	s, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute)
+	waitFor(t, 30*time.Second, s.locks.inStreamOrder, "the instance follows the bucket")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := openIn(t, s, "due-set", "order/due-set/a")
+	resources := []string{"order/due-set/a", "order/due-set/b"}
+	setIn(ctx, t, s, g, resources...)
+	endBehindItsBack(ctx, t, s, cl, g.session, nil)
+	key := streams.LeaseKey(resources[0])
+	o, ok := s.tracker.get(key)
+	if !ok || !o.held() {
+		t.Fatalf("the set's first key: %+v %v", o, ok)
+	}
+	s.locks.expire(ctx, dueItem{key: key, rev: o.rev})
+	for _, res := range resources {
+		if cur, _ := s.locks.current(ctx, streams.LeaseKey(res), true); cur.held() {
+			t.Fatalf("%s of the orphan set is still held after its key %s came due: %+v", res, key, cur.rec)
+		}
+	}
+}

@@ -463,6 +463,7 @@ func (l *locks) validInSession(ctx context.Context, rev uint64, hash, secret str
 			if live, known := l.seen.liveAt(hash, secret, rev); known && live {
 				return nil
 			} else if known {
+				l.log.Debug("a grant to a session that was not live at its place in the stream", "session", hash, "revision", rev, "delivered", l.delivered())
 				return errNoSession()
 			}
 			select {

@@ -776,7 +776,14 @@ func (l *locks) expireSet(ctx context.Context, it dueItem, o observation) {
 	if !ok || cur.rev != it.rev || !l.tracker.expired(cur, time.Now()) {
 		return // renewed, released or forgotten meanwhile
 	}
-	obs, match, whole := l.expiredSet(ctx, keys, o)
+	obs, match, whole, err := l.expiredSet(ctx, keys, o)
+	if err != nil {
+		// What the other keys hold is not known (the reads failed, as in
+		// an outage): ending the keys known here could end the set in
+		// part. Look again shortly.
+		l.tracker.retryAt(it, time.Now().Add(time.Second))
+		return
+	}
 	if !whole && time.Now().Before(l.tracker.deadline(&cur).Add(setExpiryPatience)) {
 		// Part of the set looks renewed, or is not known here: a view
 		// that lags (a write whose outcome was unknown is forgotten until
@@ -799,6 +806,31 @@ func (l *locks) expireSet(ctx context.Context, it dueItem, o observation) {
 	}
 }
 
+// expireSetKey handles the due item of a key of the set lease observed in
+// o: the set ends whole, under the locks of all its keys (expireSet), once
+// it has expired; a set of a session whose record is gone (an orphan the
+// tracker made due, tracker.orphansDue) ends as its session's end would
+// have ended it (endSessionSet).
+func (l *locks) expireSetKey(ctx context.Context, it dueItem, o observation) {
+	if l.tracker.expired(o, time.Now()) {
+		l.expireSet(ctx, it, o)
+		return
+	}
+	if o.rec.Session == "" {
+		l.tracker.retryAt(it, l.tracker.deadline(&o)) // came due early
+		return
+	}
+	gone, err := l.sessionGone(ctx, o.rec.Session)
+	switch {
+	case err != nil:
+		l.tracker.retryAt(it, time.Now().Add(time.Second))
+	case !gone:
+		l.tracker.retryAt(it, l.tracker.deadline(&o))
+	default:
+		l.endSessionSet(ctx, o.rec.LeaseID, []string{it.key}, o.rec.Session, endSessionExpiry)
+	}
+}
+
 // setExpiryPatience is how long past a set's expiry an instance waits to
 // see every key of it expired before it ends the keys it knows (a key
 // ended apart, by a revoke, never comes back).
@@ -808,8 +840,8 @@ const setExpiryPatience = 10 * time.Second
 // in o, and which of them hold it expired; whole is set when every key of
 // the set (its size) is among them. When some key seems to hold a later
 // renewal, or fewer keys than the set's size are known, it decides on
-// fresh reads of every key.
-func (l *locks) expiredSet(ctx context.Context, keys []string, o observation) ([]observation, []bool, bool) {
+// fresh reads of every key (err: they failed).
+func (l *locks) expiredSet(ctx context.Context, keys []string, o observation) ([]observation, []bool, bool, error) {
 	obs := make([]observation, len(keys))
 	match := make([]bool, len(keys))
 	decide := func() (n int, later bool) {
@@ -829,15 +861,15 @@ func (l *locks) expiredSet(ctx context.Context, keys []string, o observation) ([
 	}
 	n, later := decide()
 	if n == o.rec.SetSize && !later {
-		return obs, match, true
+		return obs, match, true, nil
 	}
 	fresh, err := l.readAll(ctx, keys, true)
 	if err != nil {
-		return obs, match, false
+		return obs, match, false, err
 	}
 	copy(obs, fresh)
 	n, later = decide()
-	return obs, match, n == o.rec.SetSize && !later
+	return obs, match, n == o.rec.SetSize && !later, nil
 }
 
 // cancelSet makes sure the set request holds nothing and waits for
