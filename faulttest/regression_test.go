@@ -186,15 +186,7 @@ func TestPausedWaiterNotAnsweredLeaseLost(t *testing.T) {
 // that commits only through a current leader.
 func TestStaleReadAfterHeal(t *testing.T) {
 	t.Parallel()
-	h := StartHarness(t)
-	for node := 0; node < 3; node++ {
-		h.Serve(node, ServiceConfig())
-	}
-	var callers [3]*Caller
-	for node := range callers {
-		nc, _ := h.Connect(node, "probe")
-		callers[node] = &Caller{NC: nc, H: NewHistory(), Client: node}
-	}
+	h, callers := servedEverywhere(t)
 	for round := 0; round < 5; round++ {
 		old, err := h.IsolateLeader()
 		if err != nil {
@@ -214,4 +206,20 @@ func TestStaleReadAfterHeal(t *testing.T) {
 		}
 		h.WaitCurrent(20 * time.Second)
 	}
+}
+
+// servedEverywhere starts a cluster with a service instance on each node,
+// and a caller connected to each node (callers[i] to node i).
+func servedEverywhere(t *testing.T) (*Harness, [3]*Caller) {
+	t.Helper()
+	h := StartHarness(t)
+	for node := 0; node < 3; node++ {
+		h.Serve(node, ServiceConfig())
+	}
+	var callers [3]*Caller
+	for node := range callers {
+		nc, _ := h.Connect(node, "probe")
+		callers[node] = &Caller{NC: nc, H: NewHistory(), Client: node}
+	}
+	return h, callers
 }

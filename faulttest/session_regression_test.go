@@ -59,15 +59,7 @@ func TestRetriedOpenWhileTheFirstIsInFlight(t *testing.T) {
 // new one, answers reads from its old state.
 func TestStaleSessionAfterHeal(t *testing.T) {
 	t.Parallel()
-	h := StartHarness(t)
-	for node := 0; node < 3; node++ {
-		h.Serve(node, ServiceConfig())
-	}
-	var callers [3]*Caller
-	for node := range callers {
-		nc, _ := h.Connect(node, "probe")
-		callers[node] = &Caller{NC: nc, H: NewHistory(), Client: node}
-	}
+	h, callers := servedEverywhere(t)
 	const ttl = 10 * time.Second
 	for round := 0; round < 5; round++ {
 		old, err := h.IsolateLeader()

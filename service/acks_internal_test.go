@@ -23,11 +23,7 @@ import (
 // closed). The store must report what the current leader did.
 func TestARefusalFromANodeThatNoLongerLeadsIsNotTheAnswer(t *testing.T) {
 	cl := startCluster(t)
-	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Store)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := connectAs(t, cl, devcluster.Store)
 	js, _ := jetstream.New(nc)
 	ctx := t.Context()
 	if _, err := js.CreateStream(ctx, streams.BucketConfig{Bucket: "stale", Replicas: 3, RetryWindow: time.Minute}.StreamConfig(1)); err != nil {
@@ -51,11 +47,7 @@ func TestARefusalFromANodeThatNoLongerLeadsIsNotTheAnswer(t *testing.T) {
 	}
 	// The old leader: it answers every compare-and-set on the bucket with
 	// answer.
-	old, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Admin)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
+	old := connectAs(t, cl, devcluster.Admin)
 	var answer atomic.Value
 	sub, err := old.Subscribe(streams.SubjectPrefix("stale")+">", func(m *nats.Msg) {
 		if m.Reply != "" && m.Header.Get(jetstream.ExpectedLastSubjSeqHeader) != "" {

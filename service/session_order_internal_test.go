@@ -60,15 +60,21 @@ func grantIn(ctx context.Context, t *testing.T, s *Service, g *grantReq) (*strea
 	return lease, sess
 }
 
-// storeBucket returns the lock bucket as the store user reaches it.
-func storeBucket(t *testing.T, cl *devcluster.Cluster) jetstream.KeyValue {
+// connectAs connects to cl as a user of role, until the test ends.
+func connectAs(t *testing.T, cl *devcluster.Cluster, role devcluster.Role) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Store)...)
+	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(role)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	return nc
+}
+
+// storeBucket returns the lock bucket as the store user reaches it.
+func storeBucket(t *testing.T, cl *devcluster.Cluster) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(connectAs(t, cl, devcluster.Store))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,12 +89,7 @@ func storeBucket(t *testing.T, cl *devcluster.Cluster) jetstream.KeyValue {
 // is a delete, the end mark it carries.
 func lastWrite(t *testing.T, cl *devcluster.Cluster, key string) (uint64, *streams.EndMark) {
 	t.Helper()
-	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Store)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(connectAs(t, cl, devcluster.Store))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,11 +44,7 @@ func TestQuickAck(t *testing.T) {
 // write and a repeat of it with the same message id.
 func TestQuickAckReadsTheServersAcks(t *testing.T) {
 	cl := startCluster(t)
-	nc, err := nats.Connect(cl.URLs(), cl.ConnectOptions(devcluster.Store)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := connectAs(t, cl, devcluster.Store)
 	js, _ := jetstream.New(nc)
 	ctx := t.Context()
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "acks", Replicas: 3}); err != nil {
@@ -62,6 +58,7 @@ func TestQuickAckReadsTheServersAcks(t *testing.T) {
 		// A new R3 stream answers once its leader is elected: until then
 		// a publish finds no responders.
 		var reply *nats.Msg
+		var err error
 		for try := 0; ; try++ {
 			if reply, err = nc.RequestMsgWithContext(ctx, m); !errors.Is(err, nats.ErrNoResponders) || try == 100 {
 				break
