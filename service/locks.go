@@ -598,19 +598,50 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 	if err != nil {
 		return nil, err
 	}
-	if ended != nil && ended.session != "" && l.inStreamOrder() {
-		// The release counts only if its session had not ended before it
-		// in the stream, as a grant to a session (validInSession): this
-		// instance's view of the session may lag. If it had, the lease
-		// had ended with it.
-		o, _ := l.tracker.get(key)
-		if err := l.validInSession(ctx, o.rev, ended.session, "", true); isCode(err, streams.CodeLeaseLost) {
-			ended = nil
-		} else if err != nil {
+	released := ended != nil
+	if released {
+		if released, err = l.releaseCounts(ctx, key, ended.session); err != nil {
 			return nil, err
 		}
 	}
-	return &streams.ReleaseResponse{Resource: resource, Released: ended != nil}, nil
+	return &streams.ReleaseResponse{Resource: resource, Released: released}, nil
+}
+
+// releaseCounts reports whether a release that ended a lease of session
+// hash ("" for none), its end now key's last write, counts: only if the
+// session had not ended before it in the stream, as for a grant to a
+// session (validInSession), when the instance follows the bucket; its view
+// of the session may lag. If it had, the lease had ended with it.
+func (l *locks) releaseCounts(ctx context.Context, key, hash string) (bool, error) {
+	if hash == "" || !l.inStreamOrder() {
+		return true, nil
+	}
+	o, _ := l.tracker.get(key)
+	if err := l.validInSession(ctx, o.rev, hash, "", true); isCode(err, streams.CodeLeaseLost) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// releaseWhy says how a release of a lease of session hash ("" for none)
+// ends it, and for whom: a release by who, unless the session has ended,
+// which this instance may not have seen (it is then read fresh): the lease
+// ended with it, and what is left of it is ended as its session's end
+// would (the answer is released:false).
+func (l *locks) releaseWhy(ctx context.Context, hash string, who origin) (endReason, origin, error) {
+	if hash == "" {
+		return endRelease, who, nil
+	}
+	if _, _, live := l.tracker.sessionInfo(hash); live {
+		return endRelease, who, nil
+	}
+	gone, err := l.sessionGone(ctx, hash)
+	if err != nil || !gone {
+		return endRelease, who, err
+	}
+	return endSessionExpiry, origin{}, nil
 }
 
 // releaseInEndedSession answers the release of a lease of session hash
@@ -620,22 +651,16 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 // released:false, as for any lease that has ended, and the record, if it
 // is still there, is ended now (its session's end, as the sweep would).
 func (l *locks) releaseInEndedSession(ctx context.Context, resource, key, leaseID, hash string, who origin) (*streams.ReleaseResponse, error) {
-	gone, err := l.sessionGone(ctx, hash)
+	why, by, err := l.releaseWhy(ctx, hash, who)
 	if err != nil {
 		return nil, err
 	}
 	match := func(rec *streams.Record) bool { return sameLease(rec.LeaseID, leaseID) && rec.Set == "" }
-	if !gone {
-		ended, err := l.endIf(ctx, resource, key, match, endRelease, who, "")
-		if err != nil {
-			return nil, err
-		}
-		return &streams.ReleaseResponse{Resource: resource, Released: ended != nil}, nil
-	}
-	if _, err := l.endIf(ctx, resource, key, match, endSessionExpiry, origin{}, ""); err != nil {
+	ended, err := l.endIf(ctx, resource, key, match, why, by, "")
+	if err != nil {
 		return nil, err
 	}
-	return &streams.ReleaseResponse{Resource: resource}, nil
+	return &streams.ReleaseResponse{Resource: resource, Released: ended != nil && why == endRelease}, nil
 }
 
 // revoke ends the current lease of resource, whoever holds it. Only an

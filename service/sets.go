@@ -675,13 +675,8 @@ func (l *locks) releaseSet(ctx context.Context, resources []string, leaseID stri
 			return nil, err
 		}
 		released := n > 0 && why == endRelease
-		if released && hash != "" && l.inStreamOrder() {
-			// As for a single lease (locks.release): the release counts
-			// only if its session had not ended before it in the stream.
-			o, _ := l.tracker.get(keys[slices.Index(match, true)])
-			if err := l.validInSession(ctx, o.rev, hash, "", true); isCode(err, streams.CodeLeaseLost) {
-				released = false
-			} else if err != nil {
+		if released {
+			if released, err = l.releaseCounts(ctx, keys[slices.Index(match, true)], hash); err != nil {
 				return nil, err
 			}
 		}
@@ -699,25 +694,6 @@ func setSession(obs []observation, match []bool) string {
 		}
 	}
 	return ""
-}
-
-// releaseWhy says how a release of a lease of session hash ("" for none)
-// ends it, and for whom: a release by who, unless the session has ended,
-// which this instance may not have seen (it is then read fresh): the lease
-// ended with it, and what is left of it is ended as its session's end
-// would (the answer is released:false).
-func (l *locks) releaseWhy(ctx context.Context, hash string, who origin) (endReason, origin, error) {
-	if hash == "" {
-		return endRelease, who, nil
-	}
-	if _, _, live := l.tracker.sessionInfo(hash); live {
-		return endRelease, who, nil
-	}
-	gone, err := l.sessionGone(ctx, hash)
-	if err != nil || !gone {
-		return endRelease, who, err
-	}
-	return endSessionExpiry, origin{}, nil
 }
 
 // endSetKeys ends, in one atomic batch of delete markers, the keys whose
