@@ -7,9 +7,13 @@ import (
 
 // deliveries is what the watcher has delivered, for the decisions that
 // rest on the stream's order (a grant to a session, see validInSession):
-// the last revision, and the sessions live as of that revision. It is fed
-// by the watcher alone, never by reads or by this instance's own writes,
-// so it is always the state of a prefix of the stream.
+// the last revision, the sessions live as of that revision, and where
+// the sessions that ended lately ended, so that a grant is judged by
+// its session's life at the grant's own revision, not at the last
+// delivery (a session closed between a grant and its check did not make
+// the grant an orphan). It is fed by the watcher alone, never by reads or
+// by this instance's own writes, so it is always the state of a prefix of
+// the stream.
 //
 // It also tells the requests that wait for a revision's delivery when it
 // has come: each waits on a channel of its own, closed once the watcher
@@ -23,7 +27,25 @@ type deliveries struct {
 	// record; sessions holds the secret of every live session by hash.
 	ready    bool
 	sessions map[string]string
+	// ended and endedBefore hold the secret and end revision of the
+	// sessions whose end was delivered lately, by hash: two generations
+	// of at most endedKeep each, the older dropped when the newer fills,
+	// so memory stays bounded however many sessions end. A session
+	// forgotten so is judged ended at every revision: a grant checked that
+	// late (long after OpTimeout) is refused, never wrongly answered.
+	ended, endedBefore map[string]endedSession
 }
+
+// endedSession is where a session ended, for liveAt.
+type endedSession struct {
+	secret string
+	rev    uint64
+}
+
+// endedKeep bounds each generation of deliveries' ended sessions: many
+// times the sessions that end within the time a grant waits for its
+// check, at the design load.
+const endedKeep = 1 << 14
 
 // revWait is one request's wait for revision rev.
 type revWait struct {
@@ -75,7 +97,8 @@ func (d *deliveries) delivered(rev uint64) {
 }
 
 // restart forgets what an earlier watcher delivered: a new one delivers
-// every record again before it is ready.
+// every record again before it is ready. Where sessions ended is kept: it
+// is a fact of the stream, whichever watcher delivered it.
 func (d *deliveries) restart() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -96,24 +119,40 @@ func (d *deliveries) session(key string, e entry) {
 	if d.sessions == nil {
 		d.sessions = map[string]string{}
 	}
-	if hash := sessionHashOf(key); e.held() {
+	hash := sessionHashOf(key)
+	if e.held() {
 		d.sessions[hash] = e.rec.LeaseID
-	} else {
+		return
+	}
+	if secret, ok := d.sessions[hash]; ok {
 		delete(d.sessions, hash)
+		if len(d.ended) >= endedKeep || d.ended == nil {
+			d.endedBefore, d.ended = d.ended, make(map[string]endedSession, min(len(d.ended), endedKeep))
+		}
+		d.ended[hash] = endedSession{secret: secret, rev: e.rev}
 	}
 }
 
 // liveAt reports, once every revision up to rev has been delivered
-// (known), whether session hash is live as of the last delivery, holding
-// secret when secret is not empty.
+// (known), whether session hash was live at revision rev, holding secret
+// when secret is not empty: live as of the last delivery, or ended after
+// rev. (Every grant checked here was asked for by a caller who had the
+// session, so it was opened before the grant.)
 func (d *deliveries) liveAt(hash, secret string, rev uint64) (live, known bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.ready || d.at < rev {
 		return false, false
 	}
-	got, ok := d.sessions[hash]
-	return ok && (secret == "" || sameLease(got, secret)), true
+	if got, ok := d.sessions[hash]; ok && (secret == "" || sameLease(got, secret)) {
+		return true, true
+	}
+	for _, gen := range []map[string]endedSession{d.ended, d.endedBefore} {
+		if e, ok := gen[hash]; ok && e.rev > rev && (secret == "" || sameLease(e.secret, secret)) {
+			return true, true
+		}
+	}
+	return false, true
 }
 
 // stopped wakes every wait: the watcher has stopped, and a wait whose

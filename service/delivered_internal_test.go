@@ -1,6 +1,7 @@
 package service
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/jetlock/jetlock/streams"
@@ -72,5 +73,50 @@ func TestDeliveriesKnowSessionsAsOfARevision(t *testing.T) {
 	d.restart()
 	if _, known := d.liveAt("h1", "secret", 1); known {
 		t.Fatal("a restarted watcher knows what an earlier one delivered")
+	}
+}
+
+// A session whose end is delivered was live at every revision before its
+// end (with its own secret), not at or after it; a restarted watcher
+// keeps where sessions ended; and the ends kept are bounded, the oldest
+// forgotten first (judged ended at every revision: refused, never wrongly
+// counted).
+func TestDeliveriesJudgeASessionAtTheGrantsRevision(t *testing.T) {
+	var d deliveries
+	d.restart()
+	d.caughtUp()
+	d.session(streams.SessionKey("h1"), entry{rev: 3, rec: &streams.Record{LeaseID: "secret"}})
+	d.session(streams.SessionKey("h1"), entry{rev: 9})
+	d.delivered(9)
+	for _, c := range []struct {
+		secret string
+		rev    uint64
+		live   bool
+	}{{"secret", 4, true}, {"", 8, true}, {"secret", 9, false}, {"another", 4, false}} {
+		if live, known := d.liveAt("h1", c.secret, c.rev); live != c.live || !known {
+			t.Errorf("secret %q at %d: live %v known %v; want live %v", c.secret, c.rev, live, known, c.live)
+		}
+	}
+	d.restart()
+	d.caughtUp()
+	d.delivered(10)
+	if live, _ := d.liveAt("h1", "secret", 4); !live {
+		t.Error("a restarted watcher forgot where a session ended")
+	}
+	for i := range 2 * endedKeep {
+		key := streams.SessionKey(fmt.Sprint("n", i))
+		d.session(key, entry{rev: uint64(11 + 2*i), rec: &streams.Record{LeaseID: "s"}})
+		d.session(key, entry{rev: uint64(12 + 2*i)})
+	}
+	if n := len(d.ended) + len(d.endedBefore); n > 2*endedKeep {
+		t.Fatalf("%d ended sessions kept; want at most %d", n, 2*endedKeep)
+	}
+	d.delivered(uint64(12 + 4*endedKeep))
+	if live, _ := d.liveAt("h1", "secret", 4); live {
+		t.Error("the oldest end is still kept after twice endedKeep more")
+	}
+	last := fmt.Sprint("n", 2*endedKeep-1)
+	if live, _ := d.liveAt(last, "s", uint64(9+4*endedKeep)); !live {
+		t.Error("the newest end was forgotten")
 	}
 }

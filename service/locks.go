@@ -250,10 +250,10 @@ func (l *locks) proclaim(ctx context.Context, resource, key string, o observatio
 	return resp, nil
 }
 
-// confirmNegative proves, before a negative answer, that the fresh read o
-// is current: a stream leader cut off by a partition that has just healed
-// can still answer reads from old state. On errConflict the caller reads
-// again.
+// confirmNegative proves, before a negative answer (or a retry's answer
+// from an earlier grant, see heldInSession), that the read o is current:
+// a stream leader cut off by a partition that has just healed can still
+// answer reads from old state. On errConflict the caller reads again.
 func (l *locks) confirmNegative(ctx context.Context, key string, o observation) error {
 	err := l.store.confirm(ctx, key, o.rev)
 	if errors.Is(err, errConflict) {
@@ -303,7 +303,7 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 			}
 		}
 		if o.held() && g.mine(o.rec) {
-			resp, err := l.sameRequest(ctx, g, o, sess.rec)
+			resp, err := l.sameRequest(ctx, g, o)
 			if errors.Is(err, errConflict) {
 				fresh = true
 				continue
@@ -371,10 +371,10 @@ func (l *locks) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (bool
 // same lease, renewed, because the caller counts its deadline from this
 // request; or locked when the retry names another owner or another
 // session (another caller reusing the request id). A lease of a session
-// is not renewed: its session is what is kept alive (sess, its record);
-// it is answered only once its place in the stream is confirmed
-// (validInSession).
-func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation, sess *streams.Record) (*streams.LeaseResponse, error) {
+// is not renewed: its session is what is kept alive. It is answered only
+// once its place in the stream is confirmed (validInSession) and it is
+// proven held now (heldInSession).
+func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
 	if o.rec.Owner != g.owner || o.rec.Session != g.session {
 		return nil, lockedError(o, g.who)
 	}
@@ -385,6 +385,10 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation, ses
 			}
 			return nil, err
 		}
+		sess, err := l.heldInSession(ctx, g, o)
+		if err != nil {
+			return nil, err
+		}
 		return sessionLeaseResponse(g.resource, o.rec.TokenAt(o.rev), o.rec, sess), nil
 	}
 	resp, err := l.extend(ctx, g.resource, g.key, o, g.ttl)
@@ -392,6 +396,30 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation, ses
 		return nil, newOpError(streams.CodeLeaseLost, "request_id %q holds a lease that has been held for its max hold", g.requestID)
 	}
 	return resp, err
+}
+
+// heldInSession proves, before a retry is answered from an earlier grant
+// of a session, that the lease o is still current and its session still
+// live, and returns the session's record. The read that found the lease
+// may come from a node that no longer leads the stream (right after a
+// partition heals it answers from old state), and the session may have
+// ended since the grant (its leases then count as ended before they are
+// deleted): a retry sent after the session's close must never be told it
+// holds the lease. The lease is proven first, then the session: a session
+// live after the lease's proof was live at it too, so the answer holds
+// at that proof. On errConflict the caller decides again on fresh reads.
+func (l *locks) heldInSession(ctx context.Context, g *grantReq, o observation) (*streams.Record, error) {
+	if err := l.confirmNegative(ctx, g.key, o); err != nil {
+		return nil, err
+	}
+	sess, err := l.session(ctx, g, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.confirmSession(ctx, g.session, sess); err != nil {
+		return nil, err
+	}
+	return sess.rec, nil
 }
 
 // grant writes a new lease for g over the revision observed in o. A lease
@@ -415,7 +443,7 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 		return nil, err
 	}
 	if dup {
-		return l.earlierGrant(ctx, g, seq, sess.rec)
+		return l.earlierGrant(ctx, g, seq)
 	}
 	granted := l.tracker.observe(g.key, entry{rev: seq, rec: rec})
 	if g.session == "" {
@@ -461,7 +489,7 @@ func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record
 // request_id, or its cancel tombstone; 0 when an atomic batch does not
 // say): the same lease if it is still current, otherwise lease_lost, never
 // a second lease.
-func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64, sess *streams.Record) (*streams.LeaseResponse, error) {
+func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64) (*streams.LeaseResponse, error) {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		held, o, err := l.grantAt(ctx, g, seq)
 		if err != nil {
@@ -470,7 +498,7 @@ func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64, sess 
 		if held == nil {
 			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", g.requestID)
 		}
-		resp, err := l.sameRequest(ctx, held, o, sess)
+		resp, err := l.sameRequest(ctx, held, o)
 		if errors.Is(err, errConflict) {
 			continue
 		}

@@ -78,7 +78,7 @@ attempts:
 				return nil, err
 			}
 			if o.held() && g.mine(o.rec) {
-				resp, err := l.sameRequest(ctx, g.permit(k), o, sess.rec)
+				resp, err := l.sameRequest(ctx, g.permit(k), o)
 				if errors.Is(err, errConflict) {
 					fresh = true
 					continue attempts

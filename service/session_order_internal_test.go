@@ -294,10 +294,8 @@ func endBehindItsBack(ctx context.Context, t *testing.T, s *Service, cl *devclus
 	if err := storeBucket(t, cl).Delete(ctx, streams.SessionKey(hash)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, func() bool {
-		live, known := s.locks.seen.liveAt(hash, "", 0)
-		return known && !live
-	}, "the watcher delivered the session's end")
+	end, _ := lastWrite(t, cl, streams.SessionKey(hash))
+	waitFor(t, 10*time.Second, func() bool { return s.locks.delivered() >= end }, "the watcher delivered the session's end")
 	s.tracker.forget(streams.SessionKey(hash))
 	if lagging != nil {
 		s.tracker.observe(streams.SessionKey(hash), lagging.entry)
@@ -327,5 +325,91 @@ func TestADueKeyOfAnOrphanSetEndsTheSetWhole(t *testing.T) {
 		if cur, _ := s.locks.current(ctx, streams.LeaseKey(res), true); cur.held() {
 			t.Fatalf("%s of the orphan set is still held after its key %s came due: %+v", res, key, cur.rec)
 		}
+	}
+}
+
+// A retry of an acquire in a session, answered from the lease its first
+// attempt was granted, is answered held only if the lease is still
+// current and its session still live, proven on the stream leader: found
+// by the soak ("session-closed"), a retry sent after the session's close
+// was told it held the lease the close had ended, on an instance that
+// read it from old state. Played here by ending the session and its
+// lease behind the instance's back and setting its view back: on a lone
+// instance (which answered on its own view), and on one that follows the
+// bucket (which judges the grant by its session's life at the grant's
+// revision: live then, so only the proof of now refuses it).
+func TestARetryAfterItsSessionClosedIsNotHeld(t *testing.T) {
+	cl := startCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	retry := func(name string, s *Service) {
+		kv := storeBucket(t, cl)
+		g := openIn(t, s, "retry-"+name, "order/retry-"+name)
+		lease, sess := grantIn(ctx, t, s, g)
+		held, _ := s.locks.tracker.get(g.key)
+		if err := kv.Delete(ctx, g.key, jetstream.LastRevision(lease.Token)); err != nil {
+			t.Fatal(err)
+		}
+		if err := kv.Delete(ctx, streams.SessionKey(g.session)); err != nil {
+			t.Fatal(err)
+		}
+		end, _ := lastWrite(t, cl, streams.SessionKey(g.session))
+		if s.locks.inStreamOrder() {
+			waitFor(t, 10*time.Second, func() bool { return s.locks.delivered() >= end }, "the watcher delivered the session's end")
+		}
+		s.tracker.observe(g.key, held.entry) // the view of a node behind
+		s.tracker.observe(streams.SessionKey(g.session), sess.entry)
+		resp, err := s.locks.acquire(ctx, g)
+		if !isCode(err, streams.CodeLeaseLost) || resp != nil {
+			t.Fatalf("%s: a retry after its session ended answered %+v, %v; want lease_lost", name, resp, err)
+		}
+		if o, _ := s.locks.current(ctx, g.key, true); o.held() {
+			t.Fatalf("%s: the retry left a lease of the ended session: %+v", name, o.rec)
+		}
+	}
+	lone, _ := startInstance(t, cl, DefaultConfig(), 200*time.Millisecond)
+	waitFor(t, 30*time.Second, func() bool { return !lone.Following() }, "the lone instance stops following")
+	retry("lone", lone)
+	ordered, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute)
+	waitFor(t, 30*time.Second, ordered.locks.inStreamOrder, "the other instance follows the bucket")
+	retry("ordered", ordered)
+}
+
+// A grant to a session that the watcher's deliveries do not show live (the
+// soak found a live session missing there, its grant ended as an orphan,
+// its waiter told lease_lost) counts once a fresh, proven read of the
+// session's record shows it live; and a grant whose session ended after
+// it in the stream counts too (it was live at the grant's revision), the
+// session's end then ending it.
+func TestAGrantIsJudgedAtItsOwnRevision(t *testing.T) {
+	a, b, cl := twoFollowing(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	missed := openIn(t, a, "missed", "order/missed")
+	a.follow.deliveries.mu.Lock()
+	delete(a.follow.deliveries.sessions, missed.session)
+	a.follow.deliveries.mu.Unlock()
+	if lease, _ := grantIn(ctx, t, a, missed); lease.Token == 0 {
+		t.Fatal("no lease")
+	}
+
+	later := openIn(t, a, "ended-later", "order/ended-later")
+	rec := newLease(time.Now(), later.requestID, later.owner, "", time.Hour, time.Time{})
+	sessionLease(rec, time.Now(), later.session, time.Time{})
+	seq, _, err := a.locks.store.put(ctx, later.key, rec, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.locks.closeSession(ctx, later.session+later.secret, origin{}); err != nil {
+		t.Fatal(err)
+	}
+	end, _ := lastWrite(t, cl, streams.SessionKey(later.session))
+	waitFor(t, 10*time.Second, func() bool { return a.locks.delivered() >= end }, "the watcher delivered the session's end")
+	if err := a.locks.validInSession(ctx, seq, later.session, later.secret, true); err != nil {
+		t.Fatalf("a grant at %d of a session ended at %d: %v; want it counted", seq, end, err)
+	}
+	if err := a.locks.validInSession(ctx, end+1, later.session, later.secret, true); !isCode(err, streams.CodeLeaseLost) {
+		t.Fatalf("a grant after its session's end at %d: %v; want lease_lost", end, err)
 	}
 }

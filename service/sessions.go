@@ -463,8 +463,7 @@ func (l *locks) validInSession(ctx context.Context, rev uint64, hash, secret str
 			if live, known := l.seen.liveAt(hash, secret, rev); known && live {
 				return nil
 			} else if known {
-				l.log.Debug("a grant to a session that was not live at its place in the stream", "session", hash, "revision", rev, "delivered", l.delivered())
-				return errNoSession()
+				return l.notLiveAt(ctx, hash, secret, rev)
 			}
 			select {
 			case <-ctx.Done():
@@ -476,6 +475,38 @@ func (l *locks) validInSession(ctx context.Context, rev uint64, hash, secret str
 		}
 	}
 	return newOpError(streams.CodeUnavailable, "the grant was written but its session's order in the stream is not confirmed yet: retry with the same request_id")
+}
+
+// notLiveAt decides a grant at rev to session hash that the watcher's
+// deliveries do not show live there, before it is ended as an orphan: on
+// the stream leader, the session's record read fresh and proven current
+// (confirmSession). Holding secret (any, when secret is empty: a
+// hand-over to a waiter of the session), it was never ended, so it was
+// live at every revision since it was opened, before any grant asked for
+// in it: the grant counts. Otherwise the grant is an orphan (lease_lost).
+// A negative answer is proven as every other is (see confirmNegative):
+// deliveries is a fast path, and the soak found it missing a live session
+// whose grant it would have ended.
+func (l *locks) notLiveAt(ctx context.Context, hash, secret string, rev uint64) error {
+	key := streams.SessionKey(hash)
+	for attempt := 0; attempt < sessionAttempts; attempt++ {
+		o, err := l.current(ctx, key, true)
+		if err != nil {
+			return err
+		}
+		if err := l.confirmSession(ctx, hash, o); errors.Is(err, errConflict) {
+			continue
+		} else if err != nil {
+			return err
+		}
+		if o.held() && (secret == "" || sameLease(o.rec.LeaseID, secret)) && !l.tracker.expired(o, time.Now()) {
+			l.log.Debug("a session the watcher did not show live at a grant's revision is live", "session", hash, "revision", rev, "delivered", l.delivered())
+			return nil
+		}
+		l.log.Debug("a grant to a session that was not live at its place in the stream", "session", hash, "revision", rev, "delivered", l.delivered())
+		return errNoSession()
+	}
+	return tooManyConflicts()
 }
 
 // endOrphan ends the lease observed in o at key, a grant to a session that
