@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -411,5 +412,45 @@ func TestAGrantIsJudgedAtItsOwnRevision(t *testing.T) {
 	}
 	if err := a.locks.validInSession(ctx, end+1, later.session, later.secret, true); !isCode(err, streams.CodeLeaseLost) {
 		t.Fatalf("a grant after its session's end at %d: %v; want lease_lost", end, err)
+	}
+}
+
+// A session's end never ends a set of it in part: an instance that does
+// not know every key of the set (it forgot one after a write of unknown
+// outcome) ends none of them, and an instance that knows them all (the
+// other one here, through its sweep) ends the set whole, every key in one
+// atomic batch (found by the soak: "set-partial", two keys of three ended
+// in one batch by the session's end and the third later).
+func TestASessionEndNeverEndsASetInPart(t *testing.T) {
+	a, _, cl := twoFollowing(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	g := openIn(t, a, "set-whole", "order/whole/a")
+	resources := []string{"order/whole/a", "order/whole/b", "order/whole/c"}
+	setIn(ctx, t, a, g, resources...)
+	a.tracker.forget(streams.LeaseKey(resources[2]))
+	if _, err := a.locks.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		for _, res := range resources {
+			if o, _ := a.locks.current(ctx, streams.LeaseKey(res), true); o.held() {
+				return false
+			}
+		}
+		return true
+	}, "the set of the closed session is ended")
+	var revs []uint64
+	var at []string
+	for _, res := range resources {
+		rev, mark := lastWrite(t, cl, streams.LeaseKey(res))
+		if mark == nil {
+			t.Fatalf("%s: last write at %d is not an end", res, rev)
+		}
+		revs, at = append(revs, rev), append(at, mark.EndedAt)
+	}
+	slices.Sort(revs)
+	if revs[2]-revs[0] != 2 || at[0] != at[1] || at[1] != at[2] {
+		t.Fatalf("the set's keys ended at revisions %v, at %v; want one batch (three consecutive revisions, one time)", revs, at)
 	}
 }

@@ -563,7 +563,7 @@ func (l *locks) endMembers(ctx context.Context, hash string, why endReason) int 
 		run(func() { l.removeSessionLeases(ctx, group, hash, why) })
 	}
 	for id, keys := range sets {
-		run(func() { l.endSessionSet(ctx, id, keys, hash, why) })
+		run(func() { l.endSessionSet(ctx, id, keys, hash, why, false) })
 	}
 	wg.Wait()
 	return len(leases)
@@ -571,8 +571,14 @@ func (l *locks) endMembers(ctx context.Context, hash string, why endReason) int 
 
 // endSessionSet ends the set lease id of the ended session hash, held at
 // keys (and at any other key the tracker knows it at): every key in one
-// atomic batch, as a set ends whole, waking each key's head waiter.
-func (l *locks) endSessionSet(ctx context.Context, id string, keys []string, hash string, why endReason) {
+// atomic batch, as a set ends whole, waking each key's head waiter. It
+// reports false when the set is to be ended again later: the keys could
+// not be locked or read, or fewer of them hold the set than its size (a
+// key this instance forgot after a write of unknown outcome is not among
+// them) and partial is not set. Such a set is left to the sweep
+// (expireSetKey), which ends the keys it knows only once the set has been
+// given setExpiryPatience to show whole.
+func (l *locks) endSessionSet(ctx context.Context, id string, keys []string, hash string, why endReason, partial bool) bool {
 	for _, k := range l.tracker.setKeys(id) {
 		if !slices.Contains(keys, k) {
 			keys = append(keys, k)
@@ -581,24 +587,36 @@ func (l *locks) endSessionSet(ctx context.Context, id string, keys []string, has
 	slices.Sort(keys)
 	unlock, err := l.lockAll(ctx, keys)
 	if err != nil {
-		return // the sweep ends it (tracker.membersDue)
+		return false
 	}
 	defer unlock()
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		obs, err := l.readAll(ctx, keys, fresh)
 		if err != nil {
-			return
+			return false
 		}
 		match := make([]bool, len(keys))
+		n, size := 0, 0
 		for i, o := range obs {
-			match[i] = o.held() && o.rec.LeaseID == id && o.rec.Session == hash
+			if match[i] = o.held() && o.rec.LeaseID == id && o.rec.Session == hash; match[i] {
+				n, size = n+1, o.rec.SetSize
+			}
+		}
+		if n < size && !partial {
+			if !fresh {
+				fresh = true // the tracker's view may lag: decide on reads
+				continue
+			}
+			l.log.Debug("a set of an ended session not known whole", "session", hash, "known", n, "size", size)
+			return false
 		}
 		if _, err := l.endSetKeys(ctx, keys, obs, match, why, origin{}, ""); !errors.Is(err, errConflict) {
-			return
+			return err == nil
 		}
 		fresh = true
 	}
+	return false
 }
 
 // endSessionLease ends the lease at key if it is still the ended session

@@ -803,7 +803,14 @@ func (l *locks) expireSetKey(ctx context.Context, it dueItem, o observation) {
 	case !gone:
 		l.tracker.retryAt(it, l.tracker.deadline(&o))
 	default:
-		l.endSessionSet(ctx, o.rec.LeaseID, []string{it.key}, o.rec.Session, endSessionExpiry)
+		// A set ends whole: the keys known here are ended without the
+		// rest only once the set has had setExpiryPatience, from when its
+		// session's end was seen, to show whole.
+		end, ok := l.tracker.get(streams.SessionKey(o.rec.Session))
+		partial := !ok || time.Since(end.seen) >= setExpiryPatience // !ok: its end is past the retry window
+		if !l.endSessionSet(ctx, o.rec.LeaseID, []string{it.key}, o.rec.Session, endSessionExpiry, partial) {
+			l.tracker.retryAt(it, time.Now().Add(time.Second))
+		}
 	}
 }
 
