@@ -422,7 +422,7 @@ func TestAGrantIsJudgedAtItsOwnRevision(t *testing.T) {
 // atomic batch (found by the soak: "set-partial", two keys of three ended
 // in one batch by the session's end and the third later).
 func TestASessionEndNeverEndsASetInPart(t *testing.T) {
-	a, _, cl := twoFollowing(t)
+	a, b, cl := twoFollowing(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	g := openIn(t, a, "set-whole", "order/whole/a")
@@ -434,7 +434,7 @@ func TestASessionEndNeverEndsASetInPart(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, func() bool {
 		for _, res := range resources {
-			if o, _ := a.locks.current(ctx, streams.LeaseKey(res), true); o.held() {
+			if o, _ := b.locks.current(ctx, streams.LeaseKey(res), true); o.held() { // b knows every key
 				return false
 			}
 		}
