@@ -26,6 +26,16 @@ func twoFollowing(t *testing.T) (a, b *Service, cl *devcluster.Cluster) {
 	return a, b, cl
 }
 
+// following starts an instance that follows the bucket throughout (alone,
+// it lingers for ten minutes), once its grants to sessions commit in
+// stream order.
+func following(t *testing.T, cl *devcluster.Cluster) *Service {
+	t.Helper()
+	s, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute)
+	waitFor(t, 30*time.Second, s.locks.inStreamOrder, "the instance follows the bucket")
+	return s
+}
+
 // openIn opens a session through s and returns a request to acquire res
 // in it.
 func openIn(t *testing.T, s *Service, requestID, res string) *grantReq {
@@ -222,8 +232,7 @@ func TestAReleaseInASessionEndedUnseenIsNotReleasedAgain(t *testing.T) {
 // answers released:false, as for a lease that had ended with its session.
 func TestAReleaseAfterItsSessionEndedIsNotAReleaseInStreamOrder(t *testing.T) {
 	cl := startCluster(t)
-	s, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute) // follows the bucket throughout
-	waitFor(t, 30*time.Second, s.locks.inStreamOrder, "the instance follows the bucket")
+	s := following(t, cl)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	g := openIn(t, s, "lagging", "order/lagging")
@@ -257,8 +266,7 @@ func setIn(ctx context.Context, t *testing.T, s *Service, g *grantReq, resources
 // on a fresh read of the session on one that does not know it.
 func TestASetReleaseAfterItsSessionEndedIsNotARelease(t *testing.T) {
 	cl := startCluster(t)
-	s, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute) // follows the bucket throughout
-	waitFor(t, 30*time.Second, s.locks.inStreamOrder, "the instance follows the bucket")
+	s := following(t, cl)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, lagging := range []bool{true, false} {
@@ -308,8 +316,7 @@ func endBehindItsBack(ctx context.Context, t *testing.T, s *Service, cl *devclus
 // never that key alone (found by the soak: "set-partial").
 func TestADueKeyOfAnOrphanSetEndsTheSetWhole(t *testing.T) {
 	cl := startCluster(t)
-	s, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute)
-	waitFor(t, 30*time.Second, s.locks.inStreamOrder, "the instance follows the bucket")
+	s := following(t, cl)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	g := openIn(t, s, "due-set", "order/due-set/a")
@@ -371,8 +378,7 @@ func TestARetryAfterItsSessionClosedIsNotHeld(t *testing.T) {
 	lone, _ := startInstance(t, cl, DefaultConfig(), 200*time.Millisecond)
 	waitFor(t, 30*time.Second, func() bool { return !lone.Following() }, "the lone instance stops following")
 	retry("lone", lone)
-	ordered, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute)
-	waitFor(t, 30*time.Second, ordered.locks.inStreamOrder, "the other instance follows the bucket")
+	ordered := following(t, cl)
 	retry("ordered", ordered)
 }
 
