@@ -3,6 +3,8 @@ package service_test
 import (
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,5 +96,83 @@ func TestFairUseLimitsOwnersAndUsers(t *testing.T) {
 	}
 	if n := testenv.Metric(t, reg, "jetlock_rate_limited_total", map[string]string{"scope": "user"}); n < 1 {
 		t.Errorf("jetlock_rate_limited_total{scope=user} = %v, want at least 1", n)
+	}
+}
+
+// A renewal is free when its holder needs it, not whenever it names a
+// current lease: a tenant renewing one lease from 24 loops, each renewal
+// with a new value, pays for every one past the first, so that no more
+// get through than its rate pays for; while the same tenant's holder of
+// another lease, renewing every third of its TTL with its value unchanged,
+// pays nothing and keeps its lease throughout the flood.
+//
+// The flood's count of renewals is checked against the burst plus what
+// the time it took refilled, whatever the machine's speed.
+func TestRenewalsPayPastWhatTheLeaseNeeds(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := testenv.Config()
+	const rate = 20
+	cfg.UserRate = rate // a burst of 40
+	env.Serve(cfg)
+	flood := caller{t: t, nc: env.ConnectAs(devcluster.App)}
+	holder := caller{t: t, nc: env.ConnectAs(devcluster.App)} // the same tenant
+	ch, rep := flood.acquire(streams.AcquireRequest{Resource: "channel", RequestID: "c", TTLms: 30000, Value: "v"})
+	if rep.errCode != "" {
+		t.Fatalf("acquire: %s %s", rep.errCode, rep.err.Message)
+	}
+	const ttl = 3 * time.Second
+	kept := holder.mustAcquire("kept", "k", ttl.Milliseconds())
+	start := time.Now()
+	done := make(chan struct{})
+	var accepted, refused atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < 1000; j++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				value := fmt.Sprintf("%d-%d-%s", i, j, strings.Repeat("x", 1000))
+				r, err := flood.try(streams.OpRenew, streams.RenewRequest{Resource: "channel", LeaseID: ch.LeaseID, TTLms: 30000, Value: value}, 10*time.Second)
+				switch {
+				case err != nil:
+					t.Errorf("flood renewal: %v", err)
+					return
+				case r.errCode == "":
+					accepted.Add(1)
+				case r.errCode == streams.CodeUnavailable:
+					refused.Add(1)
+				default:
+					t.Errorf("flood renewal answered %q %s", r.errCode, r.err.Message)
+					return
+				}
+			}
+		}()
+	}
+	// The holder renews as the clients do, six times under the flood.
+	for i := range 6 {
+		time.Sleep(ttl / 3)
+		if _, rep := holder.renew("kept", kept.LeaseID, ttl.Milliseconds()); rep.errCode != "" {
+			close(done)
+			wg.Wait()
+			t.Fatalf("the holder's renewal %d under its tenant's flood: %s %s", i, rep.errCode, rep.err.Message)
+		}
+	}
+	close(done)
+	wg.Wait()
+	elapsed := time.Since(start)
+	// The flood's first renewal is free (a lease's first renewal is); each
+	// other pays 2 of the tenant's tokens: its burst less the two
+	// acquires, plus what the time refilled.
+	most := 1 + (2*rate-2+int64(rate*elapsed.Seconds()+1))/2
+	if got := accepted.Load(); got > most || refused.Load() == 0 {
+		t.Fatalf("%d renewals with new values accepted (%d refused) in %v; want at most %d", got, refused.Load(), elapsed, most)
+	}
+	if st := holder.status("kept"); !st.Held || st.Token != kept.Token {
+		t.Fatalf("the holder lost its lease: %+v", st)
 	}
 }

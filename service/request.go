@@ -239,7 +239,44 @@ func (s *Service) decodeRenew(c *call, data []byte) error {
 		return err
 	}
 	c.value = req.Value
-	return s.namesLease(c, req.Resource, req.Resources, req.Permit, req.LeaseID)
+	if err := s.namesLease(c, req.Resource, req.Resources, req.Permit, req.LeaseID); err != nil {
+		return err
+	}
+	if c.known && !s.needed(c) {
+		c.known, c.due = false, time.Time{} // pays, and waits its turn
+	}
+	return nil
+}
+
+// minRenewalGap is the part of its TTL a lease's last write must have
+// stood, as this instance saw it, for a renewal of it to be free: the
+// clients renew every third of the TTL (±10%), so a holder never pays,
+// while a lease renewed more often than five times a TTL pays for each
+// renewal past that.
+const minRenewalGap = 5
+
+// needed reports whether the renewal c, of a lease this instance knows as
+// current, is one its holder needs, and so free: it keeps the lease's
+// value (an election's proclaim of a new value pays), and it is the
+// lease's first renewal (the one that follows a hand-over's short TTL at
+// once) or comes at least a fifth of the lease's TTL after its last write.
+// A lease is kept by renewals, not made a free channel of writes.
+func (s *Service) needed(c *call) bool {
+	now := time.Now()
+	for _, key := range c.keys {
+		o, ok := s.tracker.get(key)
+		if !ok || !o.held() {
+			return false
+		}
+		if c.value != "" && c.value != o.rec.Value {
+			return false
+		}
+		ttl := time.Duration(o.rec.TTLms) * time.Millisecond
+		if o.rec.RenewedAt != o.rec.GrantedAt && now.Sub(o.seen) < ttl/minRenewalGap {
+			return false
+		}
+	}
+	return true
 }
 
 // decodeRelease decodes a release of a lease, a set or a permit.
