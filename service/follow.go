@@ -90,11 +90,13 @@ func (f *follower) heartbeat(ctx context.Context, subj string) {
 	}
 }
 
-// onHeartbeat notes another instance.
+// onHeartbeat notes another instance: that one serves the bucket too,
+// and that its waiters live (see instances.go).
 func (f *follower) onHeartbeat(m *nats.Msg) {
 	if string(m.Data) == f.id {
 		return
 	}
+	f.tracker.heard(string(m.Data))
 	f.lastPeer.Store(time.Since(f.epoch).Nanoseconds())
 	select {
 	case f.peerSeen <- struct{}{}:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"time"
 
 	"github.com/jetlock/jetlock/streams"
 )
@@ -257,6 +256,9 @@ func (w *waiter) enqueueBulk(ctx context.Context) error {
 		return w.enqueue(ctx)
 	}
 	ws, recs, seen, joins := w.joinedRecords(joins)
+	for _, x := range ws {
+		defer l.tracker.unreserveWaits(x.wkey)
+	}
 	if len(ws) < 2 {
 		return w.enqueue(ctx) // the caps: w's own answer, or none joined
 	}
@@ -278,7 +280,7 @@ func (w *waiter) enqueueBulk(ctx context.Context) error {
 	for i, x := range ws {
 		o := l.tracker.observe(x.wkey, entry{rev: msgs[i].seq, rec: recs[i]})
 		if i == 0 {
-			w.queued, w.refresh = o, time.Now().Add(l.cfg.WaiterLiveness/3)
+			w.queued = o
 			continue
 		}
 		queued[i-1] = &o
@@ -296,23 +298,21 @@ func (w *waiter) joinedRecords(joins []*semJoin) ([]*waiter, []*streams.Record, 
 	recs := make([]*streams.Record, 0, len(joins)+1)
 	seen := make([]observation, 0, len(joins)+1)
 	o, _ := w.l.tracker.get(w.wkey)
-	rec, err := w.record(o, 0, 0)
+	rec, err := w.record(o)
 	if err != nil {
 		w.l.joins.settleQueued(joins, make([]*observation, len(joins)))
 		return nil, nil, nil, nil
 	}
 	recs, seen = append(recs, rec), append(seen, o)
-	tenants := map[string]int{w.g.tenant: 1}
 	var in, out []*semJoin
 	for _, sj := range joins {
 		o, _ := w.l.tracker.get(sj.w.wkey)
-		rec, err := sj.w.record(o, len(ws), tenants[sj.g.tenant])
+		rec, err := sj.w.record(o)
 		if err != nil {
 			out = append(out, sj)
 			continue
 		}
 		ws, recs, seen, in = append(ws, sj.w), append(recs, rec), append(seen, o), append(in, sj)
-		tenants[sj.g.tenant]++
 	}
 	w.l.joins.settleQueued(out, make([]*observation, len(out)))
 	return ws, recs, seen, in

@@ -107,7 +107,8 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 		done:       make(chan struct{}),
 	}
 	s.tracker.announce = announcer(nc, cfg.Prefix)
-	s.wakes = &wakes{nc: nc, prefix: cfg.Prefix + ".wake." + id + ".", log: log, sent: m.wakes.Inc,
+	s.tracker.self, s.tracker.wakeRoot, s.tracker.liveness = id, cfg.Prefix+".wake.", cfg.WaiterLiveness
+	s.wakes = &wakes{nc: nc, prefix: cfg.Prefix + ".wake." + id + ".", log: log, sent: m.wakes.Inc, recheckEvery: cfg.WaiterLiveness / 3,
 		waiting: make(map[string]chan *streams.LeaseResponse)}
 	s.workers = newWorkers(s.done)
 	s.limits = newLimits(cfg.OwnerRate, cfg.UserRate, cfg.TenantRates, s.report.limited)

@@ -18,9 +18,9 @@ type setWaiter struct {
 	wkeys []string
 	wake  string
 	// places holds the revision of its record on each key (all zero
-	// before it queued); refresh is when they are due to be rewritten.
-	places  []uint64
-	refresh time.Time
+	// before it queued); until is when the wait ends.
+	places []uint64
+	until  time.Time
 	// ttl is the TTL of the lease it claims: after its first attempt,
 	// the hand-over TTL (its caller may have gone while it waited).
 	ttl time.Duration
@@ -36,9 +36,14 @@ func (l *locks) newSetWaiter(r *setReq) *setWaiter {
 
 func (w *setWaiter) queued() bool { return w.places[0] != 0 }
 
+func (w *setWaiter) endsAt(t time.Time) { w.until = t }
+
 // step claims the set if every key may be claimed, and otherwise queues
-// the set's places or refreshes them (see waiter.step).
+// the set's places (see waiter.step).
 func (w *setWaiter) step(ctx context.Context, woken bool) (any, bool, error) {
+	if err := w.l.guard.grants(); err != nil && w.queued() {
+		return nil, true, err // see waiter.step
+	}
 	unlock, err := w.l.lockAll(ctx, w.r.keys)
 	if err != nil {
 		return nil, false, err
@@ -63,7 +68,7 @@ func (w *setWaiter) step(ctx context.Context, woken bool) (any, bool, error) {
 		}
 		return nil, true, err
 	}
-	if !w.queued() || !time.Now().Before(w.refresh) {
+	if !w.queued() {
 		if qerr := w.enqueue(ctx); qerr != nil {
 			if errors.As(qerr, &oe) {
 				return nil, true, qerr
@@ -75,8 +80,8 @@ func (w *setWaiter) step(ctx context.Context, woken bool) (any, bool, error) {
 }
 
 // checkPlaces checks that the set's places are still its own. A place
-// gone means: cancelled (stop: lease_lost), or removed because this
-// instance could not refresh it in time: the set then queues again, at the
+// gone means: cancelled (stop: lease_lost), or removed because another
+// instance took this one for dead: the set then queues again, at the
 // end (its other places are given up, so that its places keep one order
 // with every other set's).
 func (w *setWaiter) checkPlaces(ctx context.Context) error {
@@ -109,13 +114,14 @@ func (w *setWaiter) checkPlaces(ctx context.Context) error {
 	return nil
 }
 
-// enqueue takes the set's places on every key in one atomic batch, or
-// rewrites them (same tickets) to refresh their liveness. The caller holds
-// every key's lock.
+// enqueue takes the set's places on every key in one atomic batch (a
+// retry of the request keeps its tickets). The caller holds every key's
+// lock.
 func (w *setWaiter) enqueue(ctx context.Context) error {
 	l, r := w.l, w.r
 	cfg := l.cfg
 	fresh := false
+	defer l.tracker.unreserveWaits(w.wkeys...)
 attempts:
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		obs, err := l.readAll(ctx, w.wkeys, fresh)
@@ -124,10 +130,11 @@ attempts:
 		}
 		isNew := !w.queued()
 		now := cfg.Clock.Now()
+		window := recordWindow(cfg, w.until)
 		recs := make([]*streams.Record, len(obs))
 		msgs := make([]*batchMsg, len(obs))
 		for i, o := range obs {
-			rec := &streams.Record{Owner: r.owner, Tenant: r.tenant, RequestID: r.requestID, TTLms: cfg.WaiterLiveness.Milliseconds(),
+			rec := &streams.Record{Owner: r.owner, Tenant: r.tenant, RequestID: r.requestID, TTLms: window.Milliseconds(),
 				GrantedAt: streams.FormatTime(now), Wake: w.wake, LeaseTTLms: r.ttl.Milliseconds(), MaxHoldMs: r.maxHold.Milliseconds(),
 				Session: r.session, Set: r.set, SetSize: len(r.keys)}
 			switch {
@@ -154,7 +161,7 @@ attempts:
 				}
 			}
 			rec.RenewedAt = streams.FormatTime(now)
-			rec.ExpiresAt = streams.FormatTime(now.Add(cfg.WaiterLiveness))
+			rec.ExpiresAt = streams.FormatTime(now.Add(window))
 			recs[i] = rec
 			msgs[i] = l.store.putMsg(w.wkeys[i], streams.WaiterOf(rec).AppendJSON(nil), o.rev, "")
 		}
@@ -172,7 +179,6 @@ attempts:
 			l.tracker.observe(k, entry{rev: msgs[i].seq, rec: recs[i]})
 			w.places[i] = msgs[i].seq
 		}
-		w.refresh = time.Now().Add(cfg.WaiterLiveness / 3)
 		if !isNew {
 			return nil
 		}
@@ -190,22 +196,16 @@ attempts:
 	return tooManyConflicts()
 }
 
-// room refuses a new place in the queue of the set's i-th resource when
-// that queue, or the tenant's waits with the set's, would pass their caps.
+// room reserves a new place in the queue of the set's i-th resource, or
+// refuses it when that queue, or the tenant's waits with the set's places
+// from the i-th on, would pass their caps. Places reserved stay so until
+// enqueue ends.
 func (w *setWaiter) room(i int) error {
-	cfg, r := w.l.cfg, w.r
-	n, owned := w.l.tracker.waiterCounts(resourceOf(r.keys[i]), r.tenant)
-	if n >= cfg.MaxWaitersPerResource {
-		return newOpError(streams.CodeTooManyWaiters, "resource %q has %d waiters, the cap", r.resources[i], n)
-	}
-	if owned+len(r.keys) > cfg.MaxWaitersPerTenant {
-		return newOpError(streams.CodeTooManyWaiters, "this NATS user has %d waiting acquires and the set needs %d more: the cap is %d", owned, len(r.keys), cfg.MaxWaitersPerTenant)
-	}
-	return nil
+	return w.l.reserveOrRefuse(w.wkeys[i], w.r.resources[i], w.r.tenant, len(w.wkeys)-i)
 }
 
 // removePlaces deletes the set's own places, best effort, in one atomic
-// batch: if they stay, their liveness window ends them. The caller holds
+// batch: if they stay, their liveness_ms ends them. The caller holds
 // every key's lock.
 func (w *setWaiter) removePlaces(ctx context.Context) {
 	var idx []int

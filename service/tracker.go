@@ -71,6 +71,11 @@ type tracker struct {
 	nWaiters     int
 	// left is when a waiter last left each queue (monotonic reading).
 	left map[string]time.Time
+	// pending holds the places this instance is writing, by waiter key,
+	// and counts them by queue and tenant, for the caps (caps.go).
+	pending       map[string]pendingWait
+	pendingRes    map[string]int
+	pendingTenant map[string]int
 
 	// sessions indexes the lease and waiter keys of each session (by its
 	// key hash); tenantSessions counts the live sessions of each tenant,
@@ -87,6 +92,17 @@ type tracker struct {
 	// sems counts the held permits of each semaphore by the limit they
 	// carry (see name_index.go).
 	sems map[string]map[int]int
+
+	// heardAt is when each other instance was last heard (since epoch),
+	// and instWaits the waiter records of each instance; self is this
+	// instance's id, wakeRoot the root of wake subjects ("<prefix>.wake."),
+	// liveness the waiter liveness window (see instances.go). Without a
+	// wakeRoot, waiter records live by their own revision alone.
+	heardAt   map[string]time.Duration
+	instWaits map[string]*instanceWaits
+	self      string
+	wakeRoot  string
+	liveness  time.Duration
 
 	// announce, if set, is given the election events of each change the
 	// tracker takes in (see elections.go), outside its lock.
@@ -203,11 +219,13 @@ func (t *tracker) resetLocked() {
 	t.waiters = make(map[string]map[string]waiterInfo)
 	t.tenantWaits, t.tenantLeases = make(map[string]int), make(map[string]int)
 	t.left = make(map[string]time.Time)
+	t.pending, t.pendingRes, t.pendingTenant = make(map[string]pendingWait), make(map[string]int), make(map[string]int)
 	t.nWaiters = 0
 	t.sessions, t.tenantSessions, t.nSessions = make(map[string]*sessionMembers), make(map[string]int), 0
 	t.orphans = make(map[string]struct{})
 	t.setLeases = make(map[string]map[string]struct{})
 	t.sems = make(map[string]map[int]int)
+	t.heardAt, t.instWaits = make(map[string]time.Duration), make(map[string]*instanceWaits)
 }
 
 // reset forgets every observation, keeping the highest revision seen: after
@@ -453,6 +471,9 @@ func sessionLeaseHold(rec *streams.Record) time.Duration {
 // deadlineLocked is deadline; the caller holds t.mu.
 func (t *tracker) deadlineLocked(o *observation) time.Time {
 	d := t.ownDeadline(o)
+	if id := t.instanceDeadlineLocked(o); !id.IsZero() && id.Before(d) {
+		d = id
+	}
 	if t.orphanedLocked(o.rec) {
 		return o.seen
 	}
@@ -525,6 +546,13 @@ func (t *tracker) indexWaiter(key string, e entry) {
 	}
 	q := t.waiters[enc]
 	old, had := q[hash]
+	var wake string
+	if e.held() {
+		wake = e.rec.Wake
+	}
+	if old.wake != wake {
+		t.indexInstanceWait(key, old.wake, wake)
+	}
 	if had {
 		delete(q, hash)
 		t.nWaiters--
@@ -545,6 +573,7 @@ func (t *tracker) indexWaiter(key string, e entry) {
 		q = make(map[string]waiterInfo)
 		t.waiters[enc] = q
 	}
+	t.unpendLocked(key) // counted as a record now
 	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), rev: e.rev, owner: e.rec.Owner, tenant: e.rec.Tenant, requestID: e.rec.RequestID,
 		wake: e.rec.Wake, leaseTTL: time.Duration(e.rec.LeaseTTLms) * time.Millisecond, maxHold: time.Duration(e.rec.MaxHoldMs) * time.Millisecond,
 		session: e.rec.Session, set: e.rec.Set, setSize: e.rec.SetSize, limit: e.rec.Limit, value: e.rec.Value}
@@ -734,7 +763,16 @@ func (t *tracker) expired(o observation, now time.Time) bool {
 	if !o.held() && !o.foreign {
 		return false
 	}
-	return !now.Before(t.ownDeadline(&o)) || t.sessionLeaseEnded(o.rec)
+	return !now.Before(t.ownDeadline(&o)) || t.sessionLeaseEnded(o.rec) || t.instanceGone(&o, now)
+}
+
+// instanceGone reports whether o is a waiter record whose instance has
+// gone silent (see instances.go).
+func (t *tracker) instanceGone(o *observation, now time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := t.instanceDeadlineLocked(o)
+	return !d.IsZero() && !now.Before(d)
 }
 
 // popDue removes and returns the items of keys, held or foreign, that
@@ -748,6 +786,7 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	defer t.mu.Unlock()
 	t.forgetGone(now, limit)
 	t.forgetEnded(now, limit)
+	t.instancesDue(now)
 	var out []dueItem
 	for since := now.Sub(t.epoch); len(t.due) > 0 && len(out) < limit && t.due[0].at <= since; {
 		it := t.due.pop()

@@ -318,3 +318,119 @@ func TestWaiterCaps(t *testing.T) {
 		}
 	}
 }
+
+// Idle waiters cost no write: waiters queued on held locks, served by two
+// instances that follow each other, leave the bucket untouched for
+// several liveness windows (counted from the stream's last sequence), and
+// every one of them keeps its place: neither instance takes the other's
+// waiters for dead while it is heard.
+func TestIdleWaitersWriteNothing(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := waitConfig()
+	env.Serve(cfg)
+	env.Serve(cfg)
+	c := caller{t: t, nc: env.Connect()}
+	const locks, perLock = 4, 10
+	var replies []<-chan reply
+	for i := range locks {
+		res := fmt.Sprintf("idle/%d", i)
+		c.mustAcquire(res, "holder", 60000)
+		for j := range perLock {
+			replies = append(replies, c.acquireAsync(streams.AcquireRequest{Resource: res, RequestID: fmt.Sprintf("w%d", j), TTLms: 30000, WaitMs: 60000}))
+		}
+	}
+	for i := range locks {
+		waitForWaiters(t, c, fmt.Sprintf("idle/%d", i), perLock)
+	}
+	js, err := jetstream.New(env.ConnectAs(devcluster.Inspector))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(t.Context(), streams.StreamName(streams.DefaultBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastSeq := func() uint64 {
+		info, err := stream.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.LastSeq
+	}
+	before := lastSeq()
+	// Four liveness windows: a waiter that rewrote its record each third
+	// of the window would have written twelve times.
+	time.Sleep(4 * (cfg.WaiterLiveness + cfg.ExpiryGrace))
+	if after := lastSeq(); after != before {
+		t.Fatalf("%d idle waiters wrote %d messages in %v, want none", locks*perLock, after-before, 4*(cfg.WaiterLiveness+cfg.ExpiryGrace))
+	}
+	for i := range locks {
+		if st := c.status(fmt.Sprintf("idle/%d", i)); st.Waiters != perLock {
+			t.Fatalf("idle/%d has %d waiters, want %d: a live instance's waiter was removed", i, st.Waiters, perLock)
+		}
+	}
+	for i := range locks {
+		for j := range perLock {
+			c.cancel(fmt.Sprintf("idle/%d", i), fmt.Sprintf("w%d", j))
+		}
+	}
+	for _, r := range replies {
+		if rep := <-r; rep.errCode != streams.CodeLeaseLost {
+			t.Fatalf("cancelled waiter answered %q, want lease_lost", rep.errCode)
+		}
+	}
+}
+
+// The tenant's waiter cap is exact on one instance: 160 waits on as many
+// resources, sent at once by one tenant whose cap is 50, queue exactly 50
+// (each place is counted from its reservation, before its write).
+func TestTenantWaiterCapIsExactOnOneInstance(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := waitConfig()
+	cfg.MaxWaitersPerTenant = 50
+	env.Serve(cfg)
+	c := caller{t: t, nc: env.Connect()}
+	const n = 160
+	for i := range n {
+		c.mustAcquire(fmt.Sprintf("cap/%d", i), "holder", 60000)
+	}
+	replies := make([]<-chan reply, n)
+	for i := range n {
+		replies[i] = c.acquireAsync(streams.AcquireRequest{Resource: fmt.Sprintf("cap/%d", i), RequestID: "w", WaitMs: 60000})
+	}
+	// The refused answer at once; the queued ones wait.
+	refused := 0
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		for i, r := range replies {
+			if r == nil {
+				continue
+			}
+			select {
+			case rep := <-r:
+				if rep.errCode != streams.CodeTooManyWaiters {
+					t.Fatalf("cap/%d answered %q while held, want too_many_waiters or a wait", i, rep.errCode)
+				}
+				refused++
+				replies[i] = nil
+			default:
+			}
+		}
+		return refused >= n-cfg.MaxWaitersPerTenant
+	}, "%d waits refused, want %d", &refused, n-cfg.MaxWaitersPerTenant)
+	queued := 0
+	for i := range n {
+		queued += c.status(fmt.Sprintf("cap/%d", i)).Waiters
+	}
+	if queued != cfg.MaxWaitersPerTenant || refused != n-cfg.MaxWaitersPerTenant {
+		t.Fatalf("%d queued and %d refused of %d waits at once, want exactly %d queued", queued, refused, n, cfg.MaxWaitersPerTenant)
+	}
+	for i, r := range replies {
+		if r == nil {
+			continue
+		}
+		c.cancel(fmt.Sprintf("cap/%d", i), "w")
+		if rep := <-r; rep.errCode != streams.CodeLeaseLost {
+			t.Fatalf("cancelled waiter of cap/%d answered %q, want lease_lost", i, rep.errCode)
+		}
+	}
+}

@@ -17,10 +17,13 @@ import (
 // resource to the head waiter in the same write (handover.go) and sends it
 // the grant on that subject. Wake messages are at-most-once, so every
 // waiter also re-checks on a timer; a free resource is then claimed in
-// ticket order (mayClaim). The serving instance rewrites the record every
-// third of its liveness window; the sweeper removes a record left
-// unrefreshed, so a waiter whose instance died frees its place within
-// seconds.
+// ticket order (mayClaim). The record is written once: it lives while its
+// instance does (instances.go), so a waiter costs no write while nothing
+// changes, and a waiter whose instance died frees its place within
+// seconds. While the lock stays held, a waiter checks it on the tracker
+// alone, without the key's lock (idle); one read from the stream leader a
+// queue every third of the liveness window (wakes.recheckDue), whatever
+// the number of waiters, covers a watcher that lags.
 
 // waiter is one waiting acquire: its request, its place in the queue, and
 // the decisions of each of its steps. Its methods run in the request's own
@@ -30,10 +33,10 @@ type waiter struct {
 	g    *grantReq
 	wkey string
 	wake string // its wake subject
-	// queued is its record once queued (revision 0 before); refresh is
-	// when the record is due to be rewritten.
-	queued  observation
-	refresh time.Time
+	// queued is its record once queued (revision 0 before); until is when
+	// the wait ends (zero: unknown, the longest wait).
+	queued observation
+	until  time.Time
 	// ttl is the TTL of a lease it claims itself: after its first attempt,
 	// the hand-over TTL (its caller may have gone while it waited).
 	ttl time.Duration
@@ -44,16 +47,27 @@ func (l *locks) newWaiter(g *grantReq) *waiter {
 }
 
 // step makes one attempt: claim the resource if allowed, otherwise queue
-// or refresh the waiter record. done reports a final answer in resp or
-// err; otherwise err is the "locked" answer to give if the wait ends now.
+// the waiter record. done reports a final answer in resp or err; otherwise
+// err is the "locked" answer to give if the wait ends now.
 //
-// A woken waiter, and every waiter when its record is due for refresh,
-// that finds the lock held in the tracker decides on a read from the
-// stream leader: after a leader change the watcher behind the tracker can
-// lag by seconds, and a waiter that trusted it would sit out the release
-// it was woken for. When the tracker already shows the lock free, no read
-// is needed.
+// A woken waiter, and one waiter of a queue every third of the liveness
+// window, that finds the lock held in the tracker decides on a read from
+// the stream leader: after a leader change the watcher behind the tracker
+// can lag by seconds, and a waiter that trusted it would sit out the
+// release it was woken for. When the tracker already shows the lock free,
+// no read is needed.
 func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseResponse, done bool, err error) {
+	if err := w.l.guard.grants(); err != nil && w.queued.rev != 0 {
+		// No grant can come while the stream is below its high-water
+		// mark: the wait ends with that answer (unavailable), its record
+		// removed, and its caller retries.
+		return nil, true, err
+	}
+	if !woken {
+		if locked := w.idle(); locked != nil {
+			return nil, false, locked
+		}
+	}
 	g := *w.g
 	g.ttl = w.ttl
 	// Not yet queued, it may be granted or queued with another acquire's
@@ -68,7 +82,7 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	}
 	defer st.unlock()
 	if queued != nil {
-		w.queued, w.refresh = *queued, time.Now().Add(w.l.cfg.WaiterLiveness/3)
+		w.queued = *queued
 		if err := w.newPlace(ctx); err != nil {
 			return nil, true, err
 		}
@@ -80,9 +94,9 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	fresh := false
 	if wasQueued {
 		// Skip the store while the tracker says the lock is held, unless
-		// woken or due to refresh: then read it from the stream leader.
+		// woken or due to check: then read it from the stream leader.
 		if o, ok := w.l.tracker.get(w.g.key); ok && o.held() && !w.g.mine(o.rec) && !w.l.tracker.expired(o, time.Now()) {
-			if !woken && time.Now().Before(w.refresh) {
+			if !woken && !w.l.wakes.recheckDue(w.g.key) {
 				return nil, false, lockedError(o, w.g.who)
 			}
 			fresh = true
@@ -100,7 +114,7 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 		}
 		return resp, true, err
 	}
-	if w.queued.rev == 0 || !time.Now().Before(w.refresh) {
+	if w.queued.rev == 0 {
 		enqueue := w.enqueue
 		if w.queued.rev == 0 && w.g.limit != 0 && w.g.session == "" {
 			enqueue = w.enqueueBulk // with the semaphore's pending waits
@@ -115,12 +129,49 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	return nil, false, err
 }
 
+// idle returns the "locked" answer of a step that needs neither the key's
+// lock nor the store: the waiter's record is as it wrote it, the lock (or
+// every permit) is held by others and not expired as the tracker knows
+// it, and no check of the queue on the stream leader is due. Otherwise it
+// returns nil and the step decides under the lock. A wait in a session
+// always decides there (its session may have ended).
+func (w *waiter) idle() error {
+	t := w.l.tracker
+	if w.queued.rev == 0 || w.g.session != "" {
+		return nil
+	}
+	if o, ok := t.get(w.wkey); !ok || o.rev != w.queued.rev {
+		return nil
+	}
+	now := time.Now()
+	var locked error
+	if w.g.limit == 0 {
+		o, ok := t.get(w.g.key)
+		if !ok || !o.held() || w.g.mine(o.rec) || t.expired(o, now) {
+			return nil
+		}
+		locked = lockedError(o, w.g.who)
+	} else {
+		for k := 1; k <= w.g.limit; k++ {
+			o, ok := t.get(permitKey(w.g.sem, k))
+			if !ok || !o.held() || w.g.mine(o.rec) || t.expired(o, now) {
+				return nil
+			}
+		}
+		locked = newOpError(streams.CodeLocked, "all %d permits of semaphore %q are held", w.g.limit, w.g.sem)
+	}
+	if w.l.wakes.recheckDue(w.g.key) {
+		return nil
+	}
+	return locked
+}
+
 // checkPlace checks that the waiter's record is still its own. A record
 // gone means: cancelled (stop: lease_lost), taken over by a retry of the
 // request on another instance (stop: that one serves the caller), handed
 // the resource (the caller's lease is found by the next decision), or
-// removed because this instance could not refresh it in time (queue
-// again, at the end).
+// removed because another instance took this one for dead (queue again,
+// at the end).
 func (w *waiter) checkPlace(ctx context.Context) error {
 	if w.queued.rev == 0 {
 		return nil
@@ -153,12 +204,13 @@ func (w *waiter) cancelled(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
-// enqueue creates the waiter record, or rewrites it (same ticket) to
-// refresh its liveness and point it at this instance. The caller holds the
-// lease key's lock; waiter keys are written only under it.
+// enqueue creates the waiter record, or rewrites it (same ticket) to point
+// it at this instance, when a retry takes over its place. The caller holds
+// the lease key's lock; waiter keys are written only under it.
 func (w *waiter) enqueue(ctx context.Context) error {
 	mine := w.queued.rev
 	fresh := false
+	defer w.l.tracker.unreserveWaits(w.wkey)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := w.l.current(ctx, w.wkey, fresh)
 		if err != nil {
@@ -175,9 +227,9 @@ func (w *waiter) enqueue(ctx context.Context) error {
 			if cancelled, err := w.cancelled(ctx); err != nil || cancelled {
 				return err
 			}
-			mine = 0 // removed while this instance could not refresh it: queue again
+			mine = 0 // removed meanwhile (its instance taken for dead): queue again
 		}
-		rec, err := w.record(o, 0, 0)
+		rec, err := w.record(o)
 		if err != nil {
 			return err
 		}
@@ -191,7 +243,6 @@ func (w *waiter) enqueue(ctx context.Context) error {
 			return err
 		}
 		w.queued = w.l.tracker.observe(w.wkey, entry{rev: seq, rec: rec})
-		w.refresh = time.Now().Add(w.l.cfg.WaiterLiveness / 3)
 		if o.held() {
 			return nil
 		}
@@ -214,14 +265,15 @@ func (w *waiter) newPlace(ctx context.Context) error {
 
 // record returns the waiter record to write over o, the key's current
 // entry: the same ticket if o is this request's record, else a new place
-// if the caps allow one, counting besides the records of the resource and
-// of the tenant that the tracker knows the others written with it
-// (onResource, ofTenant: enqueueBulk).
-func (w *waiter) record(o observation, onResource, ofTenant int) (*streams.Record, error) {
+// if the caps allow one; that place stays reserved until the tracker
+// takes in its record or the caller ends the reservation
+// (tracker.unreserveWaits).
+func (w *waiter) record(o observation) (*streams.Record, error) {
 	cfg := w.l.cfg
 	now := cfg.Clock.Now()
+	window := recordWindow(cfg, w.until)
 	rec := &streams.Record{
-		Owner: w.g.owner, Tenant: w.g.tenant, RequestID: w.g.requestID, TTLms: cfg.WaiterLiveness.Milliseconds(),
+		Owner: w.g.owner, Tenant: w.g.tenant, RequestID: w.g.requestID, TTLms: window.Milliseconds(),
 		GrantedAt: streams.FormatTime(now), Wake: w.wake,
 		LeaseTTLms: w.g.ttl.Milliseconds(), MaxHoldMs: w.g.maxHold.Milliseconds(), Session: w.g.session,
 		Limit: w.g.limit, Value: w.g.value,
@@ -230,27 +282,35 @@ func (w *waiter) record(o observation, onResource, ofTenant int) (*streams.Recor
 		rec.Token = o.rec.TokenAt(o.rev) // keep the ticket
 		rec.GrantedAt = o.rec.GrantedAt
 	} else {
-		n, owned := w.l.tracker.waiterCounts(streams.EncodeResource(w.g.resource), w.g.tenant)
-		n, owned = n+onResource, owned+ofTenant
-		if n >= cfg.MaxWaitersPerResource {
-			return nil, newOpError(streams.CodeTooManyWaiters, "resource has %d waiters, the cap", n)
-		}
-		if owned >= cfg.MaxWaitersPerTenant {
-			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d waiting acquires, the cap", owned)
-		}
 		if w.g.session != "" {
 			if err := w.l.sessionRoom(w.g.session); err != nil {
 				return nil, err
 			}
 		}
+		if err := w.l.reserveOrRefuse(w.wkey, w.g.resource, w.g.tenant, 1); err != nil {
+			return nil, err
+		}
 	}
 	rec.RenewedAt = streams.FormatTime(now)
-	rec.ExpiresAt = streams.FormatTime(now.Add(cfg.WaiterLiveness))
+	rec.ExpiresAt = streams.FormatTime(now.Add(window))
 	return rec, nil
 }
 
+// recordWindow is the liveness_ms of a waiter record written now for a
+// wait that ends at until (zero: the longest wait): what is left of the
+// wait plus the liveness window. Its instance removes the record when the
+// wait ends; this bounds a record it failed to remove, and is all that an
+// older release, which expects records to be rewritten, goes by.
+func recordWindow(cfg Config, until time.Time) time.Duration {
+	left := cfg.MaxWait
+	if !until.IsZero() {
+		left = max(0, time.Until(until))
+	}
+	return min(left+cfg.WaiterLiveness, streams.MaxRecordTTL)
+}
+
 // removeRecord deletes the waiter's own record, best effort: if it stays,
-// its liveness window ends it.
+// its liveness_ms ends it.
 func (w *waiter) removeRecord(ctx context.Context) {
 	if w.queued.rev == 0 {
 		return

@@ -26,6 +26,9 @@ type waitSteps interface {
 	leave(ctx context.Context, last error) (any, error)
 	// queued reports whether the wait holds its place in the queue.
 	queued() bool
+	// endsAt tells the wait when it ends, before its first step: its
+	// records live no longer than that plus the liveness window.
+	endsAt(time.Time)
 }
 
 // singleWait is the waitSteps of one resource.
@@ -49,6 +52,8 @@ func (sw singleWait) leave(ctx context.Context, last error) (any, error) {
 
 func (sw singleWait) queued() bool { return sw.w.queued.rev != 0 }
 
+func (sw singleWait) endsAt(t time.Time) { sw.w.until = t }
+
 // wait serves the waiting acquire w, whose wake messages come to hash,
 // for at most wait.
 func (s *Service) wait(w waitSteps, hash string, wait time.Duration, sl *slot) (any, error) {
@@ -61,6 +66,7 @@ func (s *Service) wait(w waitSteps, hash string, wait time.Duration, sl *slot) (
 	defer s.wakes.unregister(hash, wake)
 
 	deadline := time.Now().Add(wait)
+	w.endsAt(deadline)
 	recheck := time.NewTimer(0)
 	defer recheck.Stop()
 	ends := time.NewTimer(wait)

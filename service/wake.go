@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	jsonv2 "github.com/go-json-experiment/json"
 	"github.com/nats-io/nats.go"
@@ -30,6 +31,44 @@ type wakes struct {
 
 	mu      sync.Mutex
 	waiting map[string]chan *streams.LeaseResponse
+
+	// rechecks spaces the reads from the stream leader that idle waiters
+	// make without a wake: when each queue key is next due one, on this
+	// instance (recheckDue).
+	recheckEvery time.Duration
+	recheckMu    sync.Mutex
+	rechecks     map[string]time.Time
+	pruneAt      time.Time
+}
+
+// recheckDue reports whether a waiter of the queue at key should check
+// the lock on the stream leader now, though it was not woken: wake
+// messages are at-most-once, and the tracker's view may lag after a leader
+// change. One waiter of a queue is told so every recheckEvery, whatever
+// the number of its waiters; what it reads brings the tracker up to date
+// for all of them.
+func (w *wakes) recheckDue(key string) bool {
+	now := time.Now()
+	w.recheckMu.Lock()
+	defer w.recheckMu.Unlock()
+	if w.rechecks == nil {
+		w.rechecks = make(map[string]time.Time)
+	}
+	if now.After(w.pruneAt) {
+		// Forget the queues no waiter asked about lately: the map holds
+		// the queues waited on now, not every queue ever waited on.
+		for k, at := range w.rechecks {
+			if now.After(at) {
+				delete(w.rechecks, k)
+			}
+		}
+		w.pruneAt = now.Add(w.recheckEvery)
+	}
+	if at, ok := w.rechecks[key]; ok && now.Before(at) {
+		return false
+	}
+	w.rechecks[key] = now.Add(w.recheckEvery)
+	return true
 }
 
 // subject returns the wake subject of a request served here.
