@@ -3,6 +3,7 @@ package service
 import (
 	"container/heap"
 	"sync"
+	"time"
 )
 
 // deliveries is what the watcher has delivered, for the decisions that
@@ -34,6 +35,25 @@ type deliveries struct {
 	// forgotten so is judged ended at every revision: a grant checked that
 	// late (long after OpTimeout) is refused, never wrongly answered.
 	ended, endedBefore map[string]endedSession
+	// lastEnd is when the last end was noted; sessionsPeak the most live
+	// sessions since that map was made (see shrink.go).
+	lastEnd      time.Time
+	sessionsPeak mapPeak
+}
+
+// forget drops the ended sessions once no session has ended for keep (as
+// the sweep calls it), and makes the map of live sessions anew when it
+// has shrunk: a churn of sessions leaves nothing behind. keep covers the
+// time a grant waits for its check (OpTimeout and more): a session
+// forgotten is judged ended at every revision, which refuses a grant
+// checked later than that, never answers one wrongly.
+func (d *deliveries) forget(now time.Time, keep time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if (d.ended != nil || d.endedBefore != nil) && now.Sub(d.lastEnd) > keep {
+		d.ended, d.endedBefore = nil, nil
+	}
+	d.sessions = shrinkMap(d.sessions, &d.sessionsPeak)
 }
 
 // endedSession is where a session ended, for liveAt.
@@ -102,7 +122,7 @@ func (d *deliveries) delivered(rev uint64) {
 func (d *deliveries) restart() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.ready, d.at, d.sessions = false, 0, map[string]string{}
+	d.ready, d.at, d.sessions, d.sessionsPeak = false, 0, map[string]string{}, 0
 }
 
 // caughtUp notes that the watcher has delivered every existing record.
@@ -122,6 +142,7 @@ func (d *deliveries) session(key string, e entry) {
 	hash := sessionHashOf(key)
 	if e.held() {
 		d.sessions[hash] = e.rec.LeaseID
+		d.sessionsPeak.note(len(d.sessions))
 		return
 	}
 	if secret, ok := d.sessions[hash]; ok {
@@ -130,6 +151,7 @@ func (d *deliveries) session(key string, e entry) {
 			d.endedBefore, d.ended = d.ended, make(map[string]endedSession, min(len(d.ended), endedKeep))
 		}
 		d.ended[hash] = endedSession{secret: secret, rev: e.rev}
+		d.lastEnd = time.Now()
 	}
 }
 

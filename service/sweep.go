@@ -26,6 +26,7 @@ func (s *Service) sweep(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		s.follow.deliveries.forget(time.Now(), s.tracker.window+s.cfg.QueueWait+s.cfg.OpTimeout)
 		for _, it := range s.tracker.popDue(time.Now(), 4096) {
 			select {
 			case sem <- struct{}{}:

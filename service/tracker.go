@@ -48,6 +48,9 @@ type tracker struct {
 	deleted map[uint64]deletedKey
 	gone    fifo[uint64] // keyIDs
 	marks   fifo[markedKey]
+	// keysPeak and deletedPeak are the most keys and deleted held since
+	// those maps were made (see shrink.go).
+	keysPeak, deletedPeak mapPeak
 
 	// held indexes the resources (decoded names) whose lease keys hold a
 	// lease, in order, for list. It is brought up to date only when a list
@@ -148,11 +151,13 @@ func (q *fifo[T]) pop(t *tracker, forget func(*tracker, T, time.Duration)) {
 	forget(t, it.v, it.at)
 }
 
-// expire pops up to n items seen more than the retry window before since.
+// expire pops up to n items seen more than the retry window before since,
+// and gives the queue storage of its size when it has shrunk.
 func (q *fifo[T]) expire(t *tracker, since time.Duration, n int, forget func(*tracker, T, time.Duration)) {
 	for ; n > 0 && len(*q) > 0 && since-(*q)[0].at > t.window; n-- {
 		q.pop(t, forget)
 	}
+	*q = shrinkSlice(*q)
 }
 
 // markedKey is a delete kept in keys for its end mark.
@@ -295,9 +300,11 @@ func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEven
 		t.marks.push(markedKey{key: key, rev: e.rev}, at)
 	default:
 		t.deleted[id] = deletedKey{rev: e.rev, seen: at}
+		t.deletedPeak.note(len(t.deleted))
 		delete(t.keys, key)
 		t.gone.push(id, at)
 	}
+	t.keysPeak.note(len(t.keys))
 	switch {
 	case isSessionKey(key):
 		t.sessionChanged(key, wasHeld, wasTenant, e, now)
@@ -787,6 +794,7 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	t.forgetGone(now, limit)
 	t.forgetEnded(now, limit)
 	t.instancesDue(now)
+	t.shrink()
 	var out []dueItem
 	for since := now.Sub(t.epoch); len(t.due) > 0 && len(out) < limit && t.due[0].at <= since; {
 		it := t.due.pop()
@@ -804,6 +812,26 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 		t.keys[it.key] = o
 	}
 	return out
+}
+
+// shrink makes anew what a churn of names grew and has shrunk since (see
+// shrink.go): the maps of keys, and the due heap, whose items of keys
+// ended before their deadline stay until it comes, so that it is rebuilt
+// from the items that count once those are under half of it. The caller
+// holds t.mu.
+func (t *tracker) shrink() {
+	t.keys = shrinkMap(t.keys, &t.keysPeak)
+	t.deleted = shrinkMap(t.deleted, &t.deletedPeak)
+	if len(t.due) >= minShrink && len(t.due) > 2*len(t.keys) {
+		live := make(dueHeap, 0, len(t.keys))
+		for _, it := range t.due {
+			if o, ok := t.keys[it.key]; ok && o.due == it.at {
+				live.push(it)
+			}
+		}
+		t.due = live
+	}
+	t.due = shrinkSlice(t.due)
 }
 
 // retryAt puts an item the sweep was given back, to be tried again at,
