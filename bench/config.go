@@ -61,7 +61,7 @@ type config struct {
 const noisyUserRate = 500
 
 var scenarios = []string{"steady", "ramp", "raw", "all", "hotlock", "failover", "cycles", "degraded", "overload", "noisy",
-	"sets", "semaphore", "election"}
+	"sets", "semaphore", "election", "waiters"}
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -103,13 +103,18 @@ func parseFlags(args []string) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	userRate, ttlSet := false, false
+	userRate, ttlSet, waitSet := false, false, false
 	fs.Visit(func(f *flag.Flag) {
 		c.tuned = c.tuned || strings.HasPrefix(f.Name, "service-")
 		c.authSet = c.authSet || f.Name == "auth"
 		userRate = userRate || f.Name == "service-user-rate"
 		ttlSet = ttlSet || f.Name == "ttl"
+		waitSet = waitSet || f.Name == "wait"
 	})
+	if c.scenario == "waiters" && !waitSet {
+		// The waits last the whole run: the queue, idle and beside phases.
+		c.wait = 5 * time.Minute
+	}
 	if c.scenario == "election" && !ttlSet {
 		// A killed leader's election passes on when its lease expires:
 		// the TTL bounds the failover.
@@ -143,12 +148,12 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.Float64Var(&c.rampStep, "ramp-step", 250, "ramp: acquire rate added each step")
 	fs.Float64Var(&c.rampMax, "ramp-max", 20000, "ramp: highest acquire rate tried")
 	fs.DurationVar(&c.rampStepDur, "ramp-step-duration", 10*time.Second, "ramp: duration of each step")
-	fs.IntVar(&c.hotResources, "hot-resources", 10, "hotlock: contended resources; semaphore: semaphores")
-	fs.IntVar(&c.waiters, "waiters", 20, "hotlock, semaphore: callers per resource (semaphore), each acquiring again as soon as it released")
+	fs.IntVar(&c.hotResources, "hot-resources", 10, "hotlock: contended resources; semaphore: semaphores; waiters: held locks")
+	fs.IntVar(&c.waiters, "waiters", 20, "hotlock, semaphore: callers per resource (semaphore), each acquiring again as soon as it released; waiters: idle waiting acquires on each held lock (raise --service-max-waiters-per-tenant for more than 1,000 in all)")
 	fs.DurationVar(&c.hold, "hold", 5*time.Millisecond, "hotlock, semaphore: how long a caller holds the lock (permit)")
-	fs.DurationVar(&c.wait, "wait", 30*time.Second, "hotlock, semaphore and the contended phase of sets: wait_ms of the waiting acquires")
+	fs.DurationVar(&c.wait, "wait", 30*time.Second, "hotlock, semaphore and the contended phase of sets: wait_ms of the waiting acquires; waiters: 5m unless given, and at least twice --duration plus a minute")
 	fs.StringVar(&c.wakeSubject, "wake-subject", "", "hotlock: subject to count wake messages on; the default is '<prefix>.>' minus the request and heartbeat subjects")
-	fs.IntVar(&c.workers, "workers", 64, "cycles, sets: closed-loop workers, each acquiring and releasing one resource (set) after another")
+	fs.IntVar(&c.workers, "workers", 64, "cycles, sets, waiters: closed-loop workers, each acquiring and releasing one resource (set) after another")
 	fs.IntVar(&c.rawBatch, "raw-batch", 1, "cycles --target raw: the keys each worker creates in one atomic batch (one commit), and then deletes in another: what committing the writes of several requests together would cost the cluster")
 	fs.IntVar(&c.setMin, "set-min", 2, "sets: the fewest resources of a lock set (sizes are drawn at random between --set-min and --set-max)")
 	fs.IntVar(&c.setMax, "set-max", 8, "sets: the most resources of a lock set")
@@ -268,6 +273,9 @@ func (c *config) checkShapes() []error {
 	check(c.scenario == "election" && c.ttl < time.Second, "election: --ttl %v is below the service's minimum TTL, 1s", c.ttl)
 	check((c.scenario == "sets" || c.scenario == "semaphore") && (c.wait <= 0 || c.wait > 5*time.Minute),
 		"%s: --wait %v: want wait_ms above 0 and at most 5m (the service's bound)", c.scenario, c.wait)
+	check(c.scenario == "waiters" && (c.wait < 2*c.duration+time.Minute || c.wait > 5*time.Minute),
+		"waiters: --wait %v: the waits last the run, want at least twice --duration (%v) plus a minute, and at most 5m (the service's bound)", c.wait, c.duration)
+	check(c.scenario == "waiters" && c.target != "service", "waiters runs against the service: it needs --target service")
 	return errs
 }
 
@@ -324,7 +332,7 @@ func (c *config) settings() map[string]string {
 	}
 	if c.serviceMode != "none" {
 		names = append(names, "service-max-in-flight", "service-max-queued", "service-queue-wait", "service-op-timeout",
-			"service-user-rate", "service-tenant-rates")
+			"service-user-rate", "service-tenant-rates", "service-max-waiters-per-resource", "service-max-waiters-per-tenant")
 	}
 	for _, name := range names {
 		m[strings.ReplaceAll(name, "-", "_")] = c.flags.Lookup(name).Value.String()
@@ -340,6 +348,8 @@ type tuning struct {
 	queueWait, opTimeout   time.Duration
 	userRate               float64
 	tenantRates            string // lockd's --tenant-rates: TENANT=RATE;...
+	// The waiter caps (lockd --max-waiters-per-resource, -per-tenant).
+	maxWaitersPerResource, maxWaitersPerTenant int
 }
 
 // register adds the settings' flags to fs, each prefixed, with the
@@ -352,6 +362,8 @@ func (t *tuning) register(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&t.opTimeout, prefix+"op-timeout", d.OpTimeout, "service: store work bound; a request's budget is --queue-wait plus this (lockd --op-timeout)")
 	fs.Float64Var(&t.userRate, prefix+"user-rate", d.UserRate, "service: fair use, operations a second per tenant by cost (lockd --user-rate; 0: off)")
 	fs.StringVar(&t.tenantRates, prefix+"tenant-rates", "", "service: tenants' own rates, TENANT=RATE;... (lockd --tenant-rates)")
+	fs.IntVar(&t.maxWaitersPerResource, prefix+"max-waiters-per-resource", d.MaxWaitersPerResource, "service: waiting acquires one resource may queue (lockd --max-waiters-per-resource)")
+	fs.IntVar(&t.maxWaitersPerTenant, prefix+"max-waiters-per-tenant", d.MaxWaitersPerTenant, "service: waiting acquires one tenant may have queued (lockd --max-waiters-per-tenant)")
 }
 
 // rates returns the tenants' own rates of --tenant-rates.
@@ -377,6 +389,7 @@ func (t tuning) config(cfg service.Config) service.Config {
 	cfg.MaxInFlight, cfg.MaxQueued, cfg.QueueWait, cfg.OpTimeout = t.maxInFlight, t.maxQueued, t.queueWait, t.opTimeout
 	cfg.UserRate = t.userRate
 	cfg.TenantRates, _ = t.rates() // checked by finishModes
+	cfg.MaxWaitersPerResource, cfg.MaxWaitersPerTenant = t.maxWaitersPerResource, t.maxWaitersPerTenant
 	return cfg
 }
 
@@ -392,6 +405,10 @@ func (t tuning) args() []string {
 	}
 	if t.tenantRates != "" {
 		args = append(args, "--tenant-rates", t.tenantRates)
+	}
+	if d := service.DefaultConfig(); t.maxWaitersPerResource != d.MaxWaitersPerResource || t.maxWaitersPerTenant != d.MaxWaitersPerTenant {
+		args = append(args, "--max-waiters-per-resource", strconv.Itoa(t.maxWaitersPerResource),
+			"--max-waiters-per-tenant", strconv.Itoa(t.maxWaitersPerTenant))
 	}
 	return args
 }

@@ -101,14 +101,17 @@ func TestServiceTuningFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg, d := c.tune.config(service.Config{}), service.DefaultConfig()
-	if cfg.MaxInFlight != d.MaxInFlight || cfg.MaxQueued != d.MaxQueued || cfg.QueueWait != d.QueueWait || cfg.OpTimeout != d.OpTimeout {
+	if cfg.MaxInFlight != d.MaxInFlight || cfg.MaxQueued != d.MaxQueued || cfg.QueueWait != d.QueueWait || cfg.OpTimeout != d.OpTimeout ||
+		cfg.MaxWaitersPerResource != d.MaxWaitersPerResource || cfg.MaxWaitersPerTenant != d.MaxWaitersPerTenant {
 		t.Fatalf("default tuning %+v, want the service's defaults", c.tune)
 	}
-	c, err = parseFlags([]string{"--service-max-in-flight", "100", "--service-max-queued", "7", "--service-queue-wait", "1.5s", "--service-op-timeout", "2500ms"})
+	c, err = parseFlags([]string{"--service-max-in-flight", "100", "--service-max-queued", "7", "--service-queue-wait", "1.5s", "--service-op-timeout", "2500ms",
+		"--service-max-waiters-per-tenant", "5000"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := tuning{maxInFlight: 100, maxQueued: 7, queueWait: 1500 * time.Millisecond, opTimeout: 2500 * time.Millisecond}
+	want := tuning{maxInFlight: 100, maxQueued: 7, queueWait: 1500 * time.Millisecond, opTimeout: 2500 * time.Millisecond,
+		maxWaitersPerResource: d.MaxWaitersPerResource, maxWaitersPerTenant: 5000}
 	if c.tune != want {
 		t.Fatalf("tuning %+v, want %+v", c.tune, want)
 	}

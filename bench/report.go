@@ -44,6 +44,7 @@ type Summary struct {
 	Sets          *SetsResult                 `json:"sets,omitempty"`
 	Semaphore     *SemaphoreResult            `json:"semaphore,omitempty"`
 	Election      *ElectionResult             `json:"election,omitempty"`
+	Waiters       *WaitersResult              `json:"waiters,omitempty"`
 	Safety        *load.SafetyResult          `json:"safety,omitempty"`
 	Notes         []string                    `json:"notes,omitempty"`
 }
@@ -250,6 +251,9 @@ func printSummary(w io.Writer, s *Summary) {
 	}
 	if s.Election != nil {
 		printElection(w, s.Election)
+	}
+	if s.Waiters != nil {
+		printWaiters(w, s.Waiters)
 	}
 	if sf := s.Safety; sf != nil && sf.Checked {
 		fmt.Fprintf(w, "\nsafety: %d grants on %d resources checked, %d violations\n", sf.Grants, sf.Resources, sf.Violations)

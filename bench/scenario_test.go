@@ -503,3 +503,33 @@ func TestProfile(t *testing.T) {
 		t.Fatalf("heap profile: sample types %v, %d samples", types, len(heap.Sample))
 	}
 }
+
+// waiters queues idle waiters on held locks past the service's default
+// tenant cap (raised for the run), counts the stream's writes while they
+// wait (none: a waiter is written once), and runs the unrelated callers
+// alone and beside them; no waiter is refused or answered before the
+// bench cancels it at the end.
+func TestWaitersScenario(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--scenario", "waiters", "--hot-resources", "3", "--waiters", "400", "--workers", "2",
+		"--duration", "2s", "--service-max-waiters-per-tenant", "1200")
+	if e.cfg.wait != 5*time.Minute {
+		t.Fatalf("waiters' wait_ms %v, want 5m unless given", e.cfg.wait)
+	}
+	if err := runWaiters(ctx, e, sum); err != nil {
+		t.Fatal(err)
+	}
+	w := sum.Waiters
+	if w == nil || w.Waiters != 1200 || w.Queued != 1200 || w.QueueS < 0 || len(w.Answered) != 0 {
+		t.Fatalf("waiters %+v", w)
+	}
+	if w.IdleS == 0 || w.IdleWrites != 0 {
+		t.Fatalf("idle waiters wrote %d messages in %.1fs, want none", w.IdleWrites, w.IdleS)
+	}
+	if w.Alone.Cycles == 0 || w.Beside.Cycles == 0 || w.Alone.Errors != 0 || w.Beside.Errors != 0 || w.TryHot.Count == 0 ||
+		w.TryHot.ErrorsByCode["locked"] != w.TryHot.Count {
+		t.Fatalf("the callers: alone %+v, beside %+v, try-acquire of a held name %+v", w.Alone, w.Beside, w.TryHot)
+	}
+	if settings := sum.Settings; settings["service_max_waiters_per_tenant"] != "1200" {
+		t.Fatalf("settings %v", settings)
+	}
+}
