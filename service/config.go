@@ -57,10 +57,13 @@ type Config struct {
 	// the resource soon in that case, and the holder's first renewal (with
 	// the TTL it wants) extends it. The default is 5s.
 	HandoverTTL time.Duration
-	// WaiterLiveness is the liveness window of a waiter record: the serving
-	// instance rewrites it every third of the window, and a record left
-	// unrefreshed this long (plus ExpiryGrace) is removed, so a waiter whose
-	// instance died frees its place within seconds. The default is 6s.
+	// WaiterLiveness is the liveness window of a waiter record: a record
+	// whose instance has not been heard (instances announce themselves on
+	// a heartbeat subject every second) for this long plus ExpiryGrace is
+	// removed, so a waiter whose instance died frees its place within
+	// seconds, while a waiter costs no write as long as nothing changes. A
+	// third of it is also how often one waiter of each queue checks the
+	// lock on the stream leader without a wake. The default is 6s.
 	WaiterLiveness time.Duration
 	// Recheck is how often a waiter re-checks the lock without being woken,
 	// since wake messages are at-most-once. The default is 1s.
@@ -74,7 +77,10 @@ type Config struct {
 	// MaxWaitersPerTenant the waiting acquires of one tenant (a NATS user
 	// as the server vouches for it; every request that crossed no import
 	// counts as one tenant) on every resource; beyond them acquire answers
-	// too_many_waiters. The defaults are 1000 and 1000.
+	// too_many_waiters. Each instance counts the waiters it knows and the
+	// places it is writing, so waits arriving at once on one instance never
+	// pass a cap; instances that queue at the same moment may each let one
+	// more in (see docs/waiting.md). The defaults are 1000 and 1000.
 	MaxWaitersPerResource, MaxWaitersPerTenant int
 	// MaxLeasesPerTenant caps the leases one tenant holds at once, as this
 	// instance knows them; beyond it acquire answers too_many_waiters.
