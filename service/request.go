@@ -265,18 +265,19 @@ func (s *Service) needed(c *call) bool {
 	now := time.Now()
 	for _, key := range c.keys {
 		o, ok := s.tracker.get(key)
-		if !ok || !o.held() {
-			return false
-		}
-		if c.value != "" && c.value != o.rec.Value {
-			return false
-		}
-		ttl := time.Duration(o.rec.TTLms) * time.Millisecond
-		if o.rec.RenewedAt != o.rec.GrantedAt && now.Sub(o.seen) < ttl/minRenewalGap {
+		if !ok || !o.held() || c.value != "" && c.value != o.rec.Value || !renewalDue(o, now) {
 			return false
 		}
 	}
 	return true
+}
+
+// renewalDue reports whether the lease (or session) observed in o is due a free
+// renewal (keepalive) at now: it was never renewed, or its last write has
+// stood for a fifth of its TTL.
+func renewalDue(o observation, now time.Time) bool {
+	ttl := time.Duration(o.rec.TTLms) * time.Millisecond
+	return o.rec.RenewedAt == o.rec.GrantedAt || now.Sub(o.seen) >= ttl/minRenewalGap
 }
 
 // decodeRelease decodes a release of a lease, a set or a permit.
@@ -426,7 +427,8 @@ func (s *Service) decodeOpen(c *call, data []byte) error {
 }
 
 // decodeKeepalive decodes a session's keepalive: free and urgent when the
-// instance knows the session as the caller's, else two.
+// instance knows the session as the caller's and it is due one (see
+// needed: a session is renewed by its keepalives), else two.
 func (s *Service) decodeKeepalive(c *call, data []byte) error {
 	var req streams.SessionKeepaliveRequest
 	if err := decode(data, &req); err != nil {
@@ -441,7 +443,7 @@ func (s *Service) decodeKeepalive(c *call, data []byte) error {
 	c.kind, c.sessionID, c.cost = kindSession, req.SessionID, 2
 	hash, secret, _ := streams.SplitSessionID(req.SessionID)
 	c.keys = []string{streams.SessionKey(hash)}
-	if o, ok := s.tracker.get(c.keys[0]); ok && holds(o, secret, c.who) {
+	if o, ok := s.tracker.get(c.keys[0]); ok && holds(o, secret, c.who) && renewalDue(o, time.Now()) {
 		c.known, c.due = true, s.tracker.deadline(&o)
 	}
 	return nil

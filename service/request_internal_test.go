@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/jetlock/jetlock/streams"
 )
 
@@ -131,4 +133,48 @@ func TestUrgencyAndCostFollowEveryKeyNamed(t *testing.T) {
 			t.Errorf("%s: known %v cost %v due %v, want known %v cost %v", tc.name, c.known, c.cost, c.due, tc.known, tc.cost)
 		}
 	}
+}
+
+// A renewal (a keepalive) is free and urgent only when the holder needs
+// it: the lease's first renewal, or one a fifth of its TTL after its last
+// write, keeping its value. One sooner, or one with a new value, costs 2
+// and waits its turn.
+func TestFreeRenewalsAreTheOnesTheLeaseNeeds(t *testing.T) {
+	s, req := runInternal(t, DefaultConfig())
+	const ttl = 10 * time.Second // a fifth: 2s, longer than any stall between a write and the next check
+	var l streams.LeaseResponse
+	json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "e", RequestID: "e", TTLms: ttl.Milliseconds(), Value: "v1"}).Data, &l)
+	var sr streams.SessionResponse
+	json.Unmarshal(req(streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: "s", TTLms: ttl.Milliseconds()}).Data, &sr)
+	renew := func(value string) streams.RenewRequest {
+		return streams.RenewRequest{Resource: "e", LeaseID: l.LeaseID, TTLms: ttl.Milliseconds(), Value: value}
+	}
+	keepalive := streams.SessionKeepaliveRequest{SessionID: sr.SessionID}
+	check := func(step, op string, body any, free bool) {
+		t.Helper()
+		data, _ := json.Marshal(body)
+		c, err := s.decodeCall(op, data, origin{})
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if c.known != free || !free && c.cost != 2 || free && c.due.IsZero() {
+			t.Errorf("%s: known %v cost %v due %v, want free %v", step, c.known, c.cost, c.due, free)
+		}
+	}
+	check("the first renewal", streams.OpRenew, renew(""), true)
+	check("the first renewal, with the lease's value", streams.OpRenew, renew("v1"), true)
+	check("a renewal with a new value", streams.OpRenew, renew("v2"), false)
+	check("the first keepalive", streams.OpSessionKeepalive, keepalive, true)
+	for _, m := range []*nats.Msg{req(streams.OpRenew, renew("")), req(streams.OpSessionKeepalive, keepalive)} {
+		if code := m.Header.Get(streams.HeaderErrorCode); code != "" {
+			t.Fatalf("%s", m.Data)
+		}
+	}
+	renewed := time.Now()
+	check("a renewal at once after the last", streams.OpRenew, renew(""), false)
+	check("a keepalive at once after the last", streams.OpSessionKeepalive, keepalive, false)
+	time.Sleep(time.Until(renewed.Add(ttl / minRenewalGap)))
+	check("a renewal a fifth of the TTL after the last", streams.OpRenew, renew(""), true)
+	check("a keepalive a fifth of the TTL after the last", streams.OpSessionKeepalive, keepalive, true)
+	check("a renewal with a new value, later", streams.OpRenew, renew("v2"), false)
 }
