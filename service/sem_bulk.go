@@ -129,11 +129,13 @@ func (j *semJoins) settleQueued(joins []*semJoin, queued []*observation) {
 
 // lockToGrant locks g's key. A plain acquire of a permit that may be
 // granted in bulk (joinable; w is its waiter, nil for one that does not
-// wait) first joins its semaphore's pending acquires. When the holder of
+// wait) first joins its semaphore's pending acquires, and so does a
+// waiting acquire of a lock not yet queued, whose waiter record the
+// holder may write with its own (enqueueBulk). When the holder of
 // the lock granted it meanwhile, lockToGrant returns that grant and no
 // lock; when the holder queued it, the key locked and its waiter record.
 func (l *locks) lockToGrant(ctx context.Context, g *grantReq, w *waiter, joinable bool) (*keyLock, *streams.LeaseResponse, *observation, error) {
-	if !joinable || g.limit == 0 || g.session != "" {
+	if !joinable || g.limit == 0 && w == nil || g.session != "" {
 		st, err := l.lock(ctx, g.key)
 		return st, nil, nil, err
 	}
@@ -236,8 +238,8 @@ func (l *locks) grantBulk(ctx context.Context, g *grantReq, k int, o observation
 const maxJoinedRecords = 64
 
 // enqueueBulk queues w, a waiting acquire of a permit that found none it
-// may take and has no record yet, and with it the pending waiting
-// acquires of its semaphore that have none either: their waiter records
+// may take (or of a held lock) and has no record yet, and with it the
+// pending waiting acquires of its key that have none either: their waiter records
 // in one atomic batch, in the order they came (one commit instead of one
 // each, while the semaphore's lock is held). A joined acquire that the
 // caps or a record of its own keep out decides on its own. If the batch

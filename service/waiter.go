@@ -63,9 +63,14 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 		// removed, and its caller retries.
 		return nil, true, err
 	}
+	// due: this step is the queue's check on the stream leader (asked
+	// once a step: asking marks the queue's check as taken).
+	due := false
 	if !woken {
 		if locked := w.idle(); locked != nil {
-			return nil, false, locked
+			if due = w.l.wakes.recheckDue(w.g.key); !due {
+				return nil, false, locked
+			}
 		}
 	}
 	g := *w.g
@@ -96,7 +101,7 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 		// Skip the store while the tracker says the lock is held, unless
 		// woken or due to check: then read it from the stream leader.
 		if o, ok := w.l.tracker.get(w.g.key); ok && o.held() && !w.g.mine(o.rec) && !w.l.tracker.expired(o, time.Now()) {
-			if !woken && !w.l.wakes.recheckDue(w.g.key) {
+			if !woken && !due && !w.l.wakes.recheckDue(w.g.key) {
 				return nil, false, lockedError(o, w.g.who)
 			}
 			fresh = true
@@ -116,8 +121,8 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	}
 	if w.queued.rev == 0 {
 		enqueue := w.enqueue
-		if w.queued.rev == 0 && w.g.limit != 0 && w.g.session == "" {
-			enqueue = w.enqueueBulk // with the semaphore's pending waits
+		if w.queued.rev == 0 && w.g.session == "" {
+			enqueue = w.enqueueBulk // with the key's pending waits
 		}
 		if qerr := enqueue(ctx); qerr != nil {
 			if errors.As(qerr, &oe) {
@@ -130,11 +135,11 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 }
 
 // idle returns the "locked" answer of a step that needs neither the key's
-// lock nor the store: the waiter's record is as it wrote it, the lock (or
-// every permit) is held by others and not expired as the tracker knows
-// it, and no check of the queue on the stream leader is due. Otherwise it
-// returns nil and the step decides under the lock. A wait in a session
-// always decides there (its session may have ended).
+// lock nor the store, unless the queue's check on the stream leader is
+// due: the waiter's record is as it wrote it, and the lock (or every
+// permit) is held by others and not expired as the tracker knows it.
+// Otherwise it returns nil and the step decides under the lock. A wait in
+// a session always decides there (its session may have ended).
 func (w *waiter) idle() error {
 	t := w.l.tracker
 	if w.queued.rev == 0 || w.g.session != "" {
@@ -159,9 +164,6 @@ func (w *waiter) idle() error {
 			}
 		}
 		locked = newOpError(streams.CodeLocked, "all %d permits of semaphore %q are held", w.g.limit, w.g.sem)
-	}
-	if w.l.wakes.recheckDue(w.g.key) {
-		return nil
 	}
 	return locked
 }

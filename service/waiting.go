@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/jetlock/jetlock/streams"
@@ -86,7 +87,15 @@ func (s *Service) wait(w waitSteps, hash string, wait time.Duration, sl *slot) (
 		if w.queued() {
 			sl.release()
 		}
-		recheck.Reset(s.cfg.Recheck)
+		next := s.cfg.Recheck
+		if errors.Is(err, errBusy) && !w.queued() {
+			// Not queued: the resource's line of requests was full
+			// (MaxPerKey), as when many waits arrive at once. Try again
+			// soon, each at a moment of its own, rather than all together
+			// a re-check later.
+			next = time.Millisecond + rand.N(s.cfg.Recheck/4+1)
+		}
+		recheck.Reset(next)
 		select {
 		case grant := <-wake:
 			if grant != nil {
