@@ -27,6 +27,11 @@ const churnNames = 48_000
 // where it started. Maps and queues that grew with the churn shrink with
 // it.
 func TestMemoryFollowsWhatIsHeld(t *testing.T) {
+	// Sample the heap finely: the bound is tight, and the default rate
+	// (one sample per 512 KiB) leaves ownHeap's estimate loose by about as
+	// much.
+	defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
+	runtime.MemProfileRate = 16 << 10
 	cfg := DefaultConfig()
 	const window = 3 * time.Second
 	cfg.Bucket.RetryWindow = window

@@ -776,6 +776,9 @@ func (t *tracker) expired(o observation, now time.Time) bool {
 // instanceGone reports whether o is a waiter record whose instance has
 // gone silent (see instances.go).
 func (t *tracker) instanceGone(o *observation, now time.Time) bool {
+	if o.rec == nil || o.rec.Wake == "" {
+		return false // not a waiter: no lock taken on the paths that ask of leases
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	d := t.instanceDeadlineLocked(o)
