@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -432,5 +433,87 @@ func TestTenantWaiterCapIsExactOnOneInstance(t *testing.T) {
 		if rep := <-r; rep.errCode != streams.CodeLeaseLost {
 			t.Fatalf("cancelled waiter of cap/%d answered %q, want lease_lost", i, rep.errCode)
 		}
+	}
+}
+
+// A waiter of an older release beside this one, during a rolling upgrade:
+// its record says how long it lives unrewritten (liveness_ms) and its
+// instance rewrites it, without heartbeats of the kind this release sends.
+// This instance keeps it while it is rewritten, hands it the resource
+// (the grant goes to its wake subject, which its instance answers), and
+// removes a record whose rewrites have stopped, as the older release does.
+func TestWaiterOfAnOlderReleaseIsHonoured(t *testing.T) {
+	env := testenv.Start(t)
+	cfg := waitConfig()
+	// A window that a stall of the test's rewrites between two of them
+	// (a quarter window apart) would have to last most of, to pass.
+	cfg.WaiterLiveness = 4 * time.Second
+	env.Serve(cfg)
+	c := caller{t: t, nc: env.Connect()}
+	holder := c.mustAcquire("old/1", "holder", 30000)
+	// The older instance: its wake subjects, and its writes to the bucket.
+	svcNC, storeNC, err := env.Cluster.ConnectService()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svcNC.Close)
+	t.Cleanup(storeNC.Close)
+	wakes, err := svcNC.SubscribeSync("jetlock.wake.older.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svcNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(storeNC)
+	kv, err := js.KeyValue(t.Context(), streams.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const kept, dropped = "00000000000000000000000000000000000000a1", "00000000000000000000000000000000000000b2"
+	liveness := cfg.WaiterLiveness
+	write := func(hash string, ticket, rev uint64) uint64 {
+		now := time.Now().UTC()
+		w := streams.Waiter{RequestID: "older-" + hash[len(hash)-2:], Ticket: ticket, QueuedAt: streams.FormatTime(now),
+			LivenessMs: liveness.Milliseconds(), RefreshedAt: streams.FormatTime(now), ExpiresAt: streams.FormatTime(now.Add(liveness)),
+			Wake: "jetlock.wake.older." + hash, LeaseTTLms: 30000}
+		var seq uint64
+		var err error
+		if rev == 0 {
+			seq, err = kv.Create(t.Context(), streams.WaitKey("old/1", hash), w.AppendJSON(nil))
+		} else {
+			seq, err = kv.Update(t.Context(), streams.WaitKey("old/1", hash), w.AppendJSON(nil), rev)
+		}
+		if err != nil {
+			t.Fatalf("write the older release's waiter %s: %v", hash, err)
+		}
+		return seq
+	}
+	keptTicket := write(kept, 0, 0)
+	write(dropped, 0, 0) // never rewritten
+	waitForWaiters(t, c, "old/1", 2)
+	// The older instance rewrites one record every quarter of its window,
+	// for two windows; the other is removed meanwhile.
+	rev := keptTicket
+	for end := time.Now().Add(2 * (liveness + cfg.ExpiryGrace)); time.Now().Before(end); {
+		time.Sleep(liveness / 4)
+		rev = write(kept, keptTicket, rev)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return c.status("old/1").Waiters == 1 }, "the record no longer rewritten removed")
+	if _, err := kv.Get(t.Context(), streams.WaitKey("old/1", kept)); err != nil {
+		t.Fatalf("the rewritten record was removed: %v", err)
+	}
+	// The release hands the resource to the older release's waiter.
+	c.release("old/1", holder.LeaseID)
+	m, err := wakes.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatalf("no grant on the older waiter's wake subject: %v", err)
+	}
+	var grant streams.LeaseResponse
+	if err := json.Unmarshal(m.Data, &grant); err != nil || m.Subject != "jetlock.wake.older."+kept || grant.Token <= holder.Token {
+		t.Fatalf("wake %s %s: want the grant for %s", m.Subject, m.Data, kept)
+	}
+	if st := c.status("old/1"); !st.Held || st.Token != grant.Token {
+		t.Fatalf("after the hand-over: %+v, want held with token %d", st, grant.Token)
 	}
 }
