@@ -257,19 +257,23 @@ const minRenewalGap = 5
 
 // needed reports whether the renewal c, of a lease this instance knows as
 // current, is one its holder needs, and so free: it keeps the lease's
-// value (an election's proclaim of a new value pays), and it is the
-// lease's first renewal (the one that follows a hand-over's short TTL at
-// once) or comes at least a fifth of the lease's TTL after its last write.
-// A lease is kept by renewals, not made a free channel of writes.
+// value (an election's proclaim of a new value pays), it is the lease's
+// first renewal (the one that follows a hand-over's short TTL at once) or
+// comes at least a fifth of the lease's TTL after its last write, and no
+// other free renewal of the same write is under way (see
+// tracker.takeFree). A lease is kept by renewals, not made a free channel
+// of writes.
 func (s *Service) needed(c *call) bool {
 	now := time.Now()
-	for _, key := range c.keys {
+	revs := make([]uint64, len(c.keys))
+	for i, key := range c.keys {
 		o, ok := s.tracker.get(key)
 		if !ok || !o.held() || c.value != "" && c.value != o.rec.Value || !renewalDue(o, now) {
 			return false
 		}
+		revs[i] = o.rev
 	}
-	return true
+	return s.tracker.takeFree(c.keys, revs, now, s.cfg.QueueWait+s.cfg.OpTimeout)
 }
 
 // renewalDue reports whether the lease (or session) observed in o is due a free
@@ -443,7 +447,8 @@ func (s *Service) decodeKeepalive(c *call, data []byte) error {
 	c.kind, c.sessionID, c.cost = kindSession, req.SessionID, 2
 	hash, secret, _ := streams.SplitSessionID(req.SessionID)
 	c.keys = []string{streams.SessionKey(hash)}
-	if o, ok := s.tracker.get(c.keys[0]); ok && holds(o, secret, c.who) && renewalDue(o, time.Now()) {
+	if o, ok := s.tracker.get(c.keys[0]); ok && holds(o, secret, c.who) && renewalDue(o, time.Now()) &&
+		s.tracker.takeFree(c.keys, []uint64{o.rev}, time.Now(), s.cfg.QueueWait+s.cfg.OpTimeout) {
 		c.known, c.due = true, s.tracker.deadline(&o)
 	}
 	return nil

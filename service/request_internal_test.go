@@ -137,8 +137,9 @@ func TestUrgencyAndCostFollowEveryKeyNamed(t *testing.T) {
 
 // A renewal (a keepalive) is free and urgent only when the holder needs
 // it: the lease's first renewal, or one a fifth of its TTL after its last
-// write, keeping its value. One sooner, or one with a new value, costs 2
-// and waits its turn.
+// write, keeping its value, and one at a time. One sooner, one with a new
+// value, or one sent while another free one of the same write is under
+// way, costs 2 and waits its turn.
 func TestFreeRenewalsAreTheOnesTheLeaseNeeds(t *testing.T) {
 	s, req := runInternal(t, DefaultConfig())
 	const ttl = 10 * time.Second // a fifth: 2s, longer than any stall between a write and the next check
@@ -161,10 +162,11 @@ func TestFreeRenewalsAreTheOnesTheLeaseNeeds(t *testing.T) {
 			t.Errorf("%s: known %v cost %v due %v, want free %v", step, c.known, c.cost, c.due, free)
 		}
 	}
-	check("the first renewal", streams.OpRenew, renew(""), true)
 	check("the first renewal, with the lease's value", streams.OpRenew, renew("v1"), true)
+	check("another first renewal while that one is under way", streams.OpRenew, renew(""), false)
 	check("a renewal with a new value", streams.OpRenew, renew("v2"), false)
 	check("the first keepalive", streams.OpSessionKeepalive, keepalive, true)
+	check("another first keepalive while that one is under way", streams.OpSessionKeepalive, keepalive, false)
 	for _, m := range []*nats.Msg{req(streams.OpRenew, renew("")), req(streams.OpSessionKeepalive, keepalive)} {
 		if code := m.Header.Get(streams.HeaderErrorCode); code != "" {
 			t.Fatalf("%s", m.Data)
@@ -175,6 +177,7 @@ func TestFreeRenewalsAreTheOnesTheLeaseNeeds(t *testing.T) {
 	check("a keepalive at once after the last", streams.OpSessionKeepalive, keepalive, false)
 	time.Sleep(time.Until(renewed.Add(ttl / minRenewalGap)))
 	check("a renewal a fifth of the TTL after the last", streams.OpRenew, renew(""), true)
+	check("another at the same moment", streams.OpRenew, renew(""), false)
 	check("a keepalive a fifth of the TTL after the last", streams.OpSessionKeepalive, keepalive, true)
 	check("a renewal with a new value, later", streams.OpRenew, renew("v2"), false)
 }

@@ -201,6 +201,9 @@ type observation struct {
 	// due is the time of the key's due item (since epoch), no later than
 	// its deadline; zero when it has none (not held, or being swept).
 	due time.Duration
+	// freeUntil is when the free renewal (keepalive) of this revision
+	// that is under way has had its whole budget (since epoch), or zero.
+	freeUntil time.Duration
 }
 
 type dueItem struct {
@@ -835,6 +838,30 @@ func (t *tracker) shrink() {
 		t.due = live
 	}
 	t.due = shrinkSlice(t.due)
+}
+
+// takeFree reports whether a free renewal (or keepalive) of keys, as
+// observed at revs, may start at now, and if so marks it under way on each
+// key until now plus budget (a request's whole time, receipt to answer):
+// one free renewal of a revision at a time, so that requests sent at once
+// do not all pass as the one the lease needs. Once it has committed, the
+// key's next revision has no mark; one that did not commit frees the mark
+// when its budget has passed, for its retry.
+func (t *tracker) takeFree(keys []string, revs []uint64, now time.Time, budget time.Duration) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at := now.Sub(t.epoch)
+	for i, key := range keys {
+		if o, ok := t.keys[key]; !ok || o.rev != revs[i] || o.freeUntil > at {
+			return false
+		}
+	}
+	for _, key := range keys {
+		o := t.keys[key]
+		o.freeUntil = at + budget
+		t.keys[key] = o
+	}
+	return true
 }
 
 // retryAt puts an item the sweep was given back, to be tried again at,
