@@ -133,6 +133,9 @@ type grantReq struct {
 	sem   string
 	limit int
 	value string
+	// nameRev is, for a permit, the revision of its semaphore's name key
+	// that the grant's commit must find (claimName), set on each attempt.
+	nameRev uint64
 }
 
 // mine reports whether rec, a lease or waiter record, is this request's:
@@ -262,6 +265,26 @@ func (l *locks) confirmNegative(ctx context.Context, key string, o observation) 
 	return err
 }
 
+// confirmAll proves the reads obs of keys current, as confirmNegative
+// does for one: in one atomic batch of checks (more keys than a batch
+// holds, in several). On errConflict the caller reads again.
+func (l *locks) confirmAll(ctx context.Context, keys []string, obs []observation) error {
+	if len(keys) == 1 {
+		return l.confirmNegative(ctx, keys[0], obs[0])
+	}
+	revs := make([]uint64, len(obs))
+	for i, o := range obs {
+		revs[i] = o.rev
+	}
+	_, err := l.store.prove(ctx, keys, revs, nil)
+	if errors.Is(err, errConflict) {
+		for _, k := range keys {
+			l.tracker.forget(k)
+		}
+	}
+	return err
+}
+
 // acquire decides an acquire that does not wait.
 func (l *locks) acquire(ctx context.Context, g *grantReq) (*streams.LeaseResponse, error) {
 	st, granted, _, err := l.lockToGrant(ctx, g, nil, true)
@@ -293,6 +316,13 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 		}
 		o, err := l.current(ctx, g.key, fresh)
 		if err != nil {
+			return nil, err
+		}
+		if o, err = l.claimName(ctx, g.resource, o, 0); err != nil {
+			if errors.Is(err, errConflict) || errors.Is(err, errReadFirst) {
+				fresh = true
+				continue
+			}
 			return nil, err
 		}
 		orphan := false
@@ -385,7 +415,7 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*s
 			}
 			return nil, err
 		}
-		sess, err := l.heldInSession(ctx, g, o)
+		sess, err := l.heldInSession(ctx, g, []string{g.key}, []observation{o})
 		if err != nil {
 			return nil, err
 		}
@@ -408,8 +438,11 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*s
 // holds the lease. The lease is proven first, then the session: a session
 // live after the lease's proof was live at it too, so the answer holds
 // at that proof. On errConflict the caller decides again on fresh reads.
-func (l *locks) heldInSession(ctx context.Context, g *grantReq, o observation) (*streams.Record, error) {
-	if err := l.confirmNegative(ctx, g.key, o); err != nil {
+//
+// A lock set's retry is proven the same way, over every key of the set
+// (keys, observed in obs); g is then the set's request as its first key's.
+func (l *locks) heldInSession(ctx context.Context, g *grantReq, keys []string, obs []observation) (*streams.Record, error) {
+	if err := l.confirmAll(ctx, keys, obs); err != nil {
 		return nil, err
 	}
 	sess, err := l.session(ctx, g, true)
@@ -461,20 +494,36 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 }
 
 // writeGrant writes the lease rec for g over revision expect: one
-// compare-and-set write when plain, else (a lease of a session, on a lone
-// instance) in one atomic batch with the check of the session observed in
-// sess, through the session's gate. It returns the grant's revision, or
-// dup when an earlier write of the request (or its cancel) was found.
+// compare-and-set write when plain, else in one atomic batch with the
+// check of the session observed in sess, through the session's gate (a
+// lease of a session, on a lone instance), and for a permit with the
+// write of its semaphore's name record (name_rule.go). It returns the
+// grant's revision, or dup when an earlier write of the request (or its
+// cancel) was found.
 func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (uint64, bool, error) {
-	if plain {
+	if plain && g.limit == 0 {
 		return l.store.put(ctx, g.key, rec, expect, grantMsgID(g.hash))
 	}
-	gate, err := l.sessionGate(ctx, g.session)
-	if err != nil {
-		return 0, false, err
+	var session check
+	var also []*batchMsg
+	if g.limit != 0 {
+		also = append(also, l.store.nameMsg(g.sem, g.limit, g.nameRev))
 	}
-	seq, err := l.store.grantInSession(ctx, g.key, rec, expect, grantMsgID(g.hash), check{key: streams.SessionKey(g.session), rev: sess.rev})
-	gate.unlock()
+	var gate *keyLock
+	if !plain {
+		var err error
+		if gate, err = l.sessionGate(ctx, g.session); err != nil {
+			return 0, false, err
+		}
+		session = check{key: streams.SessionKey(g.session), rev: sess.rev}
+	}
+	seq, err := l.store.grantBatch(ctx, g.key, rec, expect, grantMsgID(g.hash), session, also...)
+	if gate != nil {
+		gate.unlock()
+	}
+	if err == nil && g.limit != 0 {
+		l.tracker.observe(streams.LeaseKey(g.sem), entry{rev: also[0].seq, sem: g.limit})
+	}
 	switch {
 	case errors.Is(err, errDuplicate):
 		return 0, true, nil

@@ -205,6 +205,8 @@ func (l *locks) grantBulk(ctx context.Context, g *grantReq, k int, o observation
 		recs[i].Limit = r.limit
 		msgs[i] = l.store.putMsg(r.key, recs[i].AppendJSON(nil), seen[i].rev, grantMsgID(r.hash))
 	}
+	name := l.store.nameMsg(g.sem, g.limit, g.nameRev)
+	msgs = append(msgs, name)
 	grants := make([]*streams.LeaseResponse, len(joins))
 	if _, err := l.store.batch(ctx, "grant", msgs); err != nil {
 		l.joins.settle(joins, grants)
@@ -216,6 +218,7 @@ func (l *locks) grantBulk(ctx context.Context, g *grantReq, k int, o observation
 		}
 		return nil, err
 	}
+	l.tracker.observe(streams.LeaseKey(g.sem), entry{rev: name.seq, sem: g.limit})
 	var mine *streams.LeaseResponse
 	for i, r := range reqs {
 		l.tracker.observe(r.key, entry{rev: msgs[i].seq, rec: recs[i]})

@@ -65,6 +65,18 @@ attempts:
 				return nil, err
 			}
 		}
+		name, err := l.current(ctx, streams.LeaseKey(g.sem), fresh)
+		if err != nil {
+			return nil, err
+		}
+		if name, err = l.claimName(ctx, g.sem, name, g.limit); err != nil {
+			if errors.Is(err, errConflict) || errors.Is(err, errReadFirst) {
+				fresh = true
+				continue
+			}
+			return nil, err
+		}
+		g.nameRev = name.rev
 		now := time.Now()
 		var free []int
 		var frees []observation
@@ -105,7 +117,6 @@ attempts:
 		}
 		k := free[0]
 		var resp *streams.LeaseResponse
-		var err error
 		if joins, ks, obs := l.joinPermits(g, free, frees, 0); len(joins) > 0 {
 			resp, err = l.grantBulk(ctx, g, k, frees[0], joins, ks, obs)
 		} else {

@@ -157,6 +157,12 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 		if err != nil {
 			return nil, err
 		}
+		if err := l.claimNames(ctx, r, obs); errors.Is(err, errConflict) || errors.Is(err, errReadFirst) {
+			fresh = true
+			continue
+		} else if err != nil {
+			return nil, err
+		}
 		resp, done, err := l.decideSet(r, obs, fresh, sess)
 		switch {
 		case errors.Is(err, errReadFirst):
@@ -172,9 +178,12 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 		}
 		if done {
 			if err == nil && r.session != "" {
-				// A retry of a set of a session that holds every key.
-				if err := l.validSet(ctx, r, obs, false); err != nil {
-					return nil, err
+				// A retry of a set of a session that holds every key:
+				// answered held only once proven, as a single lease's is.
+				resp, err = l.setHeldInSession(ctx, r, obs)
+				if errors.Is(err, errConflict) {
+					fresh = true
+					continue
 				}
 			}
 			return resp, err
@@ -198,6 +207,22 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 		return resp, err
 	}
 	return nil, tooManyConflicts()
+}
+
+// claimNames applies the name rule to each key of r observed in obs
+// (claimName), replacing a retired name record's observation with its
+// delete.
+func (l *locks) claimNames(ctx context.Context, r *setReq, obs []observation) error {
+	for i, o := range obs {
+		if o.sem == 0 {
+			continue
+		}
+		var err error
+		if obs[i], err = l.claimName(ctx, r.resources[i], o, 0); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // stillBlocked answers "locked" when a fresh read proves that set r, which
@@ -389,6 +414,22 @@ func (l *locks) validSet(ctx context.Context, r *setReq, obs []observation, plai
 	return err
 }
 
+// setHeldInSession answers a retry of set r of a session whose keys,
+// observed in obs, all hold r's lease: once the grant's place in the
+// stream is confirmed (validSet) and every key and the session are proven
+// current (heldInSession), the set's lease; lease_lost when the session
+// has ended. On errConflict the caller decides again on fresh reads.
+func (l *locks) setHeldInSession(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
+	if err := l.validSet(ctx, r, obs, false); err != nil {
+		return nil, err
+	}
+	sess, err := l.heldInSession(ctx, r.grantReq(0), r.keys, obs)
+	if err != nil {
+		return nil, err
+	}
+	return setResponse(r.resources, obs, sess), nil
+}
+
 // setGrantMsgs returns the atomic batch of r's grant over the key
 // revisions obs (see grantSet), and the lease record it writes on every
 // key; unless plain, the batch checks that r's session observed in sess
@@ -460,10 +501,11 @@ func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record)
 			}
 			return resp, err
 		case all:
-			if err := l.validSet(ctx, r, obs, false); err != nil {
-				return nil, err
+			resp, err := l.setHeldInSession(ctx, r, obs)
+			if errors.Is(err, errConflict) {
+				continue
 			}
-			return setResponse(r.resources, obs, sess), nil
+			return resp, err
 		case straddles(r, obs):
 			continue // read again
 		}

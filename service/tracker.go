@@ -271,6 +271,9 @@ func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEven
 		t.schedule(&o, due)
 		t.keys[key] = o
 		delete(t.deleted, id)
+	case e.sem != 0:
+		t.keys[key] = o // a semaphore's name record (name_rule.go)
+		delete(t.deleted, id)
 	case e.end != nil:
 		t.keys[key] = o
 		delete(t.deleted, id)
@@ -683,13 +686,13 @@ func (t *tracker) lookup(key string) (observation, bool) {
 // its own clock, a little after the bucket drops it, and may learn it
 // again meanwhile from a read or a late watcher delivery. Kept, that
 // marker's revision would fail every compare-and-set on the key (which
-// expects its last revision, now none) until forgotten. A lease, waiter
-// or foreign value cannot vanish from the bucket (only the stream's
+// expects its last revision, now none) until forgotten. A lease, waiter,
+// name record or foreign value cannot vanish from the bucket (only the stream's
 // recreation takes them, which the stream guard handles): it stays.
 func (t *tracker) vanished(key string) observation {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if o, known := t.lookup(key); known && (o.held() || o.foreign) {
+	if o, known := t.lookup(key); known && (o.held() || o.foreign || o.sem != 0) {
 		return o
 	}
 	delete(t.deleted, t.keyID(key))
