@@ -318,7 +318,7 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 		if err != nil {
 			return nil, err
 		}
-		if o, err = l.claimName(ctx, g.resource, o, 0); err != nil {
+		if o, err = l.claimName(ctx, g.resource, o, 0, fresh); err != nil {
 			if errors.Is(err, errConflict) || errors.Is(err, errReadFirst) {
 				fresh = true
 				continue

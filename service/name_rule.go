@@ -33,23 +33,61 @@ import (
 // kind or limit retires it: it proves every permit of its limit free and
 // deletes the record by compare-and-set, then decides again.
 
+// nameAction is what the name rule asks of a grant (decideName).
+type nameAction int
+
+const (
+	nameGrant  nameAction = iota // commit over the name's key as read
+	nameRefuse                   // the name is held as another kind
+	nameRetire                   // retire the name record first, then decide again
+)
+
+// decideName is the name rule for a grant of a permit of a semaphore of
+// limit (0: a lock, a set member or an election) on a name whose lease key
+// holds e: a pure function of what was read. A permit is refused while the
+// key holds a lease (or a foreign value); a grant of another kind or limit
+// than a name record's must retire it first.
+func decideName(e entry, limit int) nameAction {
+	switch {
+	case limit != 0 && (e.held() || e.foreign):
+		return nameRefuse
+	case e.sem == limit || e.sem == 0:
+		return nameGrant
+	}
+	return nameRetire
+}
+
+// mayRetire reports whether a name record may be retired, given its
+// permits as read: none of them is held (nor holds a foreign value).
+func mayRetire(permits []entry) bool {
+	for _, p := range permits {
+		if p.held() || p.foreign {
+			return false
+		}
+	}
+	return true
+}
+
 // claimName applies the name rule to a grant on name, of a permit of a
 // semaphore of limit (0: a lock, a set member or an election), whose lease
-// key was observed in o. It returns what the grant's commit must find at
-// that key: o itself, or the delete that retired a name record. A refusal
-// is an *opError; errConflict or errReadFirst asks to decide again on
-// fresh reads.
-func (l *locks) claimName(ctx context.Context, name string, o observation, limit int) (observation, error) {
-	switch {
-	case limit != 0 && (o.held() || o.foreign):
-		if o.foreign {
-			return o, lockedError(o, origin{})
-		}
-		return o, errKind(name, nameUse{election: o.rec.Value != "", lock: o.rec.Value == ""}, limit)
-	case o.sem == limit || o.sem == 0:
+// key was observed in o (fresh: read from the stream leader). It returns
+// what the grant's commit must find at that key: o itself, or the delete
+// that retired a name record. A refusal is an *opError; errConflict or
+// errReadFirst asks to decide again on fresh reads.
+func (l *locks) claimName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, error) {
+	switch decideName(o.entry, limit) {
+	case nameGrant:
 		return o, nil
+	case nameRetire:
+		return l.retireName(ctx, name, o, limit)
 	}
-	return l.retireName(ctx, name, o, limit)
+	switch {
+	case !fresh && l.following():
+		return o, errReadFirst // the view may lag the lease's end
+	case o.foreign:
+		return o, lockedError(o, origin{})
+	}
+	return o, errKind(name, nameUse{election: o.rec.Value != "", lock: o.rec.Value == ""}, limit)
 }
 
 // retireName retires the name record of semaphore name (its limit o.sem)
@@ -66,12 +104,13 @@ func (l *locks) retireName(ctx context.Context, name string, o observation, limi
 		if err != nil {
 			return o, err
 		}
-		if p.held() || p.foreign {
+		if !mayRetire([]entry{p.entry}) {
+			// Held as this instance knows it: refused only on a read.
 			if p, err = l.current(ctx, key, true); err != nil {
 				return o, err
 			}
 		}
-		if p.held() || p.foreign {
+		if !mayRetire([]entry{p.entry}) {
 			return o, errKind(name, nameUse{limit: o.sem}, limit)
 		}
 		keys[k-1], revs[k-1] = key, p.rev

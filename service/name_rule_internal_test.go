@@ -114,6 +114,8 @@ func TestANameRecordIsRetiredOnlyWhenItsPermitsAreFree(t *testing.T) {
 	if resp, err := a.locks.release(ctx, streams.PermitResource(name, p1.Permit), p1.LeaseID, origin{}); err != nil || !resp.Released {
 		t.Fatalf("release of the permit: %+v %v", resp, err)
 	}
+	// b refuses early while its view still holds the permit.
+	waitFor(t, 10*time.Second, func() bool { return b.locks.semaphoreLimit(name) == 0 }, "b sees the permit released")
 	if _, err := sem(b, "p3", 3); err != nil {
 		t.Fatalf("limit 3 once every permit of limit 2 is free: %v", err)
 	}

@@ -69,7 +69,7 @@ attempts:
 		if err != nil {
 			return nil, err
 		}
-		if name, err = l.claimName(ctx, g.sem, name, g.limit); err != nil {
+		if name, err = l.claimName(ctx, g.sem, name, g.limit, fresh); err != nil {
 			if errors.Is(err, errConflict) || errors.Is(err, errReadFirst) {
 				fresh = true
 				continue

@@ -157,7 +157,7 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 		if err != nil {
 			return nil, err
 		}
-		if err := l.claimNames(ctx, r, obs); errors.Is(err, errConflict) || errors.Is(err, errReadFirst) {
+		if err := l.claimNames(ctx, r, obs, fresh); errors.Is(err, errConflict) || errors.Is(err, errReadFirst) {
 			fresh = true
 			continue
 		} else if err != nil {
@@ -212,13 +212,13 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 // claimNames applies the name rule to each key of r observed in obs
 // (claimName), replacing a retired name record's observation with its
 // delete.
-func (l *locks) claimNames(ctx context.Context, r *setReq, obs []observation) error {
+func (l *locks) claimNames(ctx context.Context, r *setReq, obs []observation, fresh bool) error {
 	for i, o := range obs {
 		if o.sem == 0 {
 			continue
 		}
 		var err error
-		if obs[i], err = l.claimName(ctx, r.resources[i], o, 0); err != nil {
+		if obs[i], err = l.claimName(ctx, r.resources[i], o, 0, fresh); err != nil {
 			return err
 		}
 	}
