@@ -306,31 +306,13 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 	if l.tracker.hasEnded(g.key, g.requestID, g.tenant) {
 		return nil, leaseEnded(g.requestID)
 	}
-	var sess observation
 	for attempt := 0; attempt < attempts(g.session); attempt++ {
-		if g.session != "" {
-			var err error
-			if sess, err = l.session(ctx, g, fresh); err != nil {
-				return nil, err
-			}
-		}
-		o, err := l.current(ctx, g.key, fresh)
-		if err != nil {
+		o, sess, orphan, err := l.readToGrant(ctx, g, fresh)
+		if again(err) {
+			fresh = true
+			continue
+		} else if err != nil {
 			return nil, err
-		}
-		if o, err = l.claimName(ctx, g.resource, o, 0, fresh); err != nil {
-			if errors.Is(err, errConflict) || errors.Is(err, errReadFirst) {
-				fresh = true
-				continue
-			}
-			return nil, err
-		}
-		orphan := false
-		if fresh && o.held() && o.rec.Session != "" && !l.tracker.expired(o, time.Now()) {
-			// Decide on the holder's session as the stream leader has it.
-			if orphan, err = l.sessionGone(ctx, o.rec.Session); err != nil {
-				return nil, err
-			}
 		}
 		if o.held() && g.mine(o.rec) {
 			resp, err := l.sameRequest(ctx, g, o)
@@ -365,8 +347,36 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 	return nil, tooManyConflicts()
 }
 
+// readToGrant reads what a decision on g's grant rests on: g's session
+// (if any), the key under the name rule (claimName), and whether the
+// lease found there is of a session that a fresh read does not find
+// (orphan, see sessionGone). errConflict or errReadFirst asks to decide
+// again on fresh reads.
+func (l *locks) readToGrant(ctx context.Context, g *grantReq, fresh bool) (o, sess observation, orphan bool, err error) {
+	if g.session != "" {
+		if sess, err = l.session(ctx, g, fresh); err != nil {
+			return o, sess, false, err
+		}
+	}
+	if o, err = l.current(ctx, g.key, fresh); err != nil {
+		return o, sess, false, err
+	}
+	if o, err = l.claimName(ctx, g.resource, o, 0, fresh); err != nil {
+		return o, sess, false, err
+	}
+	if fresh && o.held() && o.rec.Session != "" && !l.tracker.expired(o, time.Now()) {
+		// Decide on the holder's session as the stream leader has it.
+		orphan, err = l.sessionGone(ctx, o.rec.Session)
+	}
+	return o, sess, orphan, err
+}
+
 // errReadFirst asks tryGrant to decide again on a fresh read.
 var errReadFirst = errors.New("decide on a read")
+
+// again reports whether err asks a decision to be made again on fresh
+// reads: a lost compare-and-set, or a view that must not decide alone.
+func again(err error) bool { return errors.Is(err, errConflict) || errors.Is(err, errReadFirst) }
 
 // mustRefuse decides whether the key observed in o is someone else's: it
 // returns true and the answer (locked, reserved for waiters, lease_lost)

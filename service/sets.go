@@ -145,47 +145,22 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 			return nil, err
 		}
 	}
-	var sess observation
 	for attempt := 0; attempt < attempts(r.session); attempt++ {
-		if r.session != "" {
-			var err error
-			if sess, err = l.session(ctx, r.grantReq(0), fresh); err != nil {
-				return nil, err
-			}
-		}
-		obs, err := l.readAll(ctx, r.keys, fresh)
-		if err != nil {
-			return nil, err
-		}
-		if err := l.claimNames(ctx, r, obs, fresh); errors.Is(err, errConflict) || errors.Is(err, errReadFirst) {
+		sess, obs, err := l.readSet(ctx, r, fresh)
+		if again(err) {
 			fresh = true
 			continue
 		} else if err != nil {
 			return nil, err
 		}
 		resp, done, err := l.decideSet(r, obs, fresh, sess)
-		switch {
-		case errors.Is(err, errReadFirst):
+		if done {
+			resp, err = l.answerDecided(ctx, r, obs, resp, err)
+		}
+		if again(err) {
 			fresh = true
 			continue
-		case errors.Is(err, errRetried):
-			resp, err = l.renewRetried(ctx, r, obs)
-			if errors.Is(err, errConflict) {
-				fresh = true
-				continue
-			}
-			return resp, err
-		}
-		if done {
-			if err == nil && r.session != "" {
-				// A retry of a set of a session that holds every key:
-				// answered held only once proven, as a single lease's is.
-				resp, err = l.setHeldInSession(ctx, r, obs)
-				if errors.Is(err, errConflict) {
-					fresh = true
-					continue
-				}
-			}
+		} else if done || err != nil {
 			return resp, err
 		}
 		if err := l.guard.grants(); err != nil {
@@ -209,20 +184,44 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 	return nil, tooManyConflicts()
 }
 
-// claimNames applies the name rule to each key of r observed in obs
-// (claimName), replacing a retired name record's observation with its
-// delete.
-func (l *locks) claimNames(ctx context.Context, r *setReq, obs []observation, fresh bool) error {
+// answerDecided answers set r, decided without a grant (decideSet's
+// resp and err) on the observations obs of its keys: a retry of a set
+// that every key still holds is renewed, or in a session answered held
+// only once proven, as a single lease's is (setHeldInSession).
+// errConflict asks to decide again on fresh reads.
+func (l *locks) answerDecided(ctx context.Context, r *setReq, obs []observation, resp *streams.SetLeaseResponse, err error) (*streams.SetLeaseResponse, error) {
+	switch {
+	case errors.Is(err, errRetried):
+		return l.renewRetried(ctx, r, obs)
+	case err == nil && r.session != "":
+		return l.setHeldInSession(ctx, r, obs)
+	}
+	return resp, err
+}
+
+// readSet reads what a decision on set r's grant rests on: r's session
+// (if any) and every key of the set, each under the name rule (claimName,
+// whose retirement of a name record replaces the key's observation with
+// its delete). errConflict or errReadFirst asks to decide again on fresh
+// reads.
+func (l *locks) readSet(ctx context.Context, r *setReq, fresh bool) (sess observation, obs []observation, err error) {
+	if r.session != "" {
+		if sess, err = l.session(ctx, r.grantReq(0), fresh); err != nil {
+			return sess, nil, err
+		}
+	}
+	if obs, err = l.readAll(ctx, r.keys, fresh); err != nil {
+		return sess, nil, err
+	}
 	for i, o := range obs {
 		if o.sem == 0 {
 			continue
 		}
-		var err error
 		if obs[i], err = l.claimName(ctx, r.resources[i], o, 0, fresh); err != nil {
-			return err
+			return sess, nil, err
 		}
 	}
-	return nil
+	return sess, obs, nil
 }
 
 // stillBlocked answers "locked" when a fresh read proves that set r, which
