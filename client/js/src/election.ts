@@ -185,8 +185,8 @@ export class Election {
    * observe follows the leader: first the current state (a status read), then every change, in revision order,
    * never going back to an older leader or value. Events are at most once; a missed one is made up for by a status
    * read (every few seconds, and at once after a sign of a gap: a reconnect, dropped events, an event about a leader
-   * never seen), delivered with resync: true. The iterator ends when the signal aborts or the connection closes,
-   * and leaves no subscription or timer behind; break out of the loop to stop early.
+   * never seen), delivered with resync: true. The iterator ends when the signal aborts, the connection closes or
+   * the client is closed, and leaves no subscription, listener or timer behind; break out of the loop to stop early.
    */
   async *observe(opts: { signal?: AbortSignal } = {}): AsyncGenerator<LeaderChange, void, undefined> {
     const jl = this.#core;

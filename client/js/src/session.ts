@@ -67,7 +67,7 @@ export class Keeper implements SessionRef, Kept {
     this.#forget = this.core.keep(this);
     life.rawSignal.addEventListener("abort", () => this.#forget?.(), { once: true });
     life.keep(async (sent, signal) => {
-      const k = await this.core.call<{ ttl_ms: number }>("session.keepalive", { session_id: this.id }, { signal });
+      const k = await this.core.call<{ ttl_ms: number }>("session.keepalive", { session_id: this.id }, { signal, background: true });
       if (!(k.ttl_ms > 0)) throw new InternalError("jetlock: internal service error: session.keepalive: bad reply");
       life.setDeadline(sent, k.ttl_ms);
     });

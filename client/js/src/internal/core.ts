@@ -205,8 +205,9 @@ export class Core {
    * reply (timeout, no responders, a dropped connection) becomes UnavailableError: the outcome is unknown. A
    * closed client or connection is a ClientClosedError. When signal aborts, call rejects with its reason at once.
    * cleanup marks a request that close() itself needs (a cancel, a release): it is sent on a closed client.
+   * background marks a renewal or keepalive: close() stops its loop rather than failing it.
    */
-  async call<T>(op: string, body: object, opts: { extraMs?: number; signal?: AbortSignal; about?: string; cleanup?: boolean } = {}): Promise<T> {
+  async call<T>(op: string, body: object, opts: { extraMs?: number; signal?: AbortSignal; about?: string; cleanup?: boolean; background?: boolean } = {}): Promise<T> {
     if (!opts.cleanup || this.nc.isClosed()) this.throwIfClosed();
     const subject = `${this.prefix}.v1.${op}`;
     const signal = opts.signal;
@@ -220,7 +221,7 @@ export class Core {
     let set = this.#pending.get(subject);
     if (!set) this.#pending.set(subject, (set = new Set()));
     set.add(fail);
-    if (!opts.cleanup) this.#calls.add(fail);
+    if (!opts.cleanup && !opts.background) this.#calls.add(fail);
     try {
       let msg;
       try {

@@ -138,13 +138,13 @@ export class Held implements Kept {
     this.#forget = this.core.keep(this);
     life.rawSignal.addEventListener("abort", () => this.#forget?.(), { once: true });
     life.keep(async (sent, s) => {
-      const r = await this.#sendRenew(s);
+      const r = await this.#sendRenew(s, undefined, true);
       life.setDeadline(sent, r.ttl_ms);
       this.#reply = r;
     });
   }
 
-  async #sendRenew(signal?: AbortSignal, value?: string): Promise<GrantReply> {
+  async #sendRenew(signal?: AbortSignal, value?: string, background = false): Promise<GrantReply> {
     const body: Record<string, unknown> = {};
     if (this.isSet) body.resources = this.resources;
     else body.resource = this.resource;
@@ -152,7 +152,7 @@ export class Held implements Kept {
     if (this.#want !== undefined && !this.session) body.ttl_ms = this.#want;
     if (this.permit !== undefined) body.permit = this.permit;
     if (value !== undefined) body.value = value;
-    const r = await this.core.call<GrantReply>("renew", body, { signal, about: this.resource });
+    const r = await this.core.call<GrantReply>("renew", body, { signal, about: this.resource, background });
     if (!(r.ttl_ms > 0)) throw new InternalError("jetlock: internal service error: renew: bad reply (ttl_ms)");
     if (this.isSet) {
       for (const m of r.resources ?? []) {

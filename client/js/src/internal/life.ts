@@ -225,6 +225,10 @@ export class Life {
         if (err instanceof JetlockError && (err.code === "lease_lost" || err.code === "invalid_request")) {
           return new LeaseLostError(`jetlock: lease lost: ${this.#what} refused: ${err.message}`, { cause: err });
         }
+        if (err instanceof JetlockError && err.code === "closed") {
+          // Nothing can be sent any more: no renewal will come.
+          return new LeaseLostError(`jetlock: lease lost: ${this.#what} impossible: ${err.message}`, { cause: err });
+        }
         // Anything else leaves the outcome unknown: try again soon, until the deadline.
         retryAfter = err instanceof UnavailableError ? (err.retryAfterMs ?? 0) : 0;
       }
