@@ -128,12 +128,12 @@ export class Jetlock {
    * passes (a LockedError), or the client is closed (a ClientClosedError).
    */
   acquire(resource: string, opts: AcquireOptions = {}): Promise<Lease> {
-    return acquire(this.#core, () => ({ ...readAcquire(opts), resource: checkResource(resource) }), opts.waitMs ?? null, (h) => new Lease(h));
+    return acquire(this.#core, () => ({ ...readAcquire(opts), resource: checkResource(resource) }), opts.waitMs ?? null, (h) => Lease.create(h));
   }
 
   /** tryAcquire makes one attempt and returns at once: a lease, or a LockedError naming the holder. */
   tryAcquire(resource: string, opts: Omit<AcquireOptions, "waitMs"> = {}): Promise<Lease> {
-    return acquire(this.#core, () => ({ ...readAcquire(opts), resource: checkResource(resource) }), 0, (h) => new Lease(h));
+    return acquire(this.#core, () => ({ ...readAcquire(opts), resource: checkResource(resource) }), 0, (h) => Lease.create(h));
   }
 
   /**
@@ -158,13 +158,13 @@ export class Jetlock {
       this.#core,
       () => ({ ...readAcquire(opts), set: checkSet(resources, this.#core.maxSetSize) }),
       opts.waitMs ?? null,
-      (h) => new SetLease(h),
+      (h) => SetLease.create(h),
     );
   }
 
   /** tryAcquireAll makes one attempt at a lock set: the lease, or a LockedError whose holders name every held member. */
   tryAcquireAll(resources: string[], opts: Omit<AcquireOptions, "waitMs"> = {}): Promise<SetLease> {
-    return acquire(this.#core, () => ({ ...readAcquire(opts), set: checkSet(resources, this.#core.maxSetSize) }), 0, (h) => new SetLease(h));
+    return acquire(this.#core, () => ({ ...readAcquire(opts), set: checkSet(resources, this.#core.maxSetSize) }), 0, (h) => SetLease.create(h));
   }
 
   /** session opens a session: many leases kept alive by one keepalive, lost together. */
@@ -174,12 +174,12 @@ export class Jetlock {
 
   /** semaphore returns the counting semaphore name of limit permits (1–1000); every user must give the same limit. */
   semaphore(name: string, limit: number): Semaphore {
-    return new Semaphore(this.#core, undefined, checkResource(name, "semaphore"), checkLimit(limit));
+    return Semaphore.create(this.#core, undefined, checkResource(name, "semaphore"), checkLimit(limit));
   }
 
   /** election returns the election name; its options apply to every campaign. */
   election(name: string, opts: ElectionOptions = {}): Election {
-    return new Election(this.#core, undefined, checkResource(name, "election"), opts);
+    return Election.create(this.#core, undefined, checkResource(name, "election"), opts);
   }
 
   /** status returns the service's view of resource (held: false when nobody holds it). */

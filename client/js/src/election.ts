@@ -63,12 +63,16 @@ export class Leadership extends BaseLease implements Fenced {
   readonly token: number;
   readonly #held: Held;
 
-  /** @internal */
-  constructor(held: Held, election: Election) {
+  private constructor(held: Held, election: Election) {
     super(held);
     this.#held = held;
     this.election = election;
     this.token = held.token;
+  }
+
+  /** @internal */
+  static create(held: Held, election: Election): Leadership {
+    return new Leadership(held, election);
   }
 
   /** The name a fence keeps the leader's token under: the election's name. */
@@ -106,7 +110,11 @@ export class Election {
   #leader?: Leadership;
 
   /** @internal */
-  constructor(core: Core, session: SessionRef | undefined, name: string, opts: ElectionOptions) {
+  static create(core: Core, session: SessionRef | undefined, name: string, opts: ElectionOptions): Election {
+    return new Election(core, session, name, opts);
+  }
+
+  private constructor(core: Core, session: SessionRef | undefined, name: string, opts: ElectionOptions) {
     this.#core = core;
     this.#session = session;
     this.name = name;
@@ -137,7 +145,7 @@ export class Election {
       this.#core,
       () => ({ ...readAcquire({ ...this.#opts, signal: opts.signal }, this.#session), resource: this.name, value }),
       opts.waitMs ?? this.#opts.waitMs ?? null,
-      (h) => new Leadership(h, this),
+      (h) => Leadership.create(h, this),
     );
     return this.#leader;
   }

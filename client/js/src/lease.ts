@@ -92,11 +92,15 @@ export class Lease extends BaseLease implements Fenced {
   /** The fencing token: strictly larger than every earlier grant's of the resource. Unchanged by renewals. */
   readonly token: number;
 
-  /** @internal */
-  constructor(held: Held) {
+  private constructor(held: Held) {
     super(held);
     this.resource = held.resource;
     this.token = held.token;
+  }
+
+  /** @internal */
+  static create(held: Held): Lease {
+    return new Lease(held);
   }
 
   /** The name a fence keeps this lease's token under: the resource. */
@@ -113,10 +117,14 @@ export class SetLease extends BaseLease {
   /** The fencing token of each resource: strictly larger than every earlier grant's of it. */
   readonly tokens: ReadonlyMap<string, number>;
 
-  /** @internal */
-  constructor(held: Held) {
+  private constructor(held: Held) {
     super(held);
     this.tokens = held.tokens;
+  }
+
+  /** @internal */
+  static create(held: Held): SetLease {
+    return new SetLease(held);
   }
 
   /** tokenOf returns the token of resource, or undefined when the set does not hold it. */

@@ -37,12 +37,16 @@ export class Permit extends BaseLease implements Fenced {
   /** The permit's fencing token: strictly larger than every earlier grant's of this permit. */
   readonly token: number;
 
-  /** @internal */
-  constructor(held: Held) {
+  private constructor(held: Held) {
     super(held);
     this.semaphore = held.resource;
     this.permit = held.permit!;
     this.token = held.token;
+  }
+
+  /** @internal */
+  static create(held: Held): Permit {
+    return new Permit(held);
   }
 
   /** The name a fence keeps this permit's token under: "NAME#k" for permit k of semaphore NAME. */
@@ -61,22 +65,26 @@ export class Semaphore {
   readonly name: string;
   readonly limit: number;
 
-  /** @internal */
-  constructor(core: Core, session: SessionRef | undefined, name: string, limit: number) {
+  private constructor(core: Core, session: SessionRef | undefined, name: string, limit: number) {
     this.#core = core;
     this.#session = session;
     this.name = name;
     this.limit = limit;
   }
 
+  /** @internal */
+  static create(core: Core, session: SessionRef | undefined, name: string, limit: number): Semaphore {
+    return new Semaphore(core, session, name, limit);
+  }
+
   /** acquire acquires one permit, waiting in the semaphore's FIFO queue while all are held (options as Jetlock.acquire). */
   acquire(opts: AcquireOptions = {}): Promise<Permit> {
-    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#session), resource: this.name, limit: this.limit }), opts.waitMs ?? null, (h) => new Permit(h));
+    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#session), resource: this.name, limit: this.limit }), opts.waitMs ?? null, (h) => Permit.create(h));
   }
 
   /** tryAcquire makes one attempt: a permit, or a LockedError (with limit) when none is free. */
   tryAcquire(opts: Omit<AcquireOptions, "waitMs"> = {}): Promise<Permit> {
-    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#session), resource: this.name, limit: this.limit }), 0, (h) => new Permit(h));
+    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#session), resource: this.name, limit: this.limit }), 0, (h) => Permit.create(h));
   }
 
   /** status reads the held permits and the waiters. A read: never decide from it that a permit is free. */

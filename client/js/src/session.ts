@@ -150,7 +150,7 @@ export async function openSession(core: Core, opts: SessionOptions): Promise<Ses
     throw reason;
   }
   k.start();
-  return new Session(core, k, owner);
+  return Session.create(core, k, owner);
 }
 
 /**
@@ -166,11 +166,15 @@ export class Session {
   /** The owner the session was opened with. */
   readonly owner: string;
 
-  /** @internal */
-  constructor(core: Core, k: Keeper, owner: string) {
+  private constructor(core: Core, k: Keeper, owner: string) {
     this.#core = core;
     this.#k = k;
     this.owner = owner;
+  }
+
+  /** @internal */
+  static create(core: Core, k: Keeper, owner: string): Session {
+    return new Session(core, k, owner);
   }
 
   /** Aborts when the session is lost (LeaseLostError) or closed (SessionClosedError). Reading it checks the clocks. */
@@ -195,12 +199,12 @@ export class Session {
 
   /** acquire acquires resource for the session, waiting as Jetlock.acquire does; the wait also ends with the session. */
   acquire(resource: string, opts: Omit<AcquireOptions, "ttlMs"> = {}): Promise<Lease> {
-    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#k), resource: checkResource(resource) }), opts.waitMs ?? null, (h) => new Lease(h));
+    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#k), resource: checkResource(resource) }), opts.waitMs ?? null, (h) => Lease.create(h));
   }
 
   /** tryAcquire makes one attempt to acquire resource for the session. */
   tryAcquire(resource: string, opts: Omit<AcquireOptions, "ttlMs" | "waitMs"> = {}): Promise<Lease> {
-    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#k), resource: checkResource(resource) }), 0, (h) => new Lease(h));
+    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#k), resource: checkResource(resource) }), 0, (h) => Lease.create(h));
   }
 
   /** acquireAll acquires a lock set for the session, all or none. */
@@ -209,7 +213,7 @@ export class Session {
       this.#core,
       () => ({ ...readAcquire(opts, this.#k), set: checkSet(resources, this.#core.maxSetSize) }),
       opts.waitMs ?? null,
-      (h) => new SetLease(h),
+      (h) => SetLease.create(h),
     );
   }
 
@@ -225,7 +229,7 @@ export class Session {
 
   /** semaphore returns the semaphore name of limit permits whose permits live in this session. */
   semaphore(name: string, limit: number): Semaphore {
-    return new Semaphore(this.#core, this.#k, checkResource(name, "semaphore"), checkLimit(limit));
+    return Semaphore.create(this.#core, this.#k, checkResource(name, "semaphore"), checkLimit(limit));
   }
 
   /** election returns the election name whose leaderships live in this session (no ttlMs). */
@@ -233,7 +237,7 @@ export class Session {
     if ((opts as ElectionOptions).ttlMs !== undefined) {
       throw new InvalidRequestError("jetlock: invalid request: ttlMs with a session: a session's lease lives as long as its session");
     }
-    return new Election(this.#core, this.#k, checkResource(name, "election"), opts);
+    return Election.create(this.#core, this.#k, checkResource(name, "election"), opts);
   }
 
   /**

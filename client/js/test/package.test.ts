@@ -72,6 +72,7 @@ const internalNames = [
   "AcquireSpec",
   "GrantReply",
   "proclaimValue",
+  "create",
 ];
 
 describe("the package", () => {
@@ -126,7 +127,12 @@ describe("the package", () => {
 
     writeFileSync(
       join(app, "main.ts"),
-      `import { Jetlock, MemoryFence, type Lease, type SetLease } from "@jetlock/client";
+      `import { Jetlock, Lease, MemoryFence, Session, type SetLease } from "@jetlock/client";
+
+// @ts-expect-error leases come from the client, never from their constructor
+export const forgedLease = () => new Lease();
+// @ts-expect-error sessions too
+export const forgedSession = () => new Session();
 
 export async function work(jl: Jetlock): Promise<number> {
   const fence = new MemoryFence();
