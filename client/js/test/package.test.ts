@@ -177,6 +177,20 @@ export async function work(jl: Jetlock): Promise<number> {
   });
 });
 
+describe("the package installed as a directory", () => {
+  it("npm install of client/js (a link; its prepare script builds dist/) imports from JavaScript", () => {
+    const app = join(work, "app-dir");
+    mkdirSync(app);
+    writeFileSync(join(app, "package.json"), JSON.stringify({ name: "app-dir", version: "1.0.0", private: true, type: "module" }));
+    // Without dist/ (a fresh checkout after npm ci of the client, less its build): the install must build it.
+    rmSync(join(pkgDir, "dist"), { recursive: true, force: true });
+    run("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund", pkgDir], app);
+    assert.ok(existsSync(join(pkgDir, "dist", "index.js")), "the install ran the prepare script");
+    const out = run("node", ["--input-type=module", "-e", `import { Jetlock } from "@jetlock/client"; console.log(typeof Jetlock.connect);`], app);
+    assert.equal(out.trim(), "function");
+  });
+});
+
 describe("the source", () => {
   it("has no import circle among the modules of src (type imports included)", () => {
     const src = join(pkgDir, "src");
