@@ -478,7 +478,7 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 	if g.session != "" {
 		sessionLease(rec, now, g.session, l.holdLimit(now, g.maxHold))
 	}
-	seq, dup, err := l.writeGrant(ctx, g, rec, o.rev, sess, plain)
+	seq, nameSeq, dup, err := l.writeGrant(ctx, g, rec, o.rev, sess, plain)
 	if err != nil {
 		if !errors.Is(err, errConflict) {
 			l.tracker.forget(g.key)
@@ -489,6 +489,9 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 		return l.earlierGrant(ctx, g, seq)
 	}
 	granted := l.tracker.observe(g.key, entry{rev: seq, rec: rec})
+	if nameSeq != 0 {
+		l.tracker.observe(streams.LeaseKey(g.sem), entry{rev: nameSeq, sem: g.limit})
+	}
 	if g.session == "" {
 		l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
 		return leaseResponse(g.resource, seq, rec), nil
@@ -507,12 +510,13 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 // compare-and-set write when plain, else in one atomic batch with the
 // check of the session observed in sess, through the session's gate (a
 // lease of a session, on a lone instance), and for a permit with the
-// write of its semaphore's name record (name_rule.go). It returns the
-// grant's revision, or dup when an earlier write of the request (or its
-// cancel) was found.
-func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (uint64, bool, error) {
+// write of its semaphore's name record (name_rule.go), whose revision is
+// nameSeq. It returns the grant's revision, or dup when an earlier write
+// of the request (or its cancel) was found.
+func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (seq, nameSeq uint64, dup bool, err error) {
 	if plain && g.limit == 0 {
-		return l.store.put(ctx, g.key, rec, expect, grantMsgID(g.hash))
+		seq, dup, err = l.store.put(ctx, g.key, rec, expect, grantMsgID(g.hash))
+		return seq, 0, dup, err
 	}
 	var session check
 	var also []*batchMsg
@@ -521,26 +525,24 @@ func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record
 	}
 	var gate *keyLock
 	if !plain {
-		var err error
 		if gate, err = l.sessionGate(ctx, g.session); err != nil {
-			return 0, false, err
+			return 0, 0, false, err
 		}
 		session = check{key: streams.SessionKey(g.session), rev: sess.rev}
 	}
-	seq, err := l.store.grantBatch(ctx, g.key, rec, expect, grantMsgID(g.hash), session, also...)
+	seq, err = l.store.grantBatch(ctx, g.key, rec, expect, grantMsgID(g.hash), session, also...)
 	if gate != nil {
 		gate.unlock()
 	}
-	if err == nil && g.limit != 0 {
-		l.tracker.observe(streams.LeaseKey(g.sem), entry{rev: also[0].seq, sem: g.limit})
-	}
 	switch {
 	case errors.Is(err, errDuplicate):
-		return 0, true, nil
-	case errors.Is(err, errConflict):
+		return 0, 0, true, nil
+	case errors.Is(err, errConflict) && !plain:
 		l.conflictPause(ctx) // perhaps another instance's write to the session
+	case err == nil && g.limit != 0:
+		nameSeq = also[0].seq
 	}
-	return seq, false, err
+	return seq, nameSeq, false, err
 }
 
 // earlierGrant answers an acquire whose granting write JetStream reported

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jetlock/jetlock/streams"
@@ -79,7 +78,7 @@ func (l *locks) claimName(ctx context.Context, name string, o observation, limit
 	case nameGrant:
 		return o, nil
 	case nameRetire:
-		return l.retireName(ctx, name, o, limit)
+		return l.retireName(ctx, name, o, limit, fresh)
 	}
 	switch {
 	case !fresh && l.following():
@@ -94,13 +93,14 @@ func (l *locks) claimName(ctx context.Context, name string, o observation, limit
 // for a grant of another kind or limit: if any of its permits is held, the
 // grant is refused; otherwise every permit is proven free and the record
 // deleted, in commits that check each permit's revision as read (the last
-// of them deletes the record by compare-and-set on o's revision).
-func (l *locks) retireName(ctx context.Context, name string, o observation, limit int) (observation, error) {
+// of them deletes the record by compare-and-set on o's revision). With
+// fresh, the permits are read from the stream leader.
+func (l *locks) retireName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, error) {
 	keys := make([]string, o.sem)
 	revs := make([]uint64, o.sem)
 	for k := 1; k <= o.sem; k++ {
 		key := permitKey(name, k)
-		p, err := l.current(ctx, key, false)
+		p, err := l.current(ctx, key, fresh)
 		if err != nil {
 			return o, err
 		}
@@ -118,8 +118,11 @@ func (l *locks) retireName(ctx context.Context, name string, o observation, limi
 	nameKey := streams.LeaseKey(name)
 	seq, err := l.store.prove(ctx, keys, revs, l.store.deleteMsg(nameKey, o.rev, nil))
 	if err != nil {
-		if !errors.Is(err, errConflict) {
-			l.tracker.forget(nameKey)
+		// The name record or a permit moved on, or a permit's delete
+		// marker the view knew has left the bucket: read them again.
+		l.tracker.forget(nameKey)
+		for _, k := range keys {
+			l.tracker.forget(k)
 		}
 		return o, err
 	}

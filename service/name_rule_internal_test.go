@@ -177,3 +177,45 @@ func TestASetRetryAfterItsSessionClosedIsNotHeld(t *testing.T) {
 		t.Fatalf("a set's retry after its session's close: %+v %v; want lease_lost", resp, err)
 	}
 }
+
+// A semaphore's name record is retired once no permit of it has been held
+// for the retry window, so that the bucket and each view keep records only
+// for the names used lately; a record whose permit is held is not.
+func TestAnIdleNameRecordIsRetired(t *testing.T) {
+	cl := startCluster(t)
+	cfg := DefaultConfig()
+	cfg.Bucket.RetryWindow = time.Second
+	cfg.SweepInterval = 50 * time.Millisecond
+	s, _ := startInstance(t, cl, cfg, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	grant := func(name, id string) *streams.LeaseResponse {
+		c, err := s.decodeCall(streams.OpAcquire, fmt.Appendf(nil, `{"resource":%q,"request_id":%q,"limit":2}`, name, id), origin{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.locks.acquire(ctx, c.grant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	idle, busy := "idle/sem", "busy/sem"
+	p := grant(idle, "p1")
+	grant(busy, "p2")
+	if resp, err := s.locks.release(ctx, streams.PermitResource(idle, p.Permit), p.LeaseID, origin{}); err != nil || !resp.Released {
+		t.Fatalf("release: %+v %v", resp, err)
+	}
+	kv := storeBucket(t, cl)
+	waitFor(t, 20*time.Second, func() bool {
+		_, err := kv.Get(ctx, streams.LeaseKey(idle))
+		return err != nil
+	}, "the idle semaphore's name record is retired")
+	o, _ := s.tracker.get(streams.LeaseKey(busy))
+	if _, err := s.locks.retireName(ctx, busy, o, 0, false); !isCode(err, streams.CodeInvalidRequest) {
+		t.Fatalf("retiring the name record of a semaphore whose permit is held: %v; want it refused", err)
+	}
+	if n, ok := streams.ParseNameRecord(lastValue(t, cl, streams.LeaseKey(busy))); !ok || n != 2 {
+		t.Fatalf("the held semaphore's name record: %d %v", n, ok)
+	}
+}

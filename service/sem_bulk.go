@@ -218,7 +218,6 @@ func (l *locks) grantBulk(ctx context.Context, g *grantReq, k int, o observation
 		}
 		return nil, err
 	}
-	l.tracker.observe(streams.LeaseKey(g.sem), entry{rev: name.seq, sem: g.limit})
 	var mine *streams.LeaseResponse
 	for i, r := range reqs {
 		l.tracker.observe(r.key, entry{rev: msgs[i].seq, rec: recs[i]})
@@ -231,6 +230,7 @@ func (l *locks) grantBulk(ctx context.Context, g *grantReq, k int, o observation
 		_, pk, _ := streams.SplitPermit(r.resource)
 		grants[i-1] = permitResponse(resp, r.sem, pk)
 	}
+	l.tracker.observe(streams.LeaseKey(g.sem), entry{rev: name.seq, sem: g.limit})
 	l.joins.settle(joins, grants)
 	return mine, nil
 }

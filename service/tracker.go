@@ -48,6 +48,12 @@ type tracker struct {
 	deleted map[uint64]deletedKey
 	gone    fifo[uint64] // keyIDs
 	marks   fifo[markedKey]
+	// idleSems lists the semaphores whose last permit this instance saw
+	// end (or whose name record it saw with none held), oldest first: once
+	// idle for the retry window, their name records are retired
+	// (Service.retireIdle), so the bucket and this view keep a record only
+	// for the names used lately.
+	idleSems fifo[string]
 
 	// held indexes the resources (decoded names) whose lease keys hold a
 	// lease, in order, for list. It is brought up to date only when a list
@@ -197,7 +203,7 @@ func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 // resetLocked forgets everything; the caller holds t.mu (or owns t).
 func (t *tracker) resetLocked() {
 	t.keys, t.deleted = make(map[string]observation), make(map[uint64]deletedKey)
-	t.due, t.gone, t.marks = nil, nil, nil
+	t.due, t.gone, t.marks, t.idleSems = nil, nil, nil, nil
 	t.ended.reset()
 	t.held, t.heldChanges, t.heldStale, t.nHeld = btree.NewOrderedG[string](32), make(map[string]bool), false, 0
 	t.waiters = make(map[string]map[string]waiterInfo)
@@ -274,6 +280,7 @@ func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEven
 	case e.sem != 0:
 		t.keys[key] = o // a semaphore's name record (name_rule.go)
 		delete(t.deleted, id)
+		t.noteNameRecord(key, at)
 	case e.end != nil:
 		t.keys[key] = o
 		delete(t.deleted, id)
