@@ -30,7 +30,9 @@ import (
 // A name record stays once the permits end (a semaphore is used again
 // with the same limit without a read of every permit). A grant of another
 // kind or limit retires it: it proves every permit of its limit free and
-// deletes the record by compare-and-set, then decides again.
+// deletes the record by compare-and-set, then decides again. The sweep
+// retires the records of semaphores idle for the retry window the same
+// way (Service.retireIdle).
 
 // nameAction is what the name rule asks of a grant (decideName).
 type nameAction int

@@ -17,9 +17,10 @@ import (
 // is granted, by compare-and-set on the revision it read. So a grant of a
 // permit and a grant of a lock on one name (or two permits of different
 // limits) compare-and-set one key, and only one of them commits. A name
-// record is nobody's lease: it stays after the permits end, and a grant of
-// another kind or limit replaces it once every permit of its limit is
-// proven free (see the service's name rule).
+// record is nobody's lease: it stays while the semaphore is used, and a
+// grant of another kind or limit (or the service's sweep, once the
+// semaphore has been idle for the retry window) deletes it once every
+// permit of its limit is proven free (see the service's name rule).
 
 // nameRecordPrefix is how every name record begins.
 const nameRecordPrefix = `{"semaphore_limit":`
