@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jetlock/jetlock/streams"
 )
@@ -30,12 +31,13 @@ var (
 // simRules are the rules the simulation's commit loop applies; each can be
 // taken out to show that the simulation finds the race it closes.
 type simRules struct {
+	once       bool // a grant carries its request's message id, and an end names the request it ended
 	nameRecord bool // a permit's grant writes its semaphore's name record
 	limit      bool // a permit of another limit than the name record's retires it first
 	retryProof bool // a set's retry in a session is proven before it is answered held
 }
 
-var allRules = simRules{nameRecord: true, limit: true, retryProof: true}
+var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true}
 
 // simBucket is the model of the bucket: the last write of every key (its
 // entry, whose rev is the write's revision) and every write in commit
@@ -44,6 +46,11 @@ type simBucket struct {
 	rev  uint64
 	last map[string]entry
 	log  []simWrite
+	ids  map[string]bool // the message ids of every write (the duplicate window, forever)
+	// grants counts the commits that granted each request id; twice is
+	// the first granted twice.
+	grants map[string]int
+	twice  string
 }
 
 type simWrite struct {
@@ -58,24 +65,39 @@ type simMsg struct {
 	expect uint64
 	check  bool
 	e      entry
+	msgID  string
 }
 
-// commit applies msgs all or nothing.
+// commit applies msgs all or nothing: not at all when a message's
+// revision is not its key's last, or its message id was seen (a
+// duplicate).
 func (b *simBucket) commit(msgs []simMsg) bool {
 	for _, m := range msgs {
-		if b.last[m.key].rev != m.expect {
+		if b.last[m.key].rev != m.expect || m.msgID != "" && b.ids[m.msgID] {
 			return false
 		}
 	}
+	granted := ""
 	for _, m := range msgs {
+		if m.msgID != "" {
+			b.ids[m.msgID] = true
+		}
 		if m.check {
 			continue
+		}
+		if m.e.held() {
+			granted = m.e.rec.RequestID
 		}
 		b.rev++
 		e := m.e
 		e.rev = b.rev
 		b.last[m.key] = e
 		b.log = append(b.log, simWrite{m.key, e})
+	}
+	if granted != "" && granted != "open" {
+		if b.grants[granted]++; b.grants[granted] == 2 && b.twice == "" {
+			b.twice = granted
+		}
 	}
 	return true
 }
@@ -135,7 +157,7 @@ const (
 
 func newSim(seed uint64, rules simRules) *sim {
 	s := &sim{seed: seed, granted: map[string]int{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rules: rules,
-		b: simBucket{last: map[string]entry{}}, views: make([]simView, 3)}
+		b: simBucket{last: map[string]entry{}, ids: map[string]bool{}, grants: map[string]int{}}, views: make([]simView, 3)}
 	for i := range s.views {
 		s.views[i].keys = map[string]entry{}
 	}
@@ -228,6 +250,31 @@ func (s *sim) step(op *simOp) bool {
 // over is the done of a request answered once its plan commits.
 func over(*sim) bool { return true }
 
+// msgID is the message id of op's grant at n (a semaphore's queue for a
+// permit), as grantMsgID makes it from the request's hash; none without
+// the rule.
+func (s *sim) msgID(op *simOp, n string) string {
+	if !s.rules.once {
+		return ""
+	}
+	return grantMsgID(requestHash(n, op.id, ""))
+}
+
+// endOf is the delete that ends the lease e: its marker names the request
+// it ended (none without the rule).
+func (s *sim) endOf(e entry) entry {
+	if !s.rules.once {
+		return entry{}
+	}
+	return entry{end: &streams.EndMark{RequestID: e.rec.RequestID}}
+}
+
+// ended reports whether e is the end of op's own lease, as the service
+// decides it (an end mark without a time counts within any window).
+func (s *sim) ended(e entry, op *simOp) bool {
+	return !e.held() && e.end.Ended(op.id, "", time.Time{}, 0)
+}
+
 // mine reports whether e holds op's lease.
 func mine(e entry, op *simOp) bool { return e.held() && e.rec.RequestID == op.id }
 
@@ -241,6 +288,9 @@ func (s *sim) decideLocks(op *simOp) bool {
 			held++
 			continue
 		}
+		if s.ended(e, op) {
+			return s.refuse(op) // lease_lost, on a read
+		}
 		switch decideName(e, 0) {
 		case nameRetire:
 			return s.planRetire(op, n, e)
@@ -252,7 +302,7 @@ func (s *sim) decideLocks(op *simOp) bool {
 			if op.session != "" {
 				rec.Session, rec.Set = op.session, op.id
 			}
-			msgs = append(msgs, simMsg{key: streams.LeaseKey(n), expect: e.rev, e: entry{rec: rec}})
+			msgs = append(msgs, simMsg{key: streams.LeaseKey(n), expect: e.rev, e: entry{rec: rec}, msgID: s.msgID(op, n)})
 		default:
 			return s.refuse(op)
 		}
@@ -327,10 +377,13 @@ func (s *sim) decidePermit(op *simOp) bool {
 		if mine(p, op) {
 			return true
 		}
+		if s.ended(p, op) {
+			return s.refuse(op)
+		}
 		if p.held() {
 			continue
 		}
-		op.plan = []simMsg{{key: permitKey(n, k), expect: p.rev, e: entry{rec: &streams.Record{LeaseID: op.id, RequestID: op.id, Limit: op.limit}}}}
+		op.plan = []simMsg{{key: permitKey(n, k), expect: p.rev, e: entry{rec: &streams.Record{LeaseID: op.id, RequestID: op.id, Limit: op.limit}}, msgID: s.msgID(op, streams.PermitQueue(n))}}
 		if s.rules.nameRecord {
 			op.plan = append(op.plan, simMsg{key: streams.LeaseKey(n), expect: e.rev, e: entry{sem: op.limit}})
 		}
@@ -391,11 +444,11 @@ func (s *sim) decideRelease(op *simOp) bool {
 	}
 	key := held[s.rnd.IntN(len(held))]
 	e := s.b.last[key]
-	op.plan = []simMsg{{key: key, expect: e.rev}}
+	op.plan = []simMsg{{key: key, expect: e.rev, e: s.endOf(e)}}
 	if e.rec.Set != "" {
 		op.plan = nil
 		for _, k := range s.keysOf(e.rec.Set) {
-			op.plan = append(op.plan, simMsg{key: k, expect: s.b.last[k].rev})
+			op.plan = append(op.plan, simMsg{key: k, expect: s.b.last[k].rev, e: s.endOf(s.b.last[k])})
 		}
 	}
 	op.done = over
@@ -414,7 +467,7 @@ func (s *sim) decideClose(op *simOp) bool {
 	op.plan = []simMsg{{key: op.session, expect: sess.rev}}
 	for _, k := range s.sortedKeys("lease.") {
 		if e := s.b.last[k]; e.held() && e.rec.Session == op.session {
-			op.plan = append(op.plan, simMsg{key: k, expect: e.rev})
+			op.plan = append(op.plan, simMsg{key: k, expect: e.rev, e: s.endOf(e)})
 		}
 	}
 	op.done = over
@@ -476,6 +529,9 @@ func (s *sim) check() {
 		if len(limits) > 1 {
 			s.fail("%s: a semaphore held under limits %v at once", n, limits)
 		}
+	}
+	if s.b.twice != "" {
+		s.fail("request %s granted twice", s.b.twice)
 	}
 }
 
@@ -546,9 +602,10 @@ func TestEngineSimulation(t *testing.T) {
 // each within a few seeds' runs.
 func TestEngineSimulationFindsTheRacesWithoutTheirRules(t *testing.T) {
 	for name, rules := range map[string]simRules{
-		"a lock and a semaphore at once (no name record)":       {limit: true, retryProof: true},
-		"one semaphore under two limits (no limit rule)":        {nameRecord: true, retryProof: true},
-		"a set retry held after its session's close (no proof)": {nameRecord: true, limit: true},
+		"a request granted twice (no message id, no end mark)":  {nameRecord: true, limit: true, retryProof: true},
+		"a lock and a semaphore at once (no name record)":       {once: true, limit: true, retryProof: true},
+		"one semaphore under two limits (no limit rule)":        {once: true, nameRecord: true, retryProof: true},
+		"a set retry held after its session's close (no proof)": {once: true, nameRecord: true, limit: true},
 	} {
 		found := ""
 		for seed := uint64(1); seed <= 20 && found == ""; seed++ {
