@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"gopkg.in/yaml.v3"
 
 	"github.com/jetlock/jetlock/client"
 	"github.com/jetlock/jetlock/internal/testenv"
@@ -215,4 +219,165 @@ func (c *cluster) logLines(name, group string) []string {
 		}
 	}
 	return out
+}
+
+// Every deployment of deploy/ stops a server in lame duck mode (whose
+// hand-over TestStoppedLeaderHandsTheBucketOver shows) and gives it longer
+// than the mode lasts; systemd holds a restarted server "activating" until
+// it is current, and Kubernetes replaces a lockd pod only once its
+// successor is ready, so that a plain restart of one after another is the
+// rolling restart of docs/operations.md.
+func TestDeploymentsStopAsPlannedMaintenanceNeeds(t *testing.T) {
+	ldm := parseConfLameDuck(t)
+	nats := systemdUnit(t, "nats-server.service")
+	if !slices.Equal(nats["KillSignal"], []string{"SIGUSR2"}) {
+		t.Errorf("nats-server.service KillSignal %v, want SIGUSR2 (lame duck mode)", nats["KillSignal"])
+	}
+	if d := unitSeconds(t, nats, "TimeoutStopSec"); d <= ldm {
+		t.Errorf("nats-server.service TimeoutStopSec %v, not longer than lame_duck_duration %v", d, ldm)
+	}
+	post := nats["ExecStartPost"]
+	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", monitorPort)
+	if len(post) != 1 || !strings.HasPrefix(post[0], "-") || !strings.HasSuffix(post[0], " "+healthz) {
+		t.Fatalf("nats-server.service ExecStartPost %q, want one bounded, failure-tolerant wait for %s", post, healthz)
+	}
+	if wait, start := curlRetrySeconds(t, post[0]), unitSeconds(t, nats, "TimeoutStartSec"); start <= wait {
+		t.Errorf("nats-server.service TimeoutStartSec %v, not longer than its wait for /healthz (%v)", start, wait)
+	}
+
+	var compose struct {
+		Services map[string]struct {
+			StopSignal string `yaml:"stop_signal"`
+			StopGrace  string `yaml:"stop_grace_period"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal([]byte(readDeploy(t, "docker-compose.yml")), &compose); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers {
+		svc := compose.Services[s.name]
+		grace, err := time.ParseDuration(svc.StopGrace)
+		if svc.StopSignal != "SIGUSR2" || err != nil || grace <= ldm {
+			t.Errorf("compose %s: stop_signal %q, stop_grace_period %q: want SIGUSR2 and longer than %v", s.name, svc.StopSignal, svc.StopGrace, ldm)
+		}
+	}
+
+	var values map[string]any
+	if err := yaml.Unmarshal([]byte(readDeploy(t, "k8s/nats-values.yaml")), &values); err != nil {
+		t.Fatal(err)
+	}
+	grace := 0
+	for _, p := range dig(values, "podTemplate", "patch").([]any) {
+		if dig(p, "path") == "/spec/terminationGracePeriodSeconds" {
+			grace, _ = dig(p, "value").(int)
+		}
+	}
+	// The chart's own lame duck settings are common.conf's (chart
+	// 2.14.2, files/config/config.yaml).
+	if time.Duration(grace)*time.Second <= ldm {
+		t.Errorf("nats-values.yaml terminationGracePeriodSeconds %d, not longer than lame_duck_duration %v", grace, ldm)
+	}
+	for _, d := range yamlDocs(t, readDeploy(t, "k8s/lockd.yaml")) {
+		if d["kind"] != "Deployment" {
+			continue
+		}
+		if ru := dig(d, "spec", "strategy", "rollingUpdate"); dig(ru, "maxUnavailable") != 0 || dig(ru, "maxSurge") != 1 {
+			t.Errorf("lockd.yaml rolling update %v: want a new pod ready before an old one stops (maxUnavailable 0, maxSurge 1)", ru)
+		}
+	}
+}
+
+// A restarted server of deploy/'s systemd unit is up once it is current:
+// the unit's ExecStartPost, run against a server of deploy/, returns as
+// soon as the server is current, and keeps waiting while it is not (here
+// a server whose peers are gone, with no meta leader).
+func TestRestartedServerIsUpOnceCurrent(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("no curl to run the unit's ExecStartPost")
+	}
+	c := startCluster(t)
+	c.serve()
+	post := strings.Fields(strings.TrimPrefix(systemdUnit(t, "nats-server.service")["ExecStartPost"][0], "-"))
+	run := func(timeout time.Duration) error {
+		args := slices.Clone(post[1:])
+		args[len(args)-1] = "http://" + c.servers[0].MonitorAddr().String() + "/healthz"
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "curl", args...).CombinedOutput()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+	if err := run(time.Minute); err != nil {
+		t.Fatalf("ExecStartPost against a current server: %v", err)
+	}
+	c.servers[1].Shutdown()
+	c.servers[2].Shutdown()
+	// A server learns that its peers are gone when they miss their
+	// heartbeats.
+	testenv.Eventually(t, 2*time.Minute, func() bool {
+		return c.servers[0].Healthz(&server.HealthzOptions{}).StatusCode != 200
+	}, "the server without peers reports itself unhealthy")
+	if err := run(3 * time.Second); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ExecStartPost against a server without peers: %v, want it still waiting", err)
+	}
+}
+
+// parseConfLameDuck returns lame_duck_duration of deploy/nats/common.conf.
+func parseConfLameDuck(t *testing.T) time.Duration {
+	t.Helper()
+	for _, line := range strings.Split(readDeploy(t, "nats/common.conf"), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "lame_duck_duration:"); ok {
+			d, err := time.ParseDuration(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}
+	}
+	t.Fatal("common.conf sets no lame_duck_duration")
+	return 0
+}
+
+// unitSeconds returns a unit's time setting key ("60", "12min", "30s").
+func unitSeconds(t *testing.T, unit map[string][]string, key string) time.Duration {
+	t.Helper()
+	if len(unit[key]) != 1 {
+		t.Fatalf("%s: %v", key, unit[key])
+	}
+	v := unit[key][0]
+	if _, err := strconv.Atoi(v); err == nil {
+		v += "s"
+	}
+	d, err := time.ParseDuration(strings.Replace(v, "min", "m", 1))
+	if err != nil {
+		t.Fatalf("%s=%s: %v", key, unit[key][0], err)
+	}
+	return d
+}
+
+// curlRetrySeconds returns how long a curl command line may retry at
+// most: --retry-max-time, plus one last attempt of --max-time.
+func curlRetrySeconds(t *testing.T, cmd string) time.Duration {
+	t.Helper()
+	f := strings.Fields(cmd)
+	val := func(flag string) time.Duration {
+		i := slices.Index(f, flag)
+		if i < 0 || i+1 >= len(f) {
+			t.Fatalf("%q has no %s", cmd, flag)
+		}
+		n, err := strconv.Atoi(f[i+1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(n) * time.Second
+	}
+	if !slices.Contains(f, "--retry-all-errors") {
+		t.Fatalf("%q gives up on the first error answer (503 while not current): want --retry-all-errors", cmd)
+	}
+	return val("--retry-max-time") + val("--max-time")
 }
