@@ -245,6 +245,19 @@ func TestDeploymentsStopAsPlannedMaintenanceNeeds(t *testing.T) {
 		t.Errorf("nats-server.service TimeoutStartSec %v, not longer than its wait for /healthz (%v)", start, wait)
 	}
 
+	lockd := systemdUnit(t, "lockd.service")
+	metrics := flagArgs(t, strings.Fields(lockd["ExecStart"][0])[1:])["metrics"]
+	_, port, _ := strings.Cut(metrics, ":")
+	readyz := fmt.Sprintf("http://127.0.0.1:%s/readyz", port)
+	if post := lockd["ExecStartPost"]; port == "" || len(post) != 1 || !strings.HasPrefix(post[0], "-") || !strings.HasSuffix(post[0], " "+readyz) {
+		t.Errorf("lockd.service ExecStartPost %q, want one bounded, failure-tolerant wait for %s (its --metrics %q)", post, readyz, metrics)
+	} else if wait, start := curlRetrySeconds(t, post[0]), unitSeconds(t, lockd, "TimeoutStartSec"); start <= wait {
+		t.Errorf("lockd.service TimeoutStartSec %v, not longer than its wait for /readyz (%v)", start, wait)
+	}
+	if !slices.Equal(lockd["KillSignal"], []string{"SIGTERM"}) {
+		t.Errorf("lockd.service KillSignal %v, want SIGTERM (it drains)", lockd["KillSignal"])
+	}
+
 	var compose struct {
 		Services map[string]struct {
 			StopSignal string `yaml:"stop_signal"`
