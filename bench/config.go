@@ -67,7 +67,7 @@ var scenarios = []string{"steady", "ramp", "raw", "all", "hotlock", "failover", 
 // lame duck duration, then until it is current again) and the service
 // instances one after another, under load.
 const (
-	rollingDuration = 4 * time.Minute
+	rollingDuration = 5 * time.Minute
 	rollingStartAt  = 15 * time.Second
 )
 
@@ -86,7 +86,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.clients, "clients", "any", "with --service inproc, where the load connects: any (a node at random) or service (the service's node: requests cross no route)")
 	fs.StringVar(&c.scenario, "scenario", "steady", "one of "+strings.Join(scenarios, ", "))
 	fs.StringVar(&c.target, "target", "service", "steady, ramp and cycles: service, or raw (the same load as bare KV compare-and-set writes, no service)")
-	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, hotlock, failover, cycles, degraded, semaphore, rolling (4m unless given), and of each phase of raw, overload (design, overload), noisy (quiet, noisy) and sets (sets, sets contended, cycles)")
+	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, hotlock, failover, cycles, degraded, semaphore, rolling (5m unless given), and of each phase of raw, overload (design, overload), noisy (quiet, noisy) and sets (sets, sets contended, cycles)")
 	fs.DurationVar(&c.progress, "progress", 5*time.Second, "interval of progress lines; 0 for none")
 	fs.StringVar(&c.jsonPath, "json", "", "write the summary as JSON to this file")
 	fs.StringVar(&c.htmlPath, "html", "", "write an HTML report with latency-over-time charts to this file")
