@@ -549,3 +549,24 @@ func TestRolling(t *testing.T) {
 	}
 	logSummary(t, sum)
 }
+
+// failover stops the stream leader's node (here with SIGTERM, which hands
+// the leadership over), sees another node lead, and restarts it once it
+// has exited and --restart-after has passed.
+func TestFailoverStopsTheLeaderAsTold(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--scenario", "failover", "--failover-mode", "term", "--duration", "8s", "--kill-at", "2s",
+		"--restart-after", "3s")
+	if err := runFailover(ctx, e, sum); err != nil {
+		t.Fatal(err)
+	}
+	f := sum.Failover
+	if f == nil || f.Mode != "term" || f.OldLeader == "" || f.NewLeader == "" || f.NewLeader == f.OldLeader || f.RestartAtS == 0 || f.Note != "" {
+		t.Fatalf("failover %+v", f)
+	}
+	if i := e.cluster.Node(f.OldLeader); e.cluster.PID(i) == 0 {
+		t.Fatalf("%s not running again", f.OldLeader)
+	}
+	if sum.Safety == nil || sum.Safety.Grants == 0 || sum.Safety.Violations != 0 {
+		t.Fatalf("safety %+v", sum.Safety)
+	}
+}
