@@ -418,8 +418,10 @@ func NodeMain() int {
 		cancel()
 	}()
 	ldm := make(chan os.Signal, 1)
-	signal.Notify(ldm, lameDuckSignal)
-	defer signal.Stop(ldm)
+	if canLameDuck {
+		signal.Notify(ldm, lameDuckSignal)
+		defer signal.Stop(ldm)
+	}
 	select {
 	case <-ctx.Done():
 	case <-ldm:

@@ -4,6 +4,9 @@ package devcluster
 
 import "os"
 
-// lameDuckSignal stands for nats-server's lame duck signal (SIGUSR2) where
-// there is none: an interrupt, which a node takes as a plain shutdown.
+// Where there is no SIGUSR2, ProcCluster.LameDuck sends an interrupt,
+// which a node process takes as a plain shutdown: it does not catch
+// lameDuckSignal (canLameDuck).
 var lameDuckSignal = os.Interrupt
+
+const canLameDuck = false

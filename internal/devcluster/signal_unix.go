@@ -4,5 +4,9 @@ package devcluster
 
 import "syscall"
 
-// lameDuckSignal is the signal that puts nats-server in lame duck mode.
-const lameDuckSignal = syscall.SIGUSR2
+// lameDuckSignal is the signal that puts nats-server in lame duck mode;
+// a node process catches it where it exists (canLameDuck).
+const (
+	lameDuckSignal = syscall.SIGUSR2
+	canLameDuck    = true
+)
