@@ -16,7 +16,7 @@ import (
 
 // Summary is the one object --json writes. Ops, CommitsPerSec, CPU and
 // Processes are those of the scenario's main phase: the measured phase of
-// steady, failover, degraded and cycles, the service phase of raw, the
+// steady, failover, degraded, rolling and cycles, the service phase of raw, the
 // highest step that met the target of ramp (of the service ramp in all),
 // the waiting phase of hotlock and of semaphore, the uncontended phase of
 // sets, the election's phase. Every phase is listed under phases.
@@ -44,6 +44,7 @@ type Summary struct {
 	Sets          *SetsResult                 `json:"sets,omitempty"`
 	Semaphore     *SemaphoreResult            `json:"semaphore,omitempty"`
 	Election      *ElectionResult             `json:"election,omitempty"`
+	Rolling       *RollingResult              `json:"rolling,omitempty"`
 	Safety        *load.SafetyResult          `json:"safety,omitempty"`
 	Notes         []string                    `json:"notes,omitempty"`
 }
@@ -229,6 +230,9 @@ func printSummary(w io.Writer, s *Summary) {
 	}
 	if s.Cycles != nil {
 		printCycles(w, s.Cycles)
+	}
+	if s.Rolling != nil {
+		printRolling(w, s.Rolling)
 	}
 	if s.Degraded != nil {
 		printDegraded(w, s.Degraded)

@@ -142,6 +142,26 @@ func (c *Child) Kill() {
 	}
 }
 
+// Signal sends sig to the process while it runs, and waits until it has
+// exited, at most grace; then it kills it. It reports whether the process
+// exited on its own.
+func (c *Child) Signal(sig os.Signal, grace time.Duration) bool {
+	c.mu.Lock()
+	cmd, exited := c.cmd, c.exited
+	c.mu.Unlock()
+	if cmd == nil {
+		return true
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+		return true
+	case <-time.After(grace):
+		c.Kill()
+		return false
+	}
+}
+
 // Stop asks the process to shut down (a termination signal, and its stdin
 // closed) and kills it if it has not gone within grace.
 func (c *Child) Stop(grace time.Duration) {
