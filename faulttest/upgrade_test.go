@@ -108,8 +108,8 @@ func TestRollingUpgradeKeepsEveryLease(t *testing.T) {
 	ops := hist.Ops()
 	t.Logf("with both serving [%v, %v]: %v", mixed.From.Round(time.Millisecond), mixed.To.Round(time.Millisecond), grantsWithin(ops, mixed))
 	t.Logf("after the old lockd stopped: %v", grantsWithin(ops, Window{From: mixed.To, To: hist.Now()}))
-	t.Logf("the old lockd answered %d acquires granted and read %d foreign values; its sweep removed %d of them",
-		oldServed.granted, oldServed.foreign, old.foreignRemoved())
+	t.Logf("the old lockd answered %d acquires granted and read %d foreign values (%d warnings logged); its sweep removed %d of them",
+		oldServed.granted, oldServed.foreign, old.logged("value in the bucket that jetlock did not write"), old.logged("stale record removed", "foreign=true"))
 	if !exited || exit != 0 {
 		t.Errorf("the old lockd did not exit 0 within 30s of SIGTERM (exited %v, code %d); its log:\n%s", exited, exit, old.tail(30))
 	}
@@ -309,13 +309,17 @@ func (l *lockdChild) tail(n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// foreignRemoved counts the foreign values the instance's sweep removed,
-// as its log tells.
-func (l *lockdChild) foreignRemoved() int {
+// logged counts the lines of the instance's log that contain every one
+// of parts.
+func (l *lockdChild) logged(parts ...string) int {
 	b, _ := os.ReadFile(l.child.Log)
 	n := 0
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.Contains(line, "stale record removed") && strings.Contains(line, "foreign=true") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
 			n++
 		}
 	}
