@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -40,13 +41,14 @@ const upgradeFrom = "4744e34"
 // the two new ones. The history is checked as every fault test's is (no
 // two holders of a lock or permit key, tokens rising, no acknowledged
 // grant, renewal, release or keepalive lost, linearizable answers, a name
-// one kind at a time), and the old instance must have served grants and
-// read name records.
+// one kind at a time), and the old instance must have granted every
+// primitive (its audit log names the tokens), read name records, and
+// exited 0 on SIGTERM.
 //
 // The lockd children run with the fault tests' budget (an answer within
 // 1.5s of receipt, before the callers' 2.5s timeout) and a largest TTL of
-// 5s, so that the old release's sweep deletes a name record that stood
-// that long (5s plus the 500ms grace) within the test.
+// 5s, so that the old release's sweep may delete a name record that
+// stood that long (5s plus the 500ms grace) within the test.
 func TestRollingUpgradeKeepsEveryLease(t *testing.T) {
 	root := repoRoot(t)
 	bins := t.TempDir()
@@ -86,9 +88,11 @@ func TestRollingUpgradeKeepsEveryLease(t *testing.T) {
 		mixed.From = hist.Now()
 		hist.Event("old and new lockd serve the bucket")
 		// At least 12s, and on until every primitive was granted with
-		// both serving (a busy machine is slow), for at most 40s.
+		// both serving, and by the old one (a busy machine is slow), for
+		// at most 40s.
 		for el := time.Duration(0); ctx.Err() == nil && el < 40*time.Second; el = hist.Now() - mixed.From {
-			if el >= 12*time.Second && mixedEnough(hist.Ops(), Window{From: mixed.From, To: 1 << 62}) {
+			ops := hist.Ops()
+			if el >= 12*time.Second && mixedEnough(ops, Window{From: mixed.From, To: 1 << 62}) && oldEnough(grantedBy(ops, old.granted(t))) {
 				break
 			}
 			sleepCtx(ctx, 250*time.Millisecond)
@@ -107,6 +111,7 @@ func TestRollingUpgradeKeepsEveryLease(t *testing.T) {
 
 	ops := hist.Ops()
 	t.Logf("with both serving [%v, %v]: %v", mixed.From.Round(time.Millisecond), mixed.To.Round(time.Millisecond), grantsWithin(ops, mixed))
+	t.Logf("granted by the old lockd: %v", grantedBy(ops, old.granted(t)))
 	t.Logf("after the old lockd stopped: %v", grantsWithin(ops, Window{From: mixed.To, To: hist.Now()}))
 	t.Logf("the old lockd answered %d acquires granted and read %d foreign values (%d warnings logged); its sweep removed %d of them",
 		oldServed.granted, oldServed.foreign, old.logged("value in the bucket that jetlock did not write"), old.logged("stale record removed", "foreign=true"))
@@ -115,6 +120,9 @@ func TestRollingUpgradeKeepsEveryLease(t *testing.T) {
 	}
 	if !mixedEnough(ops, mixed) {
 		t.Errorf("not every primitive was granted while both served: %v", grantsWithin(ops, mixed))
+	}
+	if byOld := grantedBy(ops, old.granted(t)); !oldEnough(byOld) {
+		t.Errorf("the old lockd did not grant every primitive: %v", byOld)
 	}
 	if oldServed.granted == 0 || oldServed.foreign == 0 {
 		t.Errorf("the old lockd granted %d acquires and read %d foreign values (name records): want both above 0", oldServed.granted, oldServed.foreign)
@@ -136,6 +144,15 @@ func mixedEnough(ops []Op, w Window) bool {
 		}
 	}
 	return true
+}
+
+// oldEnough reports whether the old instance's grants g (see grantedBy)
+// include a lock, a set, a permit, a leadership and a lease in a session.
+// (A lock of a name that has been a semaphore it grants only once its
+// sweep has removed the name record: too rare to ask for.)
+func oldEnough(g map[string]int) bool {
+	return g["acquire"] > 0 && g["set-acquire"] > 0 && g["permit-acquire/1"]+g["permit-acquire/2"]+g["permit-acquire/3"] > 0 &&
+		g["campaign"] > 0 && g["session-acquire"]+g["session-permit-acquire"]+g["session-set-acquire"] > 0
 }
 
 // grantsWithin counts the grants answered within w by the label of their
@@ -258,6 +275,7 @@ func goBuild(dir, bin string, env []string) error {
 // lockdChild is a lockd process serving the harness's cluster.
 type lockdChild struct {
 	child      *devcluster.Child
+	audit      string // its audit log
 	metricsURL string
 }
 
@@ -271,10 +289,11 @@ func startLockd(t *testing.T, h *Harness, bin, name string) *lockdChild {
 	su, sp := h.C.User(devcluster.Service)
 	tu, tp := h.C.User(devcluster.Store)
 	cfg := ServiceConfig()
-	l := &lockdChild{child: &devcluster.Child{Name: "lockd " + name, Path: bin, Log: filepath.Join(t.TempDir(), name+".log"),
+	dir := t.TempDir()
+	l := &lockdChild{audit: filepath.Join(dir, name+".audit"), child: &devcluster.Child{Name: "lockd " + name, Path: bin, Log: filepath.Join(dir, name+".log"),
 		Args: []string{"--server", h.C.URLs(), "--user", su, "--password", sp, "--store-user", tu, "--store-password", tp,
 			"--queue-wait", cfg.QueueWait.String(), "--op-timeout", cfg.OpTimeout.String(), "--expiry-grace", cfg.ExpiryGrace.String(),
-			"--max-ttl", "5s", "--default-ttl", "3s", "--metrics", "127.0.0.1:0"}}}
+			"--max-ttl", "5s", "--default-ttl", "3s", "--metrics", "127.0.0.1:0", "--audit", filepath.Join(dir, name+".audit")}}}
 	if err := l.child.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -324,6 +343,43 @@ func (l *lockdChild) logged(parts ...string) int {
 		}
 	}
 	return n
+}
+
+// granted returns the tokens of the grants in the instance's audit log: a
+// lease's, each permit's and each resource's of a set.
+func (l *lockdChild) granted(t *testing.T) map[uint64]bool {
+	t.Helper()
+	b, err := os.ReadFile(l.audit)
+	if err != nil {
+		t.Error(err)
+	}
+	out := map[uint64]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		var e struct {
+			Event string `json:"event"`
+			Token uint64 `json:"token"`
+		}
+		if json.Unmarshal([]byte(line), &e) == nil && e.Event == "grant" && e.Token != 0 {
+			out[e.Token] = true
+		}
+	}
+	return out
+}
+
+// grantedBy counts by label, as grantsWithin does, the grants of ops whose
+// token (one of a set's) is in tokens.
+func grantedBy(ops []Op, tokens map[uint64]bool) map[string]int {
+	var by []Op
+	for _, o := range ops {
+		mine := tokens[o.Token]
+		for _, m := range o.Members {
+			mine = mine || tokens[m.Token]
+		}
+		if mine {
+			by = append(by, o)
+		}
+	}
+	return grantsWithin(by, Window{To: 1 << 62})
 }
 
 // upgradeMetrics is what an instance's /metrics tells of its part.
