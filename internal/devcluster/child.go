@@ -114,6 +114,23 @@ func (c *Child) Exited() <-chan struct{} {
 	return c.exited
 }
 
+// ExitCode returns the process's exit code once it has exited (-1 when a
+// signal ended it), and false while it runs or was never started.
+func (c *Child) ExitCode() (int, bool) {
+	c.mu.Lock()
+	cmd, exited := c.cmd, c.exited
+	c.mu.Unlock()
+	if cmd == nil {
+		return 0, false
+	}
+	select {
+	case <-exited: // Wait has set ProcessState
+		return cmd.ProcessState.ExitCode(), true
+	default:
+		return 0, false
+	}
+}
+
 // PID returns the process id while the process runs, else 0.
 func (c *Child) PID() int {
 	c.mu.Lock()
