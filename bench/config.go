@@ -61,7 +61,15 @@ type config struct {
 const noisyUserRate = 500
 
 var scenarios = []string{"steady", "ramp", "raw", "all", "hotlock", "failover", "cycles", "degraded", "overload", "noisy",
-	"sets", "semaphore", "election", "waiters"}
+	"sets", "semaphore", "election", "rolling", "waiters"}
+
+// The rolling scenario's defaults: it restarts three nodes (each up to its
+// lame duck duration, then until it is current again) and the service
+// instances one after another, under load.
+const (
+	rollingDuration = 5 * time.Minute
+	rollingStartAt  = 15 * time.Second
+)
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -78,7 +86,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.clients, "clients", "any", "with --service inproc, where the load connects: any (a node at random) or service (the service's node: requests cross no route)")
 	fs.StringVar(&c.scenario, "scenario", "steady", "one of "+strings.Join(scenarios, ", "))
 	fs.StringVar(&c.target, "target", "service", "steady, ramp and cycles: service, or raw (the same load as bare KV compare-and-set writes, no service)")
-	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, hotlock, failover, cycles, degraded, semaphore, and of each phase of raw, overload (design, overload), noisy (quiet, noisy) and sets (sets, sets contended, cycles)")
+	fs.DurationVar(&c.duration, "duration", 60*time.Second, "measured duration of steady, hotlock, failover, cycles, degraded, semaphore, rolling (5m unless given), and of each phase of raw, overload (design, overload), noisy (quiet, noisy) and sets (sets, sets contended, cycles)")
 	fs.DurationVar(&c.progress, "progress", 5*time.Second, "interval of progress lines; 0 for none")
 	fs.StringVar(&c.jsonPath, "json", "", "write the summary as JSON to this file")
 	fs.StringVar(&c.htmlPath, "html", "", "write an HTML report with latency-over-time charts to this file")
@@ -103,8 +111,10 @@ func parseFlags(args []string) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	userRate, ttlSet, waitSet := false, false, false
+	userRate, ttlSet, durationSet, modeSet, waitSet := false, false, false, false, false
 	fs.Visit(func(f *flag.Flag) {
+		durationSet = durationSet || f.Name == "duration"
+		modeSet = modeSet || f.Name == "failover-mode"
 		c.tuned = c.tuned || strings.HasPrefix(f.Name, "service-")
 		c.authSet = c.authSet || f.Name == "auth"
 		userRate = userRate || f.Name == "service-user-rate"
@@ -119,6 +129,18 @@ func parseFlags(args []string) (*config, error) {
 		// A killed leader's election passes on when its lease expires:
 		// the TTL bounds the failover.
 		c.ttl = electionTTL
+	}
+	if c.scenario == "rolling" {
+		// A rolling restart stops each node as a deployment does.
+		if !modeSet {
+			c.failoverMode = "stop"
+		}
+		if !durationSet {
+			c.duration = rollingDuration
+		}
+		if c.killAt == 0 {
+			c.killAt = min(rollingStartAt, c.duration/3)
+		}
 	}
 	if c.scenario == "noisy" && !userRate {
 		// The flood is held to a rate, as a deployment holds every tenant,
@@ -161,9 +183,9 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.IntVar(&c.limit, "limit", 5, "semaphore: permits of each semaphore")
 	fs.IntVar(&c.candidates, "candidates", 3, "election: candidates, each on a connection of its own")
 	fs.IntVar(&c.rounds, "rounds", 5, "election: rounds, each killing the leader (its connection closed, no release) and then making the next one resign")
-	fs.DurationVar(&c.killAt, "kill-at", 0, "failover: when to kill the stream leader; the default is a third of --duration")
-	fs.DurationVar(&c.restartAfter, "restart-after", 15*time.Second, "failover: restart the killed node this long after; 0 never")
-	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process) or stepdown (ask the leader to step down; works with --server)")
+	fs.DurationVar(&c.killAt, "kill-at", 0, "failover: when to stop the stream leader; the default is a third of --duration. rolling: when the first restart begins; the default is 15s")
+	fs.DurationVar(&c.restartAfter, "restart-after", 15*time.Second, "failover: restart the stopped node this long after the stop (or when it has exited, if later); 0 never")
+	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process), stop (stop it as deploy/ does: SIGUSR2, lame duck mode with deploy/nats/common.conf's settings), term (SIGTERM: a shutdown without lame duck mode) or stepdown (ask the leader to step down; works with --server). rolling: how each node is stopped, stop (the default), term or kill")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
 	fs.StringVar(&c.profileDir, "profile", "", "write CPU and heap profiles of the service the bench starts, for the whole run, into this directory (created if missing): service.cpu.pprof and service.heap.pprof (the heap as the service ends, with every allocation of the run) for --service proc, of the first process only with --instances above 1; with --service inproc the bench process's, bench.cpu.pprof and bench.heap.pprof, which hold the service and the load generator together. With the bench's own cluster, also each node's CPU profile for each measured phase of a scheduled length, <node>.<n>-<phase>.cpu.pprof. Read them with go tool pprof")
@@ -226,9 +248,11 @@ func (c *config) finishModes() error {
 	check(!own && c.authSet, "--auth applies to the bench's own cluster, not to --server")
 	check(c.tuned && c.serviceMode == "none", "the --service-* flags tune the service the bench starts; with --service none set them on lockd")
 	check(c.instances < 1 || (c.instances > 1 && c.serviceMode == "none"), "--instances %d: want 1, or more with --service proc or inproc (the bench starts them)", c.instances)
-	check(!own && (c.scenario == "degraded" || c.scenario == "failover" && c.failoverMode == "kill"),
+	check(!own && (c.scenario == "degraded" || c.scenario == "rolling" || c.scenario == "failover" && c.failoverMode != "stepdown"),
 		"%s stops nodes: it needs the bench's own cluster (failover also runs with --failover-mode stepdown)", c.scenario)
-	check(c.failoverMode != "kill" && c.failoverMode != "stepdown", "--failover-mode %q: want kill or stepdown", c.failoverMode)
+	check(!slices.Contains([]string{"kill", "stepdown", "stop", "term"}, c.failoverMode),
+		"--failover-mode %q: want kill, stepdown, stop or term", c.failoverMode)
+	check(c.scenario == "rolling" && c.failoverMode == "stepdown", "rolling restarts nodes: --failover-mode stop, term or kill")
 	check(c.scenario == "noisy" && (!own || !c.auth), "noisy floods as a tenant of the bench's own cluster's accounts: it needs no --server and --auth")
 	check(c.carriedRate < 0 || c.overloadFactor <= 0 || c.floodRate <= 0, "--carried-rate must not be negative, --overload-factor and --flood-rate must be positive")
 	check(c.sessions < 0, "--sessions must not be negative")

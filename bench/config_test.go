@@ -51,6 +51,10 @@ func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
 		{"--leases", "10", "--resources", "5"},
 		{"--scenario", "failover", "--url", "nats://127.0.0.1:4222"},
 		{"--scenario", "degraded", "--url", "nats://127.0.0.1:4222"},
+		{"--scenario", "rolling", "--url", "nats://127.0.0.1:4222"},
+		{"--scenario", "failover", "--failover-mode", "stop", "--url", "nats://127.0.0.1:4222"},
+		{"--scenario", "rolling", "--failover-mode", "stepdown"},
+		{"--failover-mode", "pause"},
 		{"--service", "none"},
 		{"--target", "etcd"},
 		{"--instances", "0"},
@@ -86,10 +90,23 @@ func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
 		{"--instances", "2", "--service", "inproc"},
 		{"--scenario", "cycles", "--target", "raw", "--raw-batch", "8", "--workers", "32"},
 		{"--scenario", "cycles", "--resources", "100", "--leases", "0", "--workers", "64"},
+		{"--scenario", "failover", "--failover-mode", "stepdown", "--url", "nats://127.0.0.1:4222"},
+		{"--scenario", "failover", "--failover-mode", "stop"},
+		{"--scenario", "failover", "--failover-mode", "term"},
 	} {
 		if _, err := parseFlags(args); err != nil {
 			t.Errorf("%v refused: %v", args, err)
 		}
+	}
+	// rolling stops nodes in lame duck mode, for long enough to restart
+	// all of them, unless told otherwise.
+	c, err := parseFlags([]string{"--scenario", "rolling"})
+	if err != nil || c.failoverMode != "stop" || c.duration != rollingDuration || c.killAt != rollingStartAt {
+		t.Fatalf("rolling defaults: %+v, %v", c, err)
+	}
+	c, err = parseFlags([]string{"--scenario", "rolling", "--failover-mode", "kill", "--duration", "30s"})
+	if err != nil || c.failoverMode != "kill" || c.duration != 30*time.Second || c.killAt != 10*time.Second {
+		t.Fatalf("rolling with flags: %+v, %v", c, err)
 	}
 }
 

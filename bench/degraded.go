@@ -133,17 +133,10 @@ func (e *env) restartReplica(ctx context.Context, i int, stream string) (float64
 	if err := e.cluster.Restart(ctx, i); err != nil {
 		return 0, "restart failed: " + err.Error()
 	}
-	for time.Since(start) < 60*time.Second && ctx.Err() == nil {
-		if info, err := e.streamInfo(ctx, stream, 5*time.Second); err == nil && info.Cluster != nil {
-			for _, p := range info.Cluster.Replicas {
-				if p.Name == e.cluster.Name(i) && p.Current && p.Lag == 0 && !p.Offline {
-					return round2(time.Since(start).Seconds()), ""
-				}
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := e.awaitReplicaCurrent(ctx, i, stream, time.Minute); err != nil {
+		return 0, e.cluster.Name(i) + " restarted: " + err.Error()
 	}
-	return 0, e.cluster.Name(i) + " was not current again within 60s of its restart"
+	return round2(time.Since(start).Seconds()), ""
 }
 
 func printDegraded(w io.Writer, d *DegradedResult) {

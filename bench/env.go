@@ -232,7 +232,13 @@ func (e *env) svcProcs() []*devcluster.Child {
 
 // streamLeader returns the server name leading the lock stream.
 func (e *env) streamLeader(ctx context.Context) (string, error) {
-	info, err := e.streamInfo(ctx, streams.StreamName(e.cfg.bucket), 5*time.Second)
+	return e.streamLeaderWithin(ctx, 5*time.Second)
+}
+
+// streamLeaderWithin is streamLeader waiting at most timeout for the
+// answer.
+func (e *env) streamLeaderWithin(ctx context.Context, timeout time.Duration) (string, error) {
+	info, err := e.streamInfo(ctx, streams.StreamName(e.cfg.bucket), timeout)
 	if err == nil && (info.Cluster == nil || info.Cluster.Leader == "") {
 		err = errors.New("the lock stream has no leader")
 	}

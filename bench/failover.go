@@ -11,7 +11,7 @@ import (
 
 // FailoverResult is the outcome of the failover scenario.
 type FailoverResult struct {
-	Mode      string  `json:"mode"` // kill or stepdown
+	Mode      string  `json:"mode"` // kill, stepdown, stop (lame duck mode) or term
 	Stream    string  `json:"stream"`
 	OldLeader string  `json:"old_leader"`
 	NewLeader string  `json:"new_leader"`
@@ -36,7 +36,8 @@ type FailoverResult struct {
 func msOf(d time.Duration) float64 { return round2(float64(d) / 1e6) }
 
 // runFailover runs the design workload and, --kill-at into it, kills the
-// process of the node leading the lock stream (or asks it to step down).
+// process of the node leading the lock stream, stops it as a deployment
+// does, or asks it to step down (--failover-mode).
 // It reports the window with no grants and checks the answers for double
 // grants.
 func runFailover(ctx context.Context, e *env, sum *Summary) error {
@@ -59,8 +60,9 @@ func runFailover(ctx context.Context, e *env, sum *Summary) error {
 	return sum.check(log)
 }
 
-// failover kills (or steps down) the stream leader at --kill-at, watches
-// for the new leader, and restarts the node after --restart-after.
+// failover stops (or steps down) the stream leader at --kill-at, watches
+// for the new leader, and restarts the node --restart-after the stop, or
+// when it has exited if that is later.
 func (e *env) failover(ctx context.Context, ph *phase) *FailoverResult {
 	c := e.cfg
 	fr := &FailoverResult{Mode: c.failoverMode, Stream: streams.StreamName(c.bucket)}
@@ -77,19 +79,25 @@ func (e *env) failover(ctx context.Context, ph *phase) *FailoverResult {
 	fr.OldLeader = leader
 	killAt := time.Now()
 	idx := -1
-	if c.failoverMode == "kill" {
-		if idx = e.cluster.Node(leader); idx < 0 {
-			fr.Note = "stream leader " + leader + " is not a node the bench started"
-			return fr
-		}
-		e.cluster.Kill(idx)
-		ph.event("killed " + leader + " (stream leader) with SIGKILL")
-	} else {
+	exited, onItsOwn := make(chan struct{}), true
+	if c.failoverMode == "stepdown" {
 		if err := e.stepDown(ctx, ""); err != nil {
 			fr.Note = err.Error()
 			return fr
 		}
 		ph.event("asked " + leader + " (stream leader) to step down")
+	} else {
+		if idx = e.cluster.Node(leader); idx < 0 {
+			fr.Note = "stream leader " + leader + " is not a node the bench started"
+			return fr
+		}
+		// A node in lame duck mode takes up to its lame duck duration to
+		// exit: the new leader is watched for meanwhile.
+		go func() {
+			defer close(exited)
+			onItsOwn = e.stopNode(idx, c.failoverMode)
+		}()
+		ph.event(stopText(c.failoverMode, leader) + " (stream leader)")
 	}
 	fr.killAt = killAt
 	fmt.Fprintf(e.out, "failover: %s %s at %.1fs\n", c.failoverMode, leader, killAt.Sub(ph.start).Seconds())
@@ -97,7 +105,18 @@ func (e *env) failover(ctx context.Context, ph *phase) *FailoverResult {
 		fr.NewLeaderAfterMs = msOf(time.Since(killAt))
 		ph.event("new stream leader " + fr.NewLeader)
 	}
-	if idx >= 0 && c.restartAfter > 0 {
+	if idx < 0 {
+		return fr
+	}
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		return fr
+	}
+	if !onItsOwn {
+		fr.Note = leader + " did not exit on its own: killed"
+	}
+	if c.restartAfter > 0 {
 		select {
 		case <-time.After(time.Until(killAt.Add(c.restartAfter))):
 		case <-ctx.Done():
@@ -113,11 +132,40 @@ func (e *env) failover(ctx context.Context, ph *phase) *FailoverResult {
 	return fr
 }
 
+// stopNode stops node idx as mode says: kill (SIGKILL), term (SIGTERM: a
+// shutdown without lame duck mode) or stop (SIGUSR2: lame duck mode, as
+// deploy/'s units and the NATS chart's pre-stop hook stop a server), and
+// waits until its process has exited. It reports whether the process
+// exited on its own (a kill always does).
+func (e *env) stopNode(idx int, mode string) bool {
+	switch mode {
+	case "stop":
+		return e.cluster.LameDuck(idx)
+	case "term":
+		return e.cluster.Terminate(idx)
+	}
+	e.cluster.Kill(idx)
+	return true
+}
+
+// stopText says how a node was stopped, for events.
+func stopText(mode, node string) string {
+	switch mode {
+	case "stop":
+		return "stopped " + node + " in lame duck mode (SIGUSR2)"
+	case "term":
+		return "stopped " + node + " with SIGTERM"
+	}
+	return "killed " + node + " with SIGKILL"
+}
+
 // awaitNewLeader returns the first leader of the lock stream other than
-// old that it sees before deadline, or "".
+// old that it sees before deadline, or "". A request for the stream's
+// info that reaches the old leader as it steps down goes unanswered: each
+// is given a short time, which bounds how late a new leader is seen.
 func (e *env) awaitNewLeader(ctx context.Context, old string, deadline time.Time) string {
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if l, err := e.streamLeader(ctx); err == nil && l != old {
+		if l, err := e.streamLeaderWithin(ctx, 250*time.Millisecond); err == nil && l != old {
 			return l
 		}
 		time.Sleep(50 * time.Millisecond)

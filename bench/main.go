@@ -15,7 +15,8 @@
 // as latency rather than as a quietly lower rate (no coordinated omission).
 //
 // Scenarios (--scenario): steady, ramp, raw, all, hotlock, failover,
-// cycles, degraded, overload, noisy, sets, semaphore, election, waiters. See
+// cycles, degraded, overload, noisy, sets, semaphore, election, rolling,
+// waiters. See
 // README.md in this directory.
 package main
 
@@ -39,6 +40,7 @@ var runners = map[string]func(context.Context, *env, *Summary) error{
 	"steady": runSteady, "ramp": runRamp, "raw": runRaw, "all": runAll, "hotlock": runHotlock,
 	"failover": runFailover, "cycles": runCycles, "degraded": runDegraded,
 	"overload": runOverload, "noisy": runNoisy, "sets": runSets, "semaphore": runSemaphore, "election": runElection,
+	"rolling": runRolling,
 	"waiters": runWaiters,
 }
 

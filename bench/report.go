@@ -16,7 +16,7 @@ import (
 
 // Summary is the one object --json writes. Ops, CommitsPerSec, CPU and
 // Processes are those of the scenario's main phase: the measured phase of
-// steady, failover, degraded and cycles, the service phase of raw, the
+// steady, failover, degraded, rolling and cycles, the service phase of raw, the
 // highest step that met the target of ramp (of the service ramp in all),
 // the waiting phase of hotlock and of semaphore, the uncontended phase of
 // sets, the election's phase. Every phase is listed under phases.
@@ -45,6 +45,7 @@ type Summary struct {
 	Semaphore     *SemaphoreResult            `json:"semaphore,omitempty"`
 	Election      *ElectionResult             `json:"election,omitempty"`
 	Waiters       *WaitersResult              `json:"waiters,omitempty"`
+	Rolling       *RollingResult              `json:"rolling,omitempty"`
 	Safety        *load.SafetyResult          `json:"safety,omitempty"`
 	Notes         []string                    `json:"notes,omitempty"`
 }
@@ -230,6 +231,9 @@ func printSummary(w io.Writer, s *Summary) {
 	}
 	if s.Cycles != nil {
 		printCycles(w, s.Cycles)
+	}
+	if s.Rolling != nil {
+		printRolling(w, s.Rolling)
 	}
 	if s.Degraded != nil {
 		printDegraded(w, s.Degraded)

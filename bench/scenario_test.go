@@ -504,6 +504,73 @@ func TestProfile(t *testing.T) {
 	}
 }
 
+// rolling restarts the three nodes (here with SIGTERM, which hands the
+// leadership over as lame duck mode does, without its grace period) and
+// the two service processes, each back before the next, under load: every
+// restart is measured, the stream leader's hand-over seen, and nothing is
+// lost or granted twice.
+func TestRolling(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--scenario", "rolling", "--failover-mode", "term", "--instances", "2",
+		"--duration", "25s", "--kill-at", "1s", "--timeout", "2s")
+	if err := runRolling(ctx, e, sum); err != nil {
+		t.Fatal(err)
+	}
+	r := sum.Rolling
+	if r == nil || r.Mode != "term" || len(r.Restarts) != 5 || r.Note != "" || r.Skipped != "" {
+		t.Fatalf("rolling %+v", r)
+	}
+	var names []string
+	led := 0
+	for _, x := range r.Restarts {
+		names = append(names, x.Name)
+		if x.BackAfterS <= 0 || x.Note != "" || x.LeasesLost != 0 {
+			t.Errorf("restart %+v", x)
+		}
+		if x.LedStream {
+			led++
+			if x.NewLeader == "" || x.NewLeader == x.Name {
+				t.Errorf("%s led the stream: new leader %q", x.Name, x.NewLeader)
+			}
+		}
+		if x.Kind == "service" && x.Errors[load.CodeTimeout] != 0 {
+			t.Errorf("%s's restart left %d requests unanswered", x.Name, x.Errors[load.CodeTimeout])
+		}
+	}
+	if want := []string{"n3", "n2", "n1", "service", "service-2"}; !slices.Equal(names, want) || led == 0 {
+		t.Fatalf("restarts %v (%d of the stream leader), want %v with the leader's among them", names, led, want)
+	}
+	if r.LeasesLost != 0 || sum.Safety == nil || sum.Safety.Grants == 0 || sum.Safety.Violations != 0 {
+		t.Fatalf("leases lost %d, safety %+v", r.LeasesLost, sum.Safety)
+	}
+	for i := range 3 {
+		if e.cluster.PID(i) == 0 {
+			t.Errorf("%s not running after the rolling restart", e.cluster.Name(i))
+		}
+	}
+	logSummary(t, sum)
+}
+
+// failover stops the stream leader's node (here with SIGTERM, which hands
+// the leadership over), sees another node lead, and restarts it once it
+// has exited and --restart-after has passed.
+func TestFailoverStopsTheLeaderAsTold(t *testing.T) {
+	ctx, e, sum := newEnv(t, "--scenario", "failover", "--failover-mode", "term", "--duration", "8s", "--kill-at", "2s",
+		"--restart-after", "3s")
+	if err := runFailover(ctx, e, sum); err != nil {
+		t.Fatal(err)
+	}
+	f := sum.Failover
+	if f == nil || f.Mode != "term" || f.OldLeader == "" || f.NewLeader == "" || f.NewLeader == f.OldLeader || f.RestartAtS == 0 || f.Note != "" {
+		t.Fatalf("failover %+v", f)
+	}
+	if i := e.cluster.Node(f.OldLeader); e.cluster.PID(i) == 0 {
+		t.Fatalf("%s not running again", f.OldLeader)
+	}
+	if sum.Safety == nil || sum.Safety.Grants == 0 || sum.Safety.Violations != 0 {
+		t.Fatalf("safety %+v", sum.Safety)
+	}
+}
+
 // waiters queues idle waiters on held locks past the service's default
 // tenant cap (raised for the run), counts the stream's writes while they
 // wait (none: a waiter is written once), and runs the unrelated callers

@@ -242,25 +242,12 @@ func (c *Client) acquireOnce(ctx context.Context, resource string, ao acquireOpt
 // cancel, for the caller to try again with the same request id (a
 // cancelled request id is never granted again).
 func (c *Client) acquireAttempt(ctx context.Context, resource string, ao acquireOptions, wait time.Duration, giveUp bool) (_ *Lease, unknown bool, _ error) {
-	req := streams.AcquireRequest{
-		Resource:  resource,
-		Resources: ao.set,
-		RequestID: ao.requestID,
-		Owner:     ao.owner,
-		TTLms:     ao.ttl.Milliseconds(),
-		WaitMs:    wait.Milliseconds(),
-		MaxHoldMs: ao.maxHold.Milliseconds(),
-		Limit:     ao.limit,
-		Value:     ao.value,
-	}
-	if ao.session != nil {
-		req.SessionID = ao.session.id
-	}
+	req := ao.request(resource, wait)
 	var resp grant
 	var sent time.Time
 	err := c.retry(ctx, func() error {
 		sent = time.Now()
-		return c.call(ctx, streams.OpAcquire, &req, &resp, wait)
+		return c.call(ctx, streams.OpAcquire, req, &resp, wait)
 	})
 	if err == nil && ctx.Err() != nil {
 		// Granted as the caller gave up: give it back (P2).
@@ -271,16 +258,7 @@ func (c *Client) acquireAttempt(ctx context.Context, resource string, ao acquire
 	}
 	if err != nil {
 		unknown = !giveUp && ctx.Err() == nil && errors.Is(err, ErrUnavailable)
-		if errors.Is(err, ErrLocked) {
-			var he *HeldError
-			if errors.As(err, &he) {
-				he.about(resource, ao.set)
-				if ao.limit > 0 {
-					he.Limit, he.Holders = ao.limit, nil
-				}
-			}
-		}
-		return nil, unknown, err
+		return nil, unknown, ao.held(err, resource)
 	}
 	if ao.limit > 0 && (resp.Permit < 1 || resp.Permit > ao.limit) {
 		// A grant the client cannot renew or release: give it back.
@@ -317,6 +295,40 @@ func (c *Client) acquireAttempt(ctx context.Context, resource string, ao acquire
 		return nil, false, err
 	}
 	return l, false, nil
+}
+
+// request is the acquire request of resource (of ao.set, or a permit of
+// the semaphore resource) that waits up to wait.
+func (ao acquireOptions) request(resource string, wait time.Duration) *streams.AcquireRequest {
+	req := &streams.AcquireRequest{
+		Resource:  resource,
+		Resources: ao.set,
+		RequestID: ao.requestID,
+		Owner:     ao.owner,
+		TTLms:     ao.ttl.Milliseconds(),
+		WaitMs:    wait.Milliseconds(),
+		MaxHoldMs: ao.maxHold.Milliseconds(),
+		Limit:     ao.limit,
+		Value:     ao.value,
+	}
+	if ao.session != nil {
+		req.SessionID = ao.session.id
+	}
+	return req
+}
+
+// held completes the HeldError in err, an acquire's refusal, with what
+// was asked for: the resource or set, and a semaphore's limit (whose
+// holders are not listed).
+func (ao acquireOptions) held(err error, resource string) error {
+	var he *HeldError
+	if errors.As(err, &he) {
+		he.about(resource, ao.set)
+		if ao.limit > 0 {
+			he.Limit, he.Holders = ao.limit, nil
+		}
+	}
+	return err
 }
 
 // abandon cancels an acquire (of resource, of the lock set ao.set, or of

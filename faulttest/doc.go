@@ -79,6 +79,16 @@
 // replies are checked too, but a stale status read is reported as an
 // anomaly: the contract does not promise linearizable status.
 //
+// Swap actors, in the test that asks for them, use a name of their own
+// by turns as a semaphore and, once its permits have ended, as a lock;
+// the check adds that no lock of a name is valid while a permit of it is
+// (a name is one thing at a time). TestRollingUpgradeKeepsEveryLease runs
+// the workload, semaphores of several limits and swap actors among it,
+// against lockd processes instead of in-process instances: one built
+// from an earlier commit of the repository's history and one of this
+// tree on one bucket, then the old one stopped with SIGTERM beside a
+// second new one (docs/compatibility.md).
+//
 // The scenario tests (Test…) run in CI, each in well under a minute. A
 // soak runs every fault at random for as long as asked:
 //

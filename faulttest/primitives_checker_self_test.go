@@ -197,6 +197,13 @@ func TestCheckerCatchesPrimitiveViolations(t *testing.T) {
 		{name: "bucket: a permit beyond its semaphore's limit",
 			bucket: []BucketWrite{bother(10), {Rev: 11, Key: streams.LeaseKey("pool#4"), Res: "pool#4", Put: true, LeaseID: "A", Limit: 3}},
 			want:   []string{"permits"}},
+		{name: "legal: a name a semaphore, then, once its permit is released, a lock, then a semaphore again after the lock expired",
+			h: hist{}.add(permitGrant("a", "A", 1, 5, 0, 10, 1000)).add(permitRelease("A", 1, true, 100, 110)).
+				add(grant("b", "B", 7, 105, 120, 1000).on(sem)).add(permitGrant("c", "C", 2, 9, 1100, 1110, 1000)),
+			log: map[string][]uint64{"pool#1": {5}, sem: {7}, "pool#2": {9}}},
+		{name: "a name held as a lock while a permit of it is valid",
+			h:    hist{}.add(permitGrant("a", "A", 1, 5, 0, 10, 1000)).add(grant("b", "B", 7, 100, 120, 1000).on(sem)),
+			want: []string{"kind-overlap"}},
 		{name: "four valid permits of a semaphore of three",
 			h: hist{}.add(permitGrant("a", "A", 1, 5, 0, 10, 1000)).add(permitGrant("b", "B", 2, 6, 0, 12, 1000)).
 				add(permitGrant("c", "C", 3, 7, 0, 14, 1000)).add(permitGrant("d", "D", 4, 8, 0, 16, 1000)),

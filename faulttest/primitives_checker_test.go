@@ -105,11 +105,12 @@ func expand(ops []Op) []Op {
 // checkPrimitives checks what is particular to lock sets, semaphores and
 // elections, on the history as recorded (ops), the leases Check found in
 // its expanded form, and what the bucket's watch saw (see
-// checkSets, checkSemaphores, checkElections, checkBucket).
+// checkSets, checkSemaphores, checkElections, checkKinds, checkBucket).
 func checkPrimitives(ops []Op, leases map[string]*lease, bucket []BucketWrite, rep *Report) {
 	checkSets(ops, leases, rep)
 	checkSemaphores(ops, leases, rep)
 	checkElections(ops, leases, rep)
+	checkKinds(leases, rep)
 	checkBucket(bucket, rep)
 }
 

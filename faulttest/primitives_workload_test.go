@@ -3,6 +3,7 @@ package faulttest
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -35,14 +36,16 @@ import (
 // did.
 type primitiveStats struct {
 	sets, singles, permits, leaderships, proclaims, resigned, abandoned, probes atomic.Int64
+	swapPermits, swapLocks                                                      atomic.Int64 // of the swap actors (runSwap)
 }
 
 func (s *primitiveStats) String() string {
-	return fmt.Sprintf("%d sets and %d single resources of the set pool held, %d permits, %d leaderships (%d proclaims, %d resigned), %d abandoned, %d probes",
-		s.sets.Load(), s.singles.Load(), s.permits.Load(), s.leaderships.Load(), s.proclaims.Load(), s.resigned.Load(), s.abandoned.Load(), s.probes.Load())
+	return fmt.Sprintf("%d sets and %d single resources of the set pool held, %d permits, %d leaderships (%d proclaims, %d resigned), %d permits and %d locks of names that change kind, %d abandoned, %d probes",
+		s.sets.Load(), s.singles.Load(), s.permits.Load(), s.leaderships.Load(), s.proclaims.Load(), s.resigned.Load(),
+		s.swapPermits.Load(), s.swapLocks.Load(), s.abandoned.Load(), s.probes.Load())
 }
 
-func (w *Workload) primitives() int { return w.Sets + w.Sems + w.Candidates }
+func (w *Workload) primitives() int { return w.Sets + w.Sems + w.Swappers + w.Candidates }
 
 // primitiveDefaults sets the defaults of the fields of sets, semaphores
 // and elections.
@@ -106,6 +109,16 @@ func (w *Workload) stopObservers() []BucketWrite {
 func (w *Workload) setRes(i int) string   { return fmt.Sprintf("%s/set/%d", w.Prefix, i) }
 func (w *Workload) semRes(i int) string   { return fmt.Sprintf("%s/sem/%d", w.Prefix, i) }
 func (w *Workload) electRes(i int) string { return fmt.Sprintf("%s/elect/%d", w.Prefix, i) }
+
+// pickSem draws one of the semaphores and returns its name and limit
+// (Permits, or its entry of Limits).
+func (w *Workload) pickSem(rng *rand.Rand) (string, int) {
+	i := rng.IntN(w.Semaphores)
+	if len(w.Limits) > 0 {
+		return w.semRes(i), w.Limits[i%len(w.Limits)]
+	}
+	return w.semRes(i), w.Permits
+}
 
 // pickSet draws 2 to 4 distinct resources of the pool, in a random order.
 func (a *actor) pickSet() []string {
@@ -327,27 +340,28 @@ func (a *actor) runSem(ctx context.Context) {
 	w := a.w
 	for ctx.Err() == nil && w.next() {
 		a.n++
-		sem, rid := w.semRes(a.rng.IntN(w.Semaphores)), fmt.Sprintf("%s-p%d-%d", w.Prefix, a.id, a.n)
+		sem, limit := w.pickSem(a.rng)
+		rid := fmt.Sprintf("%s-p%d-%d", w.Prefix, a.id, a.n)
 		if a.rng.Float64() < 0.15 {
-			a.c.SemaphoreStatus(sem, w.Permits)
+			a.c.SemaphoreStatus(sem, limit)
 		}
 		wait := a.maybeWait(0.5)
 		if wait > 0 && a.rng.Float64() < 0.2 {
 			done := make(chan Op, 1)
-			go func() { done <- a.c.AcquirePermit(sem, w.Permits, rid, w.TTL, wait, false) }()
+			go func() { done <- a.c.AcquirePermit(sem, limit, rid, w.TTL, wait, false) }()
 			time.Sleep(a.between(50*time.Millisecond, wait*4/5))
-			a.untilAnswered(4, func() Op { return a.c.CancelPermit(sem, w.Permits, rid) })
+			a.untilAnswered(4, func() Op { return a.c.CancelPermit(sem, limit, rid) })
 			if op := <-done; op.Result == OK {
 				a.c.RenewPermit(sem, op.Permit, op.LeaseID, w.TTL)
 			}
 			continue
 		}
 		op := a.retried(ctx,
-			func() { a.c.AcquirePermitDropReply(sem, w.Permits, rid, w.TTL) },
-			func(retry bool) Op { return a.c.AcquirePermit(sem, w.Permits, rid, w.TTL, wait, retry) })
+			func() { a.c.AcquirePermitDropReply(sem, limit, rid, w.TTL) },
+			func(retry bool) Op { return a.c.AcquirePermit(sem, limit, rid, w.TTL, wait, retry) })
 		switch op.Result {
 		case Unknown:
-			a.untilAnswered(4, func() Op { return a.c.CancelPermit(sem, w.Permits, rid) })
+			a.untilAnswered(4, func() Op { return a.c.CancelPermit(sem, limit, rid) })
 			fallthrough
 		case Fail:
 			sleepCtx(ctx, a.between(10*time.Millisecond, 150*time.Millisecond))
@@ -361,7 +375,7 @@ func (a *actor) runSem(ctx context.Context) {
 		case p < 0.7:
 			a.untilAnswered(3, func() Op { return a.c.ReleasePermit(sem, op.Permit, op.LeaseID) })
 		case p < 0.85:
-			a.untilAnswered(4, func() Op { return a.c.CancelPermit(sem, w.Permits, rid) })
+			a.untilAnswered(4, func() Op { return a.c.CancelPermit(sem, limit, rid) })
 		default:
 			w.prim.abandoned.Add(1)
 		}

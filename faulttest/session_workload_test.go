@@ -401,7 +401,7 @@ func (a *actor) pickSession() []sessLease {
 			l.set = a.pickSessionSet()
 			keys = l.set
 		case p < w.SessionSets+w.SessionPermits:
-			l.res, l.limit = w.semRes(a.rng.IntN(w.Semaphores)), w.Permits
+			l.res, l.limit = w.pickSem(a.rng)
 		default:
 			l.res = a.pick()
 			keys = []string{l.res}
@@ -578,7 +578,7 @@ func (a *actor) probeClosed(s *session, held []sessLease) {
 		case 0:
 			probe.set = a.pickSessionSet()
 		case 1:
-			probe.res, probe.limit = w.semRes(a.rng.IntN(w.Semaphores)), w.Permits
+			probe.res, probe.limit = w.pickSem(a.rng)
 		default:
 			probe.res = a.pick()
 		}

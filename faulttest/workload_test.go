@@ -59,6 +59,14 @@ type Workload struct {
 	// Permits permits (default 3); Elections the number of elections
 	// (default 1).
 	SetPool, Semaphores, Permits, Elections int
+	// Limits, when set, gives semaphore i the limit Limits[i%len(Limits)]
+	// instead of Permits, so that semaphores of several limits are used
+	// at once.
+	Limits []int
+	// Swappers is the number of actors each of which uses a name of its
+	// own first as a semaphore, then, once its permits have ended, as a
+	// lock, and so on (runSwap). The default is none.
+	Swappers int
 	// TTL is the lease TTL. The default is 3s.
 	TTL time.Duration
 	// DropReply is the share of acquires whose first reply is dropped
@@ -196,6 +204,8 @@ func (w *Workload) Run(ctx context.Context) {
 				a.runSet(ctx)
 			case i < w.Raw+max(w.Go, 0)+w.Sessions+w.Sets+w.Sems:
 				a.runSem(ctx)
+			case i < w.Raw+max(w.Go, 0)+w.Sessions+w.Sets+w.Sems+w.Swappers:
+				a.runSwap(ctx)
 			default:
 				a.runCandidate(ctx)
 			}

@@ -95,9 +95,13 @@ func (l *locks) end(ctx context.Context, resource, key string, o observation, wh
 	gone := []string{requestHash(queueResource(resource), o.rec.RequestID, o.rec.Tenant)}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		w, ok := l.handing.next(l.tracker, enc, gone)
-		if !ok || l.guard.grants() != nil || w.set != "" {
+		if !ok || l.guard.grants() != nil || w.set != "" || w.limit != o.rec.Limit {
 			// A waiter for a lock set claims all of its resources at once
-			// (sets.go): it is woken to, rather than handed this one.
+			// (sets.go): it is woken to, rather than handed this one. So is
+			// a waiter for a permit that names another limit than the one
+			// the permit was granted under, which is its semaphore's while
+			// any permit is held (name_rule.go): it decides again and is
+			// refused.
 			if ok {
 				l.handing.done(enc, w.hash)
 			}

@@ -133,6 +133,9 @@ type grantReq struct {
 	sem   string
 	limit int
 	value string
+	// nameRev is, for a permit, the revision of its semaphore's name key
+	// that the grant's commit must find (claimName), set on each attempt.
+	nameRev uint64
 }
 
 // mine reports whether rec, a lease or waiter record, is this request's:
@@ -262,6 +265,26 @@ func (l *locks) confirmNegative(ctx context.Context, key string, o observation) 
 	return err
 }
 
+// confirmAll proves the reads obs of keys current, as confirmNegative
+// does for one: in one atomic batch of checks (more keys than a batch
+// holds, in several). On errConflict the caller reads again.
+func (l *locks) confirmAll(ctx context.Context, keys []string, obs []observation) error {
+	if len(keys) == 1 {
+		return l.confirmNegative(ctx, keys[0], obs[0])
+	}
+	revs := make([]uint64, len(obs))
+	for i, o := range obs {
+		revs[i] = o.rev
+	}
+	_, err := l.store.prove(ctx, keys, revs, nil)
+	if errors.Is(err, errConflict) {
+		for _, k := range keys {
+			l.tracker.forget(k)
+		}
+	}
+	return err
+}
+
 // acquire decides an acquire that does not wait.
 func (l *locks) acquire(ctx context.Context, g *grantReq) (*streams.LeaseResponse, error) {
 	st, granted, _, err := l.lockToGrant(ctx, g, nil, true)
@@ -283,24 +306,13 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 	if l.tracker.hasEnded(g.key, g.requestID, g.tenant) {
 		return nil, leaseEnded(g.requestID)
 	}
-	var sess observation
 	for attempt := 0; attempt < attempts(g.session); attempt++ {
-		if g.session != "" {
-			var err error
-			if sess, err = l.session(ctx, g, fresh); err != nil {
-				return nil, err
-			}
-		}
-		o, err := l.current(ctx, g.key, fresh)
-		if err != nil {
+		o, sess, orphan, err := l.readToGrant(ctx, g, fresh)
+		if again(err) {
+			fresh = true
+			continue
+		} else if err != nil {
 			return nil, err
-		}
-		orphan := false
-		if fresh && o.held() && o.rec.Session != "" && !l.tracker.expired(o, time.Now()) {
-			// Decide on the holder's session as the stream leader has it.
-			if orphan, err = l.sessionGone(ctx, o.rec.Session); err != nil {
-				return nil, err
-			}
 		}
 		if o.held() && g.mine(o.rec) {
 			resp, err := l.sameRequest(ctx, g, o)
@@ -335,8 +347,36 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 	return nil, tooManyConflicts()
 }
 
+// readToGrant reads what a decision on g's grant rests on: g's session
+// (if any), the key under the name rule (claimName), and whether the
+// lease found there is of a session that a fresh read does not find
+// (orphan, see sessionGone). errConflict or errReadFirst asks to decide
+// again on fresh reads.
+func (l *locks) readToGrant(ctx context.Context, g *grantReq, fresh bool) (o, sess observation, orphan bool, err error) {
+	if g.session != "" {
+		if sess, err = l.session(ctx, g, fresh); err != nil {
+			return o, sess, false, err
+		}
+	}
+	if o, err = l.current(ctx, g.key, fresh); err != nil {
+		return o, sess, false, err
+	}
+	if o, err = l.claimName(ctx, g.resource, o, 0, fresh); err != nil {
+		return o, sess, false, err
+	}
+	if fresh && o.held() && o.rec.Session != "" && !l.tracker.expired(o, time.Now()) {
+		// Decide on the holder's session as the stream leader has it.
+		orphan, err = l.sessionGone(ctx, o.rec.Session)
+	}
+	return o, sess, orphan, err
+}
+
 // errReadFirst asks tryGrant to decide again on a fresh read.
 var errReadFirst = errors.New("decide on a read")
+
+// again reports whether err asks a decision to be made again on fresh
+// reads: a lost compare-and-set, or a view that must not decide alone.
+func again(err error) bool { return errors.Is(err, errConflict) || errors.Is(err, errReadFirst) }
 
 // mustRefuse decides whether the key observed in o is someone else's: it
 // returns true and the answer (locked, reserved for waiters, lease_lost)
@@ -385,7 +425,7 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*s
 			}
 			return nil, err
 		}
-		sess, err := l.heldInSession(ctx, g, o)
+		sess, err := l.heldInSession(ctx, g, []string{g.key}, []observation{o})
 		if err != nil {
 			return nil, err
 		}
@@ -408,8 +448,11 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*s
 // holds the lease. The lease is proven first, then the session: a session
 // live after the lease's proof was live at it too, so the answer holds
 // at that proof. On errConflict the caller decides again on fresh reads.
-func (l *locks) heldInSession(ctx context.Context, g *grantReq, o observation) (*streams.Record, error) {
-	if err := l.confirmNegative(ctx, g.key, o); err != nil {
+//
+// A lock set's retry is proven the same way, over every key of the set
+// (keys, observed in obs); g is then the set's request as its first key's.
+func (l *locks) heldInSession(ctx context.Context, g *grantReq, keys []string, obs []observation) (*streams.Record, error) {
+	if err := l.confirmAll(ctx, keys, obs); err != nil {
 		return nil, err
 	}
 	sess, err := l.session(ctx, g, true)
@@ -435,7 +478,7 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 	if g.session != "" {
 		sessionLease(rec, now, g.session, l.holdLimit(now, g.maxHold))
 	}
-	seq, dup, err := l.writeGrant(ctx, g, rec, o.rev, sess, plain)
+	seq, nameSeq, dup, err := l.writeGrant(ctx, g, rec, o.rev, sess, plain)
 	if err != nil {
 		if !errors.Is(err, errConflict) {
 			l.tracker.forget(g.key)
@@ -446,6 +489,9 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 		return l.earlierGrant(ctx, g, seq)
 	}
 	granted := l.tracker.observe(g.key, entry{rev: seq, rec: rec})
+	if nameSeq != 0 {
+		l.tracker.observe(streams.LeaseKey(g.sem), entry{rev: nameSeq, sem: g.limit})
+	}
 	if g.session == "" {
 		l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
 		return leaseResponse(g.resource, seq, rec), nil
@@ -461,27 +507,42 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 }
 
 // writeGrant writes the lease rec for g over revision expect: one
-// compare-and-set write when plain, else (a lease of a session, on a lone
-// instance) in one atomic batch with the check of the session observed in
-// sess, through the session's gate. It returns the grant's revision, or
-// dup when an earlier write of the request (or its cancel) was found.
-func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (uint64, bool, error) {
-	if plain {
-		return l.store.put(ctx, g.key, rec, expect, grantMsgID(g.hash))
+// compare-and-set write when plain, else in one atomic batch with the
+// check of the session observed in sess, through the session's gate (a
+// lease of a session, on a lone instance), and for a permit with the
+// write of its semaphore's name record (name_rule.go), whose revision is
+// nameSeq. It returns the grant's revision, or dup when an earlier write
+// of the request (or its cancel) was found.
+func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (seq, nameSeq uint64, dup bool, err error) {
+	if plain && g.limit == 0 {
+		seq, dup, err = l.store.put(ctx, g.key, rec, expect, grantMsgID(g.hash))
+		return seq, 0, dup, err
 	}
-	gate, err := l.sessionGate(ctx, g.session)
-	if err != nil {
-		return 0, false, err
+	var session check
+	var also []*batchMsg
+	if g.limit != 0 {
+		also = append(also, l.store.nameMsg(g.sem, g.limit, g.nameRev))
 	}
-	seq, err := l.store.grantInSession(ctx, g.key, rec, expect, grantMsgID(g.hash), check{key: streams.SessionKey(g.session), rev: sess.rev})
-	gate.unlock()
+	var gate *keyLock
+	if !plain {
+		if gate, err = l.sessionGate(ctx, g.session); err != nil {
+			return 0, 0, false, err
+		}
+		session = check{key: streams.SessionKey(g.session), rev: sess.rev}
+	}
+	seq, err = l.store.grantBatch(ctx, g.key, rec, expect, grantMsgID(g.hash), session, also...)
+	if gate != nil {
+		gate.unlock()
+	}
 	switch {
 	case errors.Is(err, errDuplicate):
-		return 0, true, nil
-	case errors.Is(err, errConflict):
+		return 0, 0, true, nil
+	case errors.Is(err, errConflict) && !plain:
 		l.conflictPause(ctx) // perhaps another instance's write to the session
+	case err == nil && g.limit != 0:
+		nameSeq = also[0].seq
 	}
-	return seq, false, err
+	return seq, nameSeq, false, err
 }
 
 // earlierGrant answers an acquire whose granting write JetStream reported

@@ -3,6 +3,7 @@ package service
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jetlock/jetlock/streams"
 )
@@ -43,8 +44,9 @@ func (t *tracker) indexPermit(key string, old, rec *streams.Record) {
 		if m[from]--; m[from] <= 0 {
 			delete(m, from)
 		}
-		if len(m) == 0 {
+		if len(m) == 0 && to == 0 {
 			delete(t.sems, sem)
+			t.idleSems.push(sem, time.Since(t.epoch))
 		}
 	}
 	if to != 0 {
@@ -134,3 +136,24 @@ func (l *locks) sameKind(name string, k kind, limit int, value string) error {
 
 // quoteName quotes a resource name for an answer.
 func quoteName(name string) string { return fmt.Sprintf("%q", name) }
+
+// noteNameRecord lists semaphore name's name record, seen at key, as idle
+// when none of its permits is held as this instance knows it (a record
+// learnt from the bucket, not just written with a permit). The caller
+// holds t.mu.
+func (t *tracker) noteNameRecord(key string, at time.Duration) {
+	name := decodedResource(resourceOf(key))
+	if len(t.sems[name]) == 0 {
+		t.idleSems.push(name, at)
+	}
+}
+
+// idleSemaphores pops up to n of the semaphores listed idle more than the
+// retry window before now.
+func (t *tracker) idleSemaphores(now time.Time, n int) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	t.idleSems.expire(t, now.Sub(t.epoch), n, func(_ *tracker, sem string, _ time.Duration) { out = append(out, sem) })
+	return out
+}

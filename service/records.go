@@ -23,6 +23,10 @@ type entry struct {
 	// lease or waiter; a lease key holding one is taken over once it has
 	// stood for the maximum TTL (see tracker.expired).
 	foreign bool
+	// sem is the limit of the semaphore whose name record the key holds
+	// (streams.AppendNameRecord), 0 for any other value: nobody's lease,
+	// never foreign, replaced only under the name rule (name_rule.go).
+	sem int
 }
 
 func (e entry) held() bool { return e.rec != nil }
@@ -43,6 +47,10 @@ func decodeEntry(key string, rev uint64, deleted bool, data []byte, wakeRoot str
 	var err error
 	switch {
 	case strings.HasPrefix(key, streams.LeaseKeyPrefix):
+		if n, ok := streams.ParseNameRecord(data); ok {
+			e.sem = n
+			return e
+		}
 		e.rec, err = streams.ParseLease(data, rev)
 	case strings.HasPrefix(key, streams.WaitKeyPrefix):
 		e.rec, err = streams.ParseWaiter(data, rev, wakeRoot)

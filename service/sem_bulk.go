@@ -206,6 +206,8 @@ func (l *locks) grantBulk(ctx context.Context, g *grantReq, k int, o observation
 		recs[i].Limit = r.limit
 		msgs[i] = l.store.putMsg(r.key, recs[i].AppendJSON(nil), seen[i].rev, grantMsgID(r.hash))
 	}
+	name := l.store.nameMsg(g.sem, g.limit, g.nameRev)
+	msgs = append(msgs, name)
 	grants := make([]*streams.LeaseResponse, len(joins))
 	if _, err := l.store.batch(ctx, "grant", msgs); err != nil {
 		l.joins.settle(joins, grants)
@@ -229,6 +231,7 @@ func (l *locks) grantBulk(ctx context.Context, g *grantReq, k int, o observation
 		_, pk, _ := streams.SplitPermit(r.resource)
 		grants[i-1] = permitResponse(resp, r.sem, pk)
 	}
+	l.tracker.observe(streams.LeaseKey(g.sem), entry{rev: name.seq, sem: g.limit})
 	l.joins.settle(joins, grants)
 	return mine, nil
 }

@@ -56,60 +56,31 @@ func (l *locks) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.L
 	if err := l.sameKind(g.sem, kindSemaphore, g.limit, ""); err != nil {
 		return nil, err
 	}
-	var sess observation
-attempts:
 	for attempt := 0; attempt < attempts(g.session); attempt++ {
-		if g.session != "" {
-			var err error
-			if sess, err = l.session(ctx, g, fresh); err != nil {
-				return nil, err
-			}
-		}
-		now := time.Now()
-		var free []int
-		var frees []observation
-		for k := 1; k <= g.limit; k++ {
-			key := permitKey(g.sem, k)
-			if l.tracker.hasEnded(key, g.requestID, g.tenant) {
-				return nil, leaseEnded(g.requestID)
-			}
-			o, err := l.current(ctx, key, fresh)
-			if err != nil {
-				return nil, err
-			}
-			if o.held() && g.mine(o.rec) {
-				resp, err := l.sameRequest(ctx, g.permit(k), o)
-				if errors.Is(err, errConflict) {
-					fresh = true
-					continue attempts
-				}
-				return permitResponse(resp, g.sem, k), err
-			}
-			if (!o.held() && !o.foreign) || l.tracker.expired(o, now) {
-				free, frees = append(free, k), append(frees, o)
-			}
-		}
-		if len(free) == 0 {
-			return nil, newOpError(streams.CodeLocked, "all %d permits of semaphore %q are held", g.limit, g.sem)
-		}
-		if ahead, _, _ := l.tracker.ahead(streams.EncodeResource(g.resource), g.hash); ahead >= len(free) {
-			return nil, newOpError(streams.CodeLocked, "the %d free permits of semaphore %q are reserved for the %d waiters ahead", len(free), g.sem, ahead)
-		}
-		if err := l.guard.grants(); err != nil {
+		sess, p, err := l.readPermits(ctx, g, fresh)
+		if again(err) {
+			fresh = true
+			continue
+		} else if err != nil {
 			return nil, err
 		}
-		if g.session != "" {
-			if err := l.sessionRoom(g.session); err != nil {
-				return nil, err
+		if p.mine != 0 {
+			resp, err := l.sameRequest(ctx, g.permit(p.mine), p.held)
+			if errors.Is(err, errConflict) {
+				fresh = true
+				continue
 			}
+			return permitResponse(resp, g.sem, p.mine), err
 		}
-		k := free[0]
+		if err := l.mayGrantPermit(g, p.free); err != nil {
+			return nil, err
+		}
+		k := p.free[0]
 		var resp *streams.LeaseResponse
-		var err error
-		if joins, ks, obs := l.joinPermits(g, free, frees, 0); len(joins) > 0 {
-			resp, err = l.grantBulk(ctx, g, k, frees[0], joins, ks, obs)
+		if joins, ks, obs := l.joinPermits(g, p.free, p.frees, 0); len(joins) > 0 {
+			resp, err = l.grantBulk(ctx, g, k, p.frees[0], joins, ks, obs)
 		} else {
-			resp, err = l.grant(ctx, g.permit(k), frees[0], sess)
+			resp, err = l.grant(ctx, g.permit(k), p.frees[0], sess)
 		}
 		if errors.Is(err, errConflict) {
 			l.report.conflict()
@@ -119,6 +90,72 @@ attempts:
 		return permitResponse(resp, g.sem, k), err
 	}
 	return nil, tooManyConflicts()
+}
+
+// permitsRead is what a decision on a permit's grant read of its
+// semaphore's permits: the free ones (or expired, to take over), or the
+// one the request holds already (mine, 0 if none; held is its lease).
+type permitsRead struct {
+	free  []int
+	frees []observation
+	mine  int
+	held  observation
+}
+
+// readPermits reads what a decision on g's grant of a permit rests on:
+// g's session (if any), its semaphore's name under the name rule
+// (claimName, which sets g.nameRev) and its permits. errConflict or
+// errReadFirst asks to decide again on fresh reads.
+func (l *locks) readPermits(ctx context.Context, g *grantReq, fresh bool) (sess observation, p permitsRead, err error) {
+	if g.session != "" {
+		if sess, err = l.session(ctx, g, fresh); err != nil {
+			return sess, p, err
+		}
+	}
+	name, err := l.current(ctx, streams.LeaseKey(g.sem), fresh)
+	if err != nil {
+		return sess, p, err
+	}
+	if name, err = l.claimName(ctx, g.sem, name, g.limit, fresh); err != nil {
+		return sess, p, err
+	}
+	g.nameRev = name.rev
+	now := time.Now()
+	for k := 1; k <= g.limit; k++ {
+		key := permitKey(g.sem, k)
+		if l.tracker.hasEnded(key, g.requestID, g.tenant) {
+			return sess, p, leaseEnded(g.requestID)
+		}
+		o, err := l.current(ctx, key, fresh)
+		if err != nil {
+			return sess, p, err
+		}
+		if o.held() && g.mine(o.rec) {
+			return sess, permitsRead{mine: k, held: o}, nil
+		}
+		if (!o.held() && !o.foreign) || l.tracker.expired(o, now) {
+			p.free, p.frees = append(p.free, k), append(p.frees, o)
+		}
+	}
+	return sess, p, nil
+}
+
+// mayGrantPermit refuses g's grant when no permit is free for it (free:
+// the free permits), or the fleet's guard or g's session's cap forbids it.
+func (l *locks) mayGrantPermit(g *grantReq, free []int) error {
+	if len(free) == 0 {
+		return newOpError(streams.CodeLocked, "all %d permits of semaphore %q are held", g.limit, g.sem)
+	}
+	if ahead, _, _ := l.tracker.ahead(streams.EncodeResource(g.resource), g.hash); ahead >= len(free) {
+		return newOpError(streams.CodeLocked, "the %d free permits of semaphore %q are reserved for the %d waiters ahead", len(free), g.sem, ahead)
+	}
+	if err := l.guard.grants(); err != nil {
+		return err
+	}
+	if g.session != "" {
+		return l.sessionRoom(g.session)
+	}
+	return nil
 }
 
 // permitResponse names the semaphore and permit k in resp, the grant of

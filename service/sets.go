@@ -145,38 +145,22 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 			return nil, err
 		}
 	}
-	var sess observation
 	for attempt := 0; attempt < attempts(r.session); attempt++ {
-		if r.session != "" {
-			var err error
-			if sess, err = l.session(ctx, r.grantReq(0), fresh); err != nil {
-				return nil, err
-			}
-		}
-		obs, err := l.readAll(ctx, r.keys, fresh)
-		if err != nil {
+		sess, obs, err := l.readSet(ctx, r, fresh)
+		if again(err) {
+			fresh = true
+			continue
+		} else if err != nil {
 			return nil, err
 		}
 		resp, done, err := l.decideSet(r, obs, fresh, sess)
-		switch {
-		case errors.Is(err, errReadFirst):
+		if done {
+			resp, err = l.answerDecided(ctx, r, obs, resp, err)
+		}
+		if again(err) {
 			fresh = true
 			continue
-		case errors.Is(err, errRetried):
-			resp, err = l.renewRetried(ctx, r, obs)
-			if errors.Is(err, errConflict) {
-				fresh = true
-				continue
-			}
-			return resp, err
-		}
-		if done {
-			if err == nil && r.session != "" {
-				// A retry of a set of a session that holds every key.
-				if err := l.validSet(ctx, r, obs, false); err != nil {
-					return nil, err
-				}
-			}
+		} else if done || err != nil {
 			return resp, err
 		}
 		if err := l.guard.grants(); err != nil {
@@ -198,6 +182,46 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 		return resp, err
 	}
 	return nil, tooManyConflicts()
+}
+
+// answerDecided answers set r, decided without a grant (decideSet's
+// resp and err) on the observations obs of its keys: a retry of a set
+// that every key still holds is renewed, or in a session answered held
+// only once proven, as a single lease's is (setHeldInSession).
+// errConflict asks to decide again on fresh reads.
+func (l *locks) answerDecided(ctx context.Context, r *setReq, obs []observation, resp *streams.SetLeaseResponse, err error) (*streams.SetLeaseResponse, error) {
+	switch {
+	case errors.Is(err, errRetried):
+		return l.renewRetried(ctx, r, obs)
+	case err == nil && r.session != "":
+		return l.setHeldInSession(ctx, r, obs)
+	}
+	return resp, err
+}
+
+// readSet reads what a decision on set r's grant rests on: r's session
+// (if any) and every key of the set, each under the name rule (claimName,
+// whose retirement of a name record replaces the key's observation with
+// its delete). errConflict or errReadFirst asks to decide again on fresh
+// reads.
+func (l *locks) readSet(ctx context.Context, r *setReq, fresh bool) (sess observation, obs []observation, err error) {
+	if r.session != "" {
+		if sess, err = l.session(ctx, r.grantReq(0), fresh); err != nil {
+			return sess, nil, err
+		}
+	}
+	if obs, err = l.readAll(ctx, r.keys, fresh); err != nil {
+		return sess, nil, err
+	}
+	for i, o := range obs {
+		if o.sem == 0 {
+			continue
+		}
+		if obs[i], err = l.claimName(ctx, r.resources[i], o, 0, fresh); err != nil {
+			return sess, nil, err
+		}
+	}
+	return sess, obs, nil
 }
 
 // stillBlocked answers "locked" when a fresh read proves that set r, which
@@ -389,6 +413,22 @@ func (l *locks) validSet(ctx context.Context, r *setReq, obs []observation, plai
 	return err
 }
 
+// setHeldInSession answers a retry of set r of a session whose keys,
+// observed in obs, all hold r's lease: once the grant's place in the
+// stream is confirmed (validSet) and every key and the session are proven
+// current (heldInSession), the set's lease; lease_lost when the session
+// has ended. On errConflict the caller decides again on fresh reads.
+func (l *locks) setHeldInSession(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
+	if err := l.validSet(ctx, r, obs, false); err != nil {
+		return nil, err
+	}
+	sess, err := l.heldInSession(ctx, r.grantReq(0), r.keys, obs)
+	if err != nil {
+		return nil, err
+	}
+	return setResponse(r.resources, obs, sess), nil
+}
+
 // setGrantMsgs returns the atomic batch of r's grant over the key
 // revisions obs (see grantSet), and the lease record it writes on every
 // key; unless plain, the batch checks that r's session observed in sess
@@ -460,10 +500,11 @@ func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record)
 			}
 			return resp, err
 		case all:
-			if err := l.validSet(ctx, r, obs, false); err != nil {
-				return nil, err
+			resp, err := l.setHeldInSession(ctx, r, obs)
+			if errors.Is(err, errConflict) {
+				continue
 			}
-			return setResponse(r.resources, obs, sess), nil
+			return resp, err
 		case straddles(r, obs):
 			continue // read again
 		}

@@ -364,14 +364,15 @@ func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Reco
 	return msgs[0].seq, remove.seq, nil
 }
 
-// grantInSession writes the grant rec of a session's lease at key over
-// revision expect, with message id msgID, in one atomic batch with the
-// check that the session record is still at its revision (grantMsgs). It
-// returns the grant's revision, its token.
-func (s *store) grantInSession(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string, session check) (uint64, error) {
+// grantBatch writes the grant rec at key over revision expect, with
+// message id msgID, in one atomic batch with the check that the session
+// record is still at its revision (grantMsgs; the zero check checks
+// nothing) and the writes of also (a permit's name record). It returns the
+// grant's revision, its token.
+func (s *store) grantBatch(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string, session check, also ...*batchMsg) (uint64, error) {
 	buf := encode(rec)
 	defer buf.free()
-	msgs := s.grantMsgs(key, buf.b, expect, msgID, session)
+	msgs := append(s.grantMsgs(key, buf.b, expect, msgID, session), also...)
 	if _, err := s.batch(ctx, "grant", msgs); err != nil {
 		return 0, err
 	}

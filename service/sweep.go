@@ -2,8 +2,11 @@ package service
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
+
+	"github.com/jetlock/jetlock/streams"
 )
 
 // sweepParallel bounds the expiry writes in flight at once.
@@ -27,6 +30,7 @@ func (s *Service) sweep(ctx context.Context) {
 		case <-t.C:
 		}
 		s.follow.deliveries.forget(time.Now(), s.tracker.window+s.cfg.QueueWait+s.cfg.OpTimeout)
+		s.retireIdle(ctx)
 		for _, it := range s.tracker.popDue(time.Now(), 4096) {
 			select {
 			case sem <- struct{}{}:
@@ -41,5 +45,37 @@ func (s *Service) sweep(ctx context.Context) {
 				s.locks.expire(ectx, it)
 			}(it)
 		}
+	}
+}
+
+// retireIdle retires the name records of the semaphores that have had no
+// permit held, as this instance knows it, for the retry window (nor a
+// waiter): the same proof as a grant of another kind makes
+// (locks.retireName), so a permit held after all refuses it and one
+// granted meanwhile fails it. Every instance may try; the compare-and-set
+// lets one succeed.
+func (s *Service) retireIdle(ctx context.Context) {
+	for _, name := range s.tracker.idleSemaphores(time.Now(), 64) {
+		key := streams.LeaseKey(name)
+		o, ok := s.tracker.get(key)
+		if !ok || o.sem == 0 || s.tracker.permitLimit(name) != 0 {
+			continue
+		}
+		if _, waited := s.tracker.head(streams.EncodeResource(streams.PermitQueue(name))); waited {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
+		_, err := s.locks.retireName(rctx, name, o, 0, false)
+		if errors.Is(err, errConflict) {
+			// A permit's delete marker the view knows may have left the
+			// bucket (it lives for the retry window): once more, on reads.
+			if o, err = s.locks.current(rctx, key, true); err == nil && o.sem != 0 {
+				_, err = s.locks.retireName(rctx, name, o, 0, true)
+			}
+		}
+		if err != nil {
+			s.log.Debug("an idle semaphore's name record not retired", "resource", name, "err", err)
+		}
+		cancel()
 	}
 }

@@ -51,6 +51,12 @@ type tracker struct {
 	// keysPeak and deletedPeak are the most keys and deleted held since
 	// those maps were made (see shrink.go).
 	keysPeak, deletedPeak mapPeak
+	// idleSems lists the semaphores whose last permit this instance saw
+	// end (or whose name record it saw with none held), oldest first: once
+	// idle for the retry window, their name records are retired
+	// (Service.retireIdle), so the bucket and this view keep a record only
+	// for the names used lately.
+	idleSems fifo[string]
 
 	// held indexes the resources (decoded names) whose lease keys hold a
 	// lease, in order, for list. It is brought up to date only when a list
@@ -221,7 +227,7 @@ func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 // resetLocked forgets everything; the caller holds t.mu (or owns t).
 func (t *tracker) resetLocked() {
 	t.keys, t.deleted = make(map[string]observation), make(map[uint64]deletedKey)
-	t.due, t.gone, t.marks = nil, nil, nil
+	t.due, t.gone, t.marks, t.idleSems = nil, nil, nil, nil
 	t.ended.reset()
 	t.held, t.heldChanges, t.heldStale, t.nHeld = btree.NewOrderedG[string](32), make(map[string]bool), false, 0
 	t.waiters = make(map[string]map[string]waiterInfo)
@@ -297,6 +303,10 @@ func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEven
 		t.schedule(&o, due)
 		t.keys[key] = o
 		delete(t.deleted, id)
+	case e.sem != 0:
+		t.keys[key] = o // a semaphore's name record (name_rule.go)
+		delete(t.deleted, id)
+		t.noteNameRecord(key, at)
 	case e.end != nil:
 		t.keys[key] = o
 		delete(t.deleted, id)
@@ -722,13 +732,13 @@ func (t *tracker) lookup(key string) (observation, bool) {
 // its own clock, a little after the bucket drops it, and may learn it
 // again meanwhile from a read or a late watcher delivery. Kept, that
 // marker's revision would fail every compare-and-set on the key (which
-// expects its last revision, now none) until forgotten. A lease, waiter
-// or foreign value cannot vanish from the bucket (only the stream's
+// expects its last revision, now none) until forgotten. A lease, waiter,
+// name record or foreign value cannot vanish from the bucket (only the stream's
 // recreation takes them, which the stream guard handles): it stays.
 func (t *tracker) vanished(key string) observation {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if o, known := t.lookup(key); known && (o.held() || o.foreign) {
+	if o, known := t.lookup(key); known && (o.held() || o.foreign || o.sem != 0) {
 		return o
 	}
 	delete(t.deleted, t.keyID(key))

@@ -1,7 +1,7 @@
 // Package js_test runs the tests of the TypeScript client (@jetlock/client,
-// in this directory) from `go test ./...`: npm ci, npm run build (tsc) and
-// node --test, against lockd --dev clusters the Node tests start. Any
-// failure fails the Go test.
+// in this directory) from `go test ./...`: npm ci and npm test, against
+// lockd --dev clusters the Node tests start, and against the package as
+// npm pack makes it. Any failure fails the Go test.
 //
 // The test needs node, npm and the npm registry (npm ci), so it runs only
 // when JETLOCK_TEST_JS=1 asks for it, as examples/js does: the README's
@@ -46,8 +46,10 @@ func TestTypeScriptClient(t *testing.T) {
 		}
 		t.Logf("%s:\n%s", what, out)
 	}
+	// Exactly what a user runs: npm ci (its prepare script builds dist/), then
+	// npm test (which compiles the tests and runs them, with --expose-gc for
+	// the heap test, and packs and installs the package in a fresh project).
 	run("npm ci (it needs the npm registry; without "+optIn+" the test skips)", nil, "npm", "ci", "--no-audit", "--no-fund")
-	run("npm run build", nil, "npm", "run", "build")
 
 	// The binaries the Node tests start, built once here rather than in
 	// every test file.
@@ -55,10 +57,5 @@ func TestTypeScriptClient(t *testing.T) {
 	lockd, helper := filepath.Join(bin, "lockd"), filepath.Join(bin, "gohelper")
 	run("go build lockd", nil, "go", "build", "-o", lockd, "../../service/cmd/lockd")
 	run("go build gohelper", nil, "go", "build", "-o", helper, "./testdata/gohelper")
-	files, err := filepath.Glob(filepath.Join("build", "test", "*.test.js"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no test files in build/test (%v)", err)
-	}
-	run("node --test", []string{"JETLOCK_LOCKD=" + lockd, "JETLOCK_GOHELPER=" + helper},
-		"node", append([]string{"--test", "--test-concurrency=1"}, files...)...)
+	run("npm test", []string{"JETLOCK_LOCKD=" + lockd, "JETLOCK_GOHELPER=" + helper}, "npm", "test")
 }

@@ -2,7 +2,7 @@
 // client/js): a lease that renews itself, a holder told by the service,
 // release, and fenced writes.
 //
-//   (cd ../../client/js && npm ci && npm run build)
+//   (cd ../../client/js && npm ci)    # its prepare script builds dist/
 //   npm ci && node jetlock.mjs nats://127.0.0.1:4222
 //
 // The fence here (MemoryFence) stands in for your resource (a database

@@ -30,6 +30,9 @@ type cluster struct {
 	ca      *testca.CA
 	certs   map[string]testca.Pair // client certificates by role
 	servers []*server.Server
+	// logs, when set, receive each server's log with debug lines (its
+	// raft groups' too), by server name.
+	logs map[string]*serverLog
 }
 
 // startCluster renders deploy/nats for three servers on free loopback
@@ -45,7 +48,22 @@ func startCluster(t *testing.T) *cluster {
 // keys the environment already holds.
 func startClusterWith(t *testing.T, ks keys) *cluster {
 	t.Helper()
-	c := &cluster{t: t, keys: ks, certs: map[string]testca.Pair{}}
+	return startClusterOf(t, &cluster{t: t, keys: ks, certs: map[string]testca.Pair{}})
+}
+
+// startClusterLogged is startCluster with every server's log, debug lines
+// included, kept in c.logs.
+func startClusterLogged(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{t: t, keys: setIdentities(t), certs: map[string]testca.Pair{}, logs: map[string]*serverLog{}}
+	for _, s := range servers {
+		c.logs[s.name] = &serverLog{}
+	}
+	return startClusterOf(t, c)
+}
+
+func startClusterOf(t *testing.T, c *cluster) *cluster {
+	t.Helper()
 	dir := t.TempDir()
 	ca, err := testca.New(dir)
 	if err != nil {
@@ -106,6 +124,11 @@ func (c *cluster) start(dir string, attempt int) error {
 		srv, err := server.NewServer(o)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		if l := c.logs[s.name]; l != nil {
+			// Before Start: a raft group logs debug lines only if the
+			// server did when the group was created.
+			srv.SetLoggerV2(l, true, false, false)
 		}
 		srv.Start()
 		c.servers = append(c.servers, srv)

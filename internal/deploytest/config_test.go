@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/conf"
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/jetlock/jetlock/internal/devcluster"
 	"github.com/jetlock/jetlock/internal/testca"
 	"github.com/jetlock/jetlock/service"
 	"github.com/jetlock/jetlock/streams"
@@ -97,6 +98,13 @@ func checkServer(t *testing.T, o *server.Options, name, zone string) {
 	}
 	if o.SystemAccount != "SYS" {
 		t.Errorf("system account %q", o.SystemAccount)
+	}
+	// The bench's nodes (devcluster) stop in lame duck mode with these
+	// settings, so that what it measures of a stop is what a deployed
+	// server does (docs/operations.md, "Planned maintenance").
+	if o.LameDuckDuration != devcluster.LameDuckDuration || o.LameDuckGracePeriod != devcluster.LameDuckGracePeriod {
+		t.Errorf("lame duck duration %v, grace period %v; the bench's nodes use %v, %v",
+			o.LameDuckDuration, o.LameDuckGracePeriod, devcluster.LameDuckDuration, devcluster.LameDuckGracePeriod)
 	}
 }
 

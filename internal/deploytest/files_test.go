@@ -305,24 +305,28 @@ func sortedIdentities() []string {
 	return out
 }
 
-func TestSystemdUnits(t *testing.T) {
-	unit := func(name string) map[string][]string {
-		out := map[string][]string{}
-		text := strings.ReplaceAll(readDeploy(t, "systemd/"+name), "\\\n", " ")
-		sc := bufio.NewScanner(strings.NewReader(text))
-		for sc.Scan() {
-			line := strings.TrimSpace(sc.Text())
-			if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "[") {
-				continue
-			}
-			k, v, ok := strings.Cut(line, "=")
-			if !ok {
-				t.Fatalf("%s: %q", name, line)
-			}
-			out[k] = append(out[k], v)
+// systemdUnit returns the settings of deploy/systemd/name, by key.
+func systemdUnit(t testing.TB, name string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	text := strings.ReplaceAll(readDeploy(t, "systemd/"+name), "\\\n", " ")
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "[") {
+			continue
 		}
-		return out
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("%s: %q", name, line)
+		}
+		out[k] = append(out[k], v)
 	}
+	return out
+}
+
+func TestSystemdUnits(t *testing.T) {
+	unit := func(name string) map[string][]string { return systemdUnit(t, name) }
 	nats := unit("nats-server.service")
 	if !slices.Equal(nats["EnvironmentFile"], []string{"/etc/nats/jetlock.env"}) {
 		t.Errorf("nats-server.service EnvironmentFile %v", nats["EnvironmentFile"])

@@ -114,6 +114,23 @@ func (c *Child) Exited() <-chan struct{} {
 	return c.exited
 }
 
+// ExitCode returns the process's exit code once it has exited (-1 when a
+// signal ended it), and false while it runs or was never started.
+func (c *Child) ExitCode() (int, bool) {
+	c.mu.Lock()
+	cmd, exited := c.cmd, c.exited
+	c.mu.Unlock()
+	if cmd == nil {
+		return 0, false
+	}
+	select {
+	case <-exited: // Wait has set ProcessState
+		return cmd.ProcessState.ExitCode(), true
+	default:
+		return 0, false
+	}
+}
+
 // PID returns the process id while the process runs, else 0.
 func (c *Child) PID() int {
 	c.mu.Lock()
@@ -139,6 +156,26 @@ func (c *Child) Kill() {
 	if cmd != nil {
 		_ = cmd.Process.Kill()
 		<-exited
+	}
+}
+
+// Signal sends sig to the process while it runs, and waits until it has
+// exited, at most grace; then it kills it. It reports whether the process
+// exited on its own.
+func (c *Child) Signal(sig os.Signal, grace time.Duration) bool {
+	c.mu.Lock()
+	cmd, exited := c.cmd, c.exited
+	c.mu.Unlock()
+	if cmd == nil {
+		return true
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+		return true
+	case <-time.After(grace):
+		c.Kill()
+		return false
 	}
 }
 

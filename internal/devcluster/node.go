@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -27,6 +28,17 @@ type nodeSpec struct {
 	// (/debug/pprof/ on loopback).
 	ProfPort int `json:"prof_port,omitempty"`
 }
+
+// The lame duck settings of every node: those of deploy/nats/common.conf
+// (and of the NATS Helm chart), so that a node stopped in lame duck mode
+// (ProcCluster.LameDuck) stops as a deployed server does. In lame duck
+// mode a server hands the leadership of its raft groups to a peer, stops
+// JetStream a second later, keeps its clients for the grace period, and
+// then closes them, spread over the rest of the duration.
+const (
+	LameDuckDuration    = 30 * time.Second
+	LameDuckGracePeriod = 10 * time.Second
+)
 
 // nodeName returns the server name of node i.
 func nodeName(i int) string { return fmt.Sprintf("n%d", i+1) }
@@ -65,8 +77,10 @@ func (n nodeSpec) options() (*server.Options, error) {
 			Port:        portOrRandom(n.RoutePort),
 			NoAdvertise: true,
 		},
-		Routes:   server.RoutesFromStr(strings.Join(n.Routes, ",")),
-		NoSigs:   true,
-		ProfPort: n.ProfPort,
+		Routes:              server.RoutesFromStr(strings.Join(n.Routes, ",")),
+		NoSigs:              true,
+		ProfPort:            n.ProfPort,
+		LameDuckDuration:    LameDuckDuration,
+		LameDuckGracePeriod: LameDuckGracePeriod,
 	}, nil
 }

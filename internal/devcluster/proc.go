@@ -339,6 +339,21 @@ func (c *ProcCluster) Kill(i int) { c.nodes[i].Kill() }
 // Stop shuts node i down, keeping its data.
 func (c *ProcCluster) Stop(i int) { c.nodes[i].Stop(10 * time.Second) }
 
+// LameDuck stops node i as deploy/ stops a server (SIGUSR2: lame duck
+// mode, with the settings of deploy/nats/common.conf), waits until it has
+// exited, and reports whether it did within LameDuckDuration and a margin
+// (else it was killed).
+func (c *ProcCluster) LameDuck(i int) bool {
+	return c.nodes[i].Signal(lameDuckSignal, LameDuckDuration+15*time.Second)
+}
+
+// Terminate stops node i as a plain SIGTERM stops nats-server (a shutdown
+// without lame duck mode), waits until it has exited, and reports whether
+// it did within 15 s (else it was killed).
+func (c *ProcCluster) Terminate(i int) bool {
+	return c.nodes[i].Signal(syscall.SIGTERM, 15*time.Second)
+}
+
 // Restart starts node i again on the same ports and data and waits until
 // it accepts connections.
 func (c *ProcCluster) Restart(ctx context.Context, i int) error {
@@ -363,7 +378,9 @@ func (c *ProcCluster) Shutdown() {
 // NodeMain runs one node of a ProcCluster in this process: it reads the
 // node's spec from the first line of stdin, serves until stdin closes (the
 // parent stopped it or died) or SIGTERM/SIGINT arrive, and returns the exit
-// code.
+// code. SIGUSR2 puts it in lame duck mode, as it does nats-server (the
+// signal deploy/'s units and the NATS chart's pre-stop hook send); it
+// exits when the lame duck mode ends.
 func NodeMain() int {
 	in := bufio.NewReader(os.Stdin)
 	line, err := in.ReadBytes('\n')
@@ -396,7 +413,23 @@ func NodeMain() int {
 		cancel()
 	}()
 	s.Start()
-	<-ctx.Done()
+	go func() {
+		s.WaitForShutdown()
+		cancel()
+	}()
+	ldm := make(chan os.Signal, 1)
+	if canLameDuck {
+		signal.Notify(ldm, lameDuckSignal)
+		defer signal.Stop(ldm)
+	}
+	select {
+	case <-ctx.Done():
+	case <-ldm:
+		// As nats-server: SIGTERM during lame duck mode does not cut
+		// it short; the mode ends with a shutdown of its own.
+		signal.Ignore(syscall.SIGTERM)
+		s.LameDuckShutdown()
+	}
 	s.Shutdown()
 	s.WaitForShutdown()
 	return 0

@@ -198,3 +198,69 @@ func TestChildThatExitsIsNotReady(t *testing.T) {
 		t.Fatalf("WaitReady: %v, want ErrExited", err)
 	}
 }
+
+// LameDuck stops a node as deploy/ stops a server (SIGUSR2): the node
+// enters lame duck mode, another node takes over the streams it led, and
+// the process exits on its own; it comes back on its data.
+func TestProcClusterLameDuck(t *testing.T) {
+	c := startProcs(t, devcluster.ProcOptions{Open: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	first := connect(t, c.URLs())
+	js, err := jetstream.New(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s jetstream.Stream
+	for s == nil {
+		if s, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "LD", Subjects: []string{"ld"}, Replicas: 3}); err != nil {
+			if ctx.Err() != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := c.Node(info.Cluster.Leader)
+	// Watch from another node; no client stays on the old leader, so its
+	// lame duck mode has nobody to wait for.
+	first.Close()
+	nc := connect(t, c.ClientURL((old+1)%devcluster.Size))
+	if js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan bool, 1)
+	go func() { exited <- c.LameDuck(old) }()
+	var leader string
+	for leader == "" || leader == c.Name(old) {
+		if ctx.Err() != nil {
+			t.Fatalf("no new leader of the stream after %s's lame duck mode", c.Name(old))
+		}
+		ictx, icancel := context.WithTimeout(ctx, time.Second)
+		if st, err := js.Stream(ictx, "LD"); err == nil {
+			if i, err := st.Info(ictx); err == nil && i.Cluster != nil {
+				leader = i.Cluster.Leader
+			}
+		}
+		icancel()
+	}
+	if !<-exited {
+		t.Fatalf("%s did not exit on its own in lame duck mode", c.Name(old))
+	}
+	log, err := os.ReadFile(filepath.Join(c.Dir(old), "node.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "Entering lame duck mode") {
+		t.Fatalf("%s's log does not show lame duck mode:\n%s", c.Name(old), log)
+	}
+	if _, err := js.Publish(ctx, "ld", []byte("x")); err != nil {
+		t.Fatalf("a write with %s stopped, led by %s: %v", c.Name(old), leader, err)
+	}
+	if err := c.Restart(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+}

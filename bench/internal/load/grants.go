@@ -192,3 +192,28 @@ func (g *GrantTimes) Around(t time.Time) (lastBefore, firstAfter, longestGap tim
 	}
 	return lastBefore, firstAfter, longestGap
 }
+
+// LongestGap returns the longest time without any grant arriving over the
+// stretch from a moment from to a moment to: between the last grant
+// before from and the first grant after it, between consecutive grants
+// up to to, and from the last of them to to when none came after it.
+// A stretch with no grant before from counts from from.
+func (g *GrantTimes) LongestGap(from, to time.Time) time.Duration {
+	g.mu.Lock()
+	recv := slices.Clone(g.recv)
+	g.mu.Unlock()
+	slices.SortFunc(recv, func(a, b time.Time) int { return a.Compare(b) })
+	prev, gap := from, time.Duration(0)
+	for _, r := range recv {
+		if !r.After(from) {
+			prev = r
+			continue
+		}
+		gap = max(gap, r.Sub(prev))
+		prev = r
+		if r.After(to) {
+			return gap
+		}
+	}
+	return max(gap, to.Sub(prev))
+}

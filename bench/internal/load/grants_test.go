@@ -89,3 +89,29 @@ func TestNilGrantLogRecordsNothing(t *testing.T) {
 	l.ReleasedAt(g, time.Now())
 	l.ReleasedAt(g, time.Time{})
 }
+
+// The longest window without grants over a stretch counts from the last
+// grant before it, ends with the first grant after it, and runs to its
+// end when no grant came after.
+func TestGrantTimesLongestGap(t *testing.T) {
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var g GrantTimes
+	for _, ms := range []int{0, 100, 900, 1000, 1200, 5000} {
+		g.Add(at(ms), at(ms))
+	}
+	for _, c := range []struct {
+		from, to int
+		want     time.Duration
+	}{
+		{150, 950, 800 * time.Millisecond},    // 100 to 900
+		{1050, 1100, 200 * time.Millisecond},  // 1000 to 1200, the first after it
+		{1250, 1300, 3800 * time.Millisecond}, // 1200 to 5000, after the stretch
+		{5100, 5600, 600 * time.Millisecond},  // 5000 to the end of the stretch
+		{-500, -100, 500 * time.Millisecond},  // no grant before: from its start to 0
+	} {
+		if got := g.LongestGap(at(c.from), at(c.to)); got != c.want {
+			t.Errorf("LongestGap(%d, %d ms) = %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
+}

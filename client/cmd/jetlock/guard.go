@@ -126,6 +126,8 @@ type guard struct {
 	stopping int // why the group is being stopped (stopLost…), 0 if not
 	killAt   time.Time
 	killedAt time.Time
+	exited   bool // the command has exited, with code
+	code     int
 }
 
 // run supervises the command until it and what it left are gone, and
@@ -146,49 +148,16 @@ func (g *guard) run() int {
 	wallCheck := time.NewTicker(time.Second)
 	defer wallCheck.Stop()
 	var tick <-chan time.Time
-	exited, code := false, 0
 	for {
-		done, c, left, frozenBy := g.p.reap()
-		if done && !exited {
-			exited, code = true, c
-		}
-		if frozenBy != 0 && !done && g.killedAt.IsZero() {
-			g.emit(guardEvent{kind: evFrozen, n: frozenBy})
-			g.stop(killT, stopFrozen)
-			g.p.cont() // a stopped process acts on SIGTERM once continued
-		}
-		if exited && !left {
+		if code, over := g.reapStep(killT); over {
 			return code
-		}
-		if !g.killedAt.IsZero() && time.Since(g.killedAt) > guardSettle {
-			if !exited {
-				code = exitSignalBase + 9
-			}
-			return code
-		}
-		if exited && g.stopping == 0 {
-			// The group outlives its leader only if it left processes
-			// behind: they are part of the work under the lock.
-			g.stop(killT, stopLeft)
 		}
 		if g.stopping != 0 {
 			tick = ticker.C
 		}
 		select {
 		case m, ok := <-g.ctl:
-			if !ok {
-				g.ctl = nil // jetlock is gone: nothing renews the lease
-				g.stop(killT, stopGone)
-				continue
-			}
-			switch m.kind {
-			case msgDeadline:
-				g.moveDeadline(time.Now().Add(time.Duration(m.n)), termT, killT)
-			case msgSignal:
-				g.p.forward(int(m.n))
-			case msgStop:
-				g.stop(killT, stopLost)
-			}
+			g.control(m, ok, termT, killT)
 		case <-termT.C:
 			if g.stopping == 0 {
 				g.emit(guardEvent{kind: evExpiring})
@@ -198,21 +167,76 @@ func (g *guard) run() int {
 			g.p.kill()
 			g.killedAt = time.Now()
 		case <-wallCheck.C:
-			switch {
-			case g.stopping == 0 && wallPassed(g.deadline.Add(-g.grace)):
-				g.emit(guardEvent{kind: evExpiring})
-				g.stop(killT, stopExpiring)
-			case g.stopping != 0 && g.killedAt.IsZero() && wallPassed(g.killAt):
-				killT.Stop()
-				g.p.kill()
-				g.killedAt = time.Now()
-			}
+			g.checkWall(killT)
 		case <-g.wake:
 		case <-tick:
 			if !g.killedAt.IsZero() {
 				g.p.kill() // orphans handed to the guard since
 			}
 		}
+	}
+}
+
+// reapStep collects what has exited and reports, once the command and
+// what it left are gone (or killed and settled), its exit code. A frozen
+// command is stopped; a command that exited leaving processes in its
+// group has them stopped too.
+func (g *guard) reapStep(killT *time.Timer) (code int, over bool) {
+	done, c, left, frozenBy := g.p.reap()
+	if done && !g.exited {
+		g.exited, g.code = true, c
+	}
+	if frozenBy != 0 && !done && g.killedAt.IsZero() {
+		g.emit(guardEvent{kind: evFrozen, n: frozenBy})
+		g.stop(killT, stopFrozen)
+		g.p.cont() // a stopped process acts on SIGTERM once continued
+	}
+	if g.exited && !left {
+		return g.code, true
+	}
+	if !g.killedAt.IsZero() && time.Since(g.killedAt) > guardSettle {
+		if !g.exited {
+			g.code = exitSignalBase + 9
+		}
+		return g.code, true
+	}
+	if g.exited && g.stopping == 0 {
+		// The group outlives its leader only if it left processes
+		// behind: they are part of the work under the lock.
+		g.stop(killT, stopLeft)
+	}
+	return 0, false
+}
+
+// control acts on message m from jetlock (ok false: its end of the pipe
+// closed, so nothing renews the lease any more).
+func (g *guard) control(m guardMsg, ok bool, termT, killT *time.Timer) {
+	if !ok {
+		g.ctl = nil
+		g.stop(killT, stopGone)
+		return
+	}
+	switch m.kind {
+	case msgDeadline:
+		g.moveDeadline(time.Now().Add(time.Duration(m.n)), termT, killT)
+	case msgSignal:
+		g.p.forward(int(m.n))
+	case msgStop:
+		g.stop(killT, stopLost)
+	}
+}
+
+// checkWall stops the group, or kills it, once the wall clock has passed
+// the time to (the timers' monotonic clock stops while the host sleeps).
+func (g *guard) checkWall(killT *time.Timer) {
+	switch {
+	case g.stopping == 0 && wallPassed(g.deadline.Add(-g.grace)):
+		g.emit(guardEvent{kind: evExpiring})
+		g.stop(killT, stopExpiring)
+	case g.stopping != 0 && g.killedAt.IsZero() && wallPassed(g.killAt):
+		killT.Stop()
+		g.p.kill()
+		g.killedAt = time.Now()
 	}
 }
 

@@ -1,12 +1,19 @@
 // Elections: a lock whose lease carries a value. Candidates queue FIFO
 // (campaign); the holder leads and announces itself with its value
 // (proclaim); anyone reads the leader (leader) or follows it (observe).
-import { Jetlock, toStatus, type Status } from "./client.js";
+import { acquire, readAcquire } from "./internal/acquire.js";
+import { toStatus, type Core, type SessionRef } from "./internal/core.js";
+import type { Status } from "./types.js";
 import { LeaseLostError } from "./errors.js";
-import { Lease, type LeaseInit } from "./lease.js";
-import { sleep, timeoutSignal } from "./life.js";
-import type { Session } from "./session.js";
-import { checkMs, encodeResource } from "./validate.js";
+import type { Fenced } from "./fence.js";
+import type { Held } from "./internal/held.js";
+import { BaseLease } from "./lease.js";
+import { sleep } from "./internal/life.js";
+import { checkMs, checkText, encodeResource, maxValueLen } from "./internal/validate.js";
+
+function checkValue(value: string): string {
+  return checkText("value", value, maxValueLen, true);
+}
 
 /** Options of an election, applied to every campaign. */
 export interface ElectionOptions {
@@ -49,16 +56,38 @@ export interface LeaderChange {
  * A Leadership is a won election: a lease whose token is the leader's fencing token (larger than every earlier
  * leader's) and whose signal aborts before anyone else could be elected.
  */
-export class Leadership extends Lease {
+export class Leadership extends BaseLease implements Fenced {
+  /** The election. */
   readonly election: Election;
-  constructor(init: LeaseInit, election: Election) {
-    super(init);
+  /** The leader's fencing token. Unchanged by renewals and proclaim. */
+  readonly token: number;
+  readonly #held: Held;
+
+  private constructor(held: Held, election: Election) {
+    super(held);
+    this.#held = held;
     this.election = election;
+    this.token = held.token;
+  }
+
+  /** @internal */
+  static create(held: Held, election: Election): Leadership {
+    return new Leadership(held, election);
+  }
+
+  /** The name a fence keeps the leader's token under: the election's name. */
+  get fenceKey(): string {
+    return this.election.name;
+  }
+
+  /** The leader's value, as last proclaimed. */
+  get value(): string {
+    return this.#held.value ?? "";
   }
 
   /** proclaim replaces the leader's value without a new election: the token stays; observers see "proclaimed". */
   async proclaim(value: string, opts: { signal?: AbortSignal } = {}): Promise<void> {
-    await this.proclaimValue(Jetlock.checkValue(value), opts.signal);
+    await this.#held.proclaim(checkValue(value), opts.signal);
   }
 
   /** resign ends the leadership: the signal aborts, and the next candidate is elected in the same write. */
@@ -74,18 +103,23 @@ const observeSoonMs = 100; // after a sign of a gap, or a read that events overt
 
 /** Election is one election, named like a resource. Make one per candidate; one that only reads campaigns for nothing. */
 export class Election {
-  readonly #jl: Jetlock;
-  readonly #session?: Session;
+  readonly #core: Core;
+  readonly #session?: SessionRef;
   readonly name: string;
   readonly #opts: ElectionOptions;
   #leader?: Leadership;
 
-  constructor(jl: Jetlock, session: Session | undefined, name: string, opts: ElectionOptions) {
-    this.#jl = jl;
+  /** @internal */
+  static create(core: Core, session: SessionRef | undefined, name: string, opts: ElectionOptions): Election {
+    return new Election(core, session, name, opts);
+  }
+
+  private constructor(core: Core, session: SessionRef | undefined, name: string, opts: ElectionOptions) {
+    this.#core = core;
     this.#session = session;
     this.name = name;
     this.#opts = opts;
-    jl.readAcquire(opts, session); // the options are checked once, here
+    readAcquire(opts, session); // the options are checked once, here
     checkMs("waitMs", opts.waitMs);
   }
 
@@ -95,7 +129,7 @@ export class Election {
    * Election leads already, it returns that leadership, proclaiming value if it differs.
    */
   async campaign(value: string, opts: { signal?: AbortSignal; waitMs?: number } = {}): Promise<Leadership> {
-    Jetlock.checkValue(value);
+    checkValue(value);
     const current = this.#current();
     if (current) {
       if (current.value === value) return current;
@@ -107,17 +141,12 @@ export class Election {
         // Lost meanwhile: campaign anew.
       }
     }
-    const jl = this.#jl;
-    const lease = await jl.run(
-      () => ({
-        ...jl.readAcquire({ ...this.#opts, signal: opts.signal }, this.#session),
-        resource: this.name,
-        value,
-        make: (init: LeaseInit) => new Leadership(init, this),
-      }),
+    this.#leader = await acquire(
+      this.#core,
+      () => ({ ...readAcquire({ ...this.#opts, signal: opts.signal }, this.#session), resource: this.name, value }),
       opts.waitMs ?? this.#opts.waitMs ?? null,
+      (h) => Leadership.create(h, this),
     );
-    this.#leader = lease as Leadership;
     return this.#leader;
   }
 
@@ -157,22 +186,21 @@ export class Election {
   }
 
   async #status(signal?: AbortSignal): Promise<Status> {
-    const r = await this.#jl.retry(() => this.#jl.call<any>("status", { resource: this.name }, { signal, about: this.name }), signal);
-    return toStatus(r);
+    return toStatus(await this.#core.request<any>("status", { resource: this.name }, { signal, about: this.name }));
   }
 
   /**
    * observe follows the leader: first the current state (a status read), then every change, in revision order,
    * never going back to an older leader or value. Events are at most once; a missed one is made up for by a status
    * read (every few seconds, and at once after a sign of a gap: a reconnect, dropped events, an event about a leader
-   * never seen), delivered with resync: true. The iterator ends when the signal aborts or the connection closes,
-   * and leaves no subscription or timer behind; break out of the loop to stop early.
+   * never seen), delivered with resync: true. The iterator ends when the signal aborts, the connection closes or
+   * the client is closed, and leaves no subscription, listener or timer behind; break out of the loop to stop early.
    */
   async *observe(opts: { signal?: AbortSignal } = {}): AsyncGenerator<LeaderChange, void, undefined> {
-    const jl = this.#jl;
+    const jl = this.#core;
     const nc = jl.nc;
     const signal = opts.signal;
-    if (signal?.aborted || nc.isClosed()) return;
+    if (signal?.aborted || nc.isClosed() || jl.closed) return;
     const subject = `${jl.prefix}.events.${encodeResource(this.name)}`;
     const events: Uint8Array[] = [];
     let gap = false;
@@ -193,21 +221,15 @@ export class Election {
         poke();
       },
     });
-    const status = nc.status() as AsyncIterable<{ type: string }> & { stop(): void };
-    (async () => {
-      for await (const s of status) {
-        if (s.type === "reconnect") {
-          gap = true;
-          poke();
-        }
-      }
-    })().catch(() => undefined);
-    nc.closed().then(() => {
-      ncClosed = true;
+    // One watcher of the connection per client, shared by every observer: an observer that ends leaves nothing
+    // registered on the connection.
+    const unwatch = jl.watch((e) => {
+      if (e === "reconnect") gap = true;
+      else ncClosed = true;
       poke();
     });
     signal?.addEventListener("abort", poke);
-    const ended = () => !!signal?.aborted || ncClosed || nc.isClosed();
+    const ended = () => !!signal?.aborted || ncClosed || nc.isClosed() || jl.closed;
 
     const st = { held: false, token: 0, value: "", rev: 0 };
     const out: LeaderChange[] = [];
@@ -259,8 +281,7 @@ export class Election {
       if (!first) while (events.length > 0) event(events.shift()!);
       let s: Status;
       try {
-        const bound = timeoutSignal(2 * jl.requestTimeoutMs);
-        s = await this.#status(signal ? AbortSignal.any([signal, bound]) : bound);
+        s = await this.#status(signal); // bounded by the client's timeout
       } catch {
         return undefined;
       }
@@ -306,7 +327,11 @@ export class Election {
     try {
       // The subscription must reach the server before the first status read, or a change between the two
       // could be missed until the next read.
-      await Promise.race([nc.flush(), sleep(jl.requestTimeoutMs, signal)]).catch(() => undefined);
+      const flushed = new AbortController();
+      await Promise.race([
+        nc.flush().finally(() => flushed.abort()),
+        sleep(jl.timeoutMs, signal ? AbortSignal.any([signal, flushed.signal]) : flushed.signal),
+      ]).catch(() => undefined);
       let next: number | undefined;
       while (!ended()) {
         const r = await resync(true);
@@ -340,7 +365,7 @@ export class Election {
     } finally {
       wake = () => {};
       signal?.removeEventListener("abort", poke);
-      status.stop();
+      unwatch();
       if (!nc.isClosed()) sub.unsubscribe();
     }
   }

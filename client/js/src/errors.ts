@@ -2,7 +2,7 @@
 // is a JetlockError whose `code` is the wire contract's code
 // (docs/protocol.md, "Errors"); test with `instanceof` or with `code`.
 
-/** The contract's error codes, plus the client's own "released" and "session_closed". */
+/** The contract's error codes, plus the client's own "released", "session_closed" and "closed". */
 export type ErrorCode =
   | "locked"
   | "lease_lost"
@@ -12,7 +12,8 @@ export type ErrorCode =
   | "too_many_waiters"
   | "internal"
   | "released"
-  | "session_closed";
+  | "session_closed"
+  | "closed";
 
 /** A JetlockError is an error answered by the service, or one the client raises with the same meaning. */
 export class JetlockError extends Error {
@@ -120,6 +121,17 @@ export class SessionClosedError extends JetlockError {
   constructor(message = "jetlock: session closed") {
     super("session_closed", message);
     this.name = "SessionClosedError";
+  }
+}
+
+/**
+ * `closed`: the client was closed (a call made after close(), or a call close() ended: a wait is cancelled at the
+ * service first), or the NATS connection it uses was closed under it. Nothing is retried after it.
+ */
+export class ClientClosedError extends JetlockError {
+  constructor(message = "jetlock: client closed", options?: { cause?: unknown }) {
+    super("closed", message, options);
+    this.name = "ClientClosedError";
   }
 }
 

@@ -25,6 +25,17 @@ export class FenceArgumentError extends Error {
   }
 }
 
+/**
+ * What a fence takes: a lease whose work is fenced by one token (a lock's Lease, a Permit, a Leadership; for a lock
+ * set, SetLease.fenced(resource)).
+ */
+export interface Fenced {
+  /** The name the fence keeps the token under. */
+  readonly fenceKey: string;
+  /** The fencing token: strictly larger than every earlier grant's under fenceKey. */
+  readonly token: number;
+}
+
 interface Entry {
   highest: number;
   /** The tail of the chain of checks of this resource: each runs after the one before it. */
@@ -66,6 +77,11 @@ export class MemoryFence {
     } finally {
       done();
     }
+  }
+
+  /** guard is do(lease.fenceKey, lease.token, fn): fn runs only while no newer token of the lease's name was accepted. */
+  guard<T>(lease: Fenced, fn?: () => Promise<T> | T): Promise<T | undefined> {
+    return this.do(lease.fenceKey, lease.token, fn);
   }
 
   /** check accepts token for resource when it is at least the highest accepted so far (recording it), else rejects with a StaleTokenError. */

@@ -1,8 +1,11 @@
 // Counting semaphores: at most limit holders at once, each holding one
 // permit, a lease with fencing tokens of its own.
-import type { AcquireOptions, Jetlock, Status } from "./client.js";
-import type { Lease } from "./lease.js";
-import type { Session } from "./session.js";
+import { acquire, readAcquire } from "./internal/acquire.js";
+import type { AcquireOptions } from "./types.js";
+import type { Core, SessionRef } from "./internal/core.js";
+import type { Held } from "./internal/held.js";
+import { BaseLease } from "./lease.js";
+import type { Fenced } from "./fence.js";
 
 /** A held permit of a semaphore, in its status. */
 export interface PermitStatus {
@@ -23,40 +26,70 @@ export interface SemaphoreStatus {
 }
 
 /**
+ * A Permit is one held permit of a semaphore: a lease whose tokens rise per permit, not across permits. Fence its
+ * work under fenceKey ("NAME#k"), never under the semaphore's name.
+ */
+export class Permit extends BaseLease implements Fenced {
+  /** The semaphore's name. */
+  readonly semaphore: string;
+  /** The permit's number, 1 to the limit. */
+  readonly permit: number;
+  /** The permit's fencing token: strictly larger than every earlier grant's of this permit. */
+  readonly token: number;
+
+  private constructor(held: Held) {
+    super(held);
+    this.semaphore = held.resource;
+    this.permit = held.permit!;
+    this.token = held.token;
+  }
+
+  /** @internal */
+  static create(held: Held): Permit {
+    return new Permit(held);
+  }
+
+  /** The name a fence keeps this permit's token under: "NAME#k" for permit k of semaphore NAME. */
+  get fenceKey(): string {
+    return `${this.semaphore}#${this.permit}`;
+  }
+}
+
+/**
  * Semaphore is the counting semaphore `name` of `limit` permits. Every holder and waiter must give the same limit
- * (another is invalid_request while it has holders or waiters). A permit is a lease: `lease.permit` is its number,
- * `lease.token` its token, and `lease.fenceKey` ("NAME#k") the name to fence its work under, since each permit's
- * tokens rise on their own.
+ * (another is invalid_request while it has holders or waiters).
  */
 export class Semaphore {
-  readonly #jl: Jetlock;
-  readonly #session?: Session;
+  readonly #core: Core;
+  readonly #session?: SessionRef;
   readonly name: string;
   readonly limit: number;
 
-  constructor(jl: Jetlock, session: Session | undefined, name: string, limit: number) {
-    this.#jl = jl;
+  private constructor(core: Core, session: SessionRef | undefined, name: string, limit: number) {
+    this.#core = core;
     this.#session = session;
     this.name = name;
     this.limit = limit;
   }
 
-  /** acquire acquires one permit, waiting in the semaphore's FIFO queue while all are held. */
-  acquire(opts: AcquireOptions = {}): Promise<Lease> {
-    return this.#jl.run(() => ({ ...this.#jl.readAcquire(opts, this.#session), resource: this.name, limit: this.limit }), opts.waitMs ?? null);
+  /** @internal */
+  static create(core: Core, session: SessionRef | undefined, name: string, limit: number): Semaphore {
+    return new Semaphore(core, session, name, limit);
+  }
+
+  /** acquire acquires one permit, waiting in the semaphore's FIFO queue while all are held (options as Jetlock.acquire). */
+  acquire(opts: AcquireOptions = {}): Promise<Permit> {
+    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#session), resource: this.name, limit: this.limit }), opts.waitMs ?? null, (h) => Permit.create(h));
   }
 
   /** tryAcquire makes one attempt: a permit, or a LockedError (with limit) when none is free. */
-  tryAcquire(opts: Omit<AcquireOptions, "waitMs"> = {}): Promise<Lease> {
-    return this.#jl.run(() => ({ ...this.#jl.readAcquire(opts, this.#session), resource: this.name, limit: this.limit }), 0);
+  tryAcquire(opts: Omit<AcquireOptions, "waitMs"> = {}): Promise<Permit> {
+    return acquire(this.#core, () => ({ ...readAcquire(opts, this.#session), resource: this.name, limit: this.limit }), 0, (h) => Permit.create(h));
   }
 
   /** status reads the held permits and the waiters. A read: never decide from it that a permit is free. */
   async status(opts: { signal?: AbortSignal } = {}): Promise<SemaphoreStatus> {
-    const r = await this.#jl.retry(
-      () => this.#jl.call<any>("status", { resource: this.name, limit: this.limit }, { signal: opts.signal, about: this.name }),
-      opts.signal,
-    );
+    const r = await this.#core.request<any>("status", { resource: this.name, limit: this.limit }, { signal: opts.signal, about: this.name });
     return {
       name: this.name,
       limit: r.limit,
@@ -71,5 +104,3 @@ export class Semaphore {
     };
   }
 }
-
-export type { Status };

@@ -11,15 +11,8 @@
 // on. The expiry timer sleeps at most a second at a time and looks at both
 // clocks when it wakes, and every read of the signal looks first, so a
 // process that wakes from a suspension sees the loss before anything else.
-import { LeaseLostError, JetlockError, UnavailableError } from "./errors.js";
-
-/** The clocks the client reads; the default is performance.now() and Date.now(). Tests may replace it. */
-export interface Clock {
-  /** A monotonic clock, in milliseconds. */
-  monotonic(): number;
-  /** The wall clock, in milliseconds since the epoch. */
-  wall(): number;
-}
+import { LeaseLostError, JetlockError, UnavailableError } from "../errors.js";
+import type { Clock } from "../types.js";
 
 export const systemClock: Clock = {
   monotonic: () => performance.now(),
@@ -74,7 +67,7 @@ export class Life {
   holdWall = Infinity;
   #timer: ReturnType<typeof setTimeout> | undefined;
   #armed = false;
-  #renewed: (() => void)[] = [];
+  #renewed: { resolve: () => void; reject: (err: unknown) => void }[] = [];
   /** Aborted to stop the keep-alive loop. */
   readonly stopper = new AbortController();
   /** Settled when the keep-alive loop has returned (at once when there is none). */
@@ -108,7 +101,7 @@ export class Life {
     this.#wall = Math.min(sent.wall + d, this.holdWall);
     const waiting = this.#renewed;
     this.#renewed = [];
-    for (const f of waiting) f();
+    for (const w of waiting) w.resolve();
     if (this.#armed) this.#rearm();
   }
 
@@ -137,9 +130,12 @@ export class Life {
     return this.#controller.signal;
   }
 
-  /** renewed resolves when the deadline next moves. */
+  /** renewed resolves when the deadline next moves, and rejects with the reason when it is lost first (or already). */
   renewed(): Promise<void> {
-    return new Promise((resolve) => this.#renewed.push(resolve));
+    return new Promise((resolve, reject) => {
+      if (this.#controller.signal.aborted) reject(this.#controller.signal.reason);
+      else this.#renewed.push({ resolve, reject });
+    });
   }
 
   /** arm starts the expiry timer, once the holder is about to get what this keeps alive. */
@@ -182,6 +178,9 @@ export class Life {
     this.#timer = undefined;
     this.stopper.abort();
     this.#controller.abort(reason);
+    const waiting = this.#renewed;
+    this.#renewed = [];
+    for (const w of waiting) w.reject(reason);
   }
 
   /**
@@ -225,6 +224,10 @@ export class Life {
       } catch (err) {
         if (err instanceof JetlockError && (err.code === "lease_lost" || err.code === "invalid_request")) {
           return new LeaseLostError(`jetlock: lease lost: ${this.#what} refused: ${err.message}`, { cause: err });
+        }
+        if (err instanceof JetlockError && err.code === "closed") {
+          // Nothing can be sent any more: no renewal will come.
+          return new LeaseLostError(`jetlock: lease lost: ${this.#what} impossible: ${err.message}`, { cause: err });
         }
         // Anything else leaves the outcome unknown: try again soon, until the deadline.
         retryAfter = err instanceof UnavailableError ? (err.retryAfterMs ?? 0) : 0;

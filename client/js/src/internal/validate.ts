@@ -1,7 +1,7 @@
 // The contract's bounds on what a request carries (docs/protocol.md),
 // checked before anything is sent: bad input is refused with
 // invalid_request and nothing changes.
-import { InvalidRequestError } from "./errors.js";
+import { InvalidRequestError } from "../errors.js";
 
 export const maxResourceLen = 200;
 export const maxRequestIdLen = 128;

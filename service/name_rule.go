@@ -1,0 +1,179 @@
+package service
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// The name rule: a name is one thing at a time, a lock (a lock-set member,
+// an election) or a semaphore of one limit, decided in the commit that
+// grants, on any number of instances.
+//
+// A lock, a set member and an election live at the name's lease key, so
+// two of them collide on that key's compare-and-set. A semaphore's permits
+// live at keys of their own; so every grant of a permit writes, in the
+// same atomic batch, the semaphore's name record (streams.AppendNameRecord)
+// at the name's lease key, by compare-and-set on the revision read. Then:
+//
+//   - a lock and a permit granted at once on one name compare-and-set the
+//     same key: one commits, the other decides again and finds the name
+//     held as the other kind;
+//   - two permits of different limits likewise: the second finds the name
+//     record of the first's limit;
+//   - a permit granted before the name record's revision is found by
+//     reading the permits, proven current by checks that commit after that
+//     revision; one granted after it has moved the name's key, which fails
+//     the compare-and-set of whoever replaces the name record.
+//
+// A name record stays once the permits end (a semaphore is used again
+// with the same limit without a read of every permit). A grant of another
+// kind or limit retires it: it proves every permit of its limit free and
+// deletes the record by compare-and-set, then decides again. The sweep
+// retires the records of semaphores idle for the retry window the same
+// way (Service.retireIdle).
+
+// nameAction is what the name rule asks of a grant (decideName).
+type nameAction int
+
+const (
+	nameGrant  nameAction = iota // commit over the name's key as read
+	nameRefuse                   // the name is held as another kind
+	nameRetire                   // retire the name record first, then decide again
+)
+
+// decideName is the name rule for a grant of a permit of a semaphore of
+// limit (0: a lock, a set member or an election) on a name whose lease key
+// holds e: a pure function of what was read. A permit is refused while the
+// key holds a lease (or a foreign value); a grant of another kind or limit
+// than a name record's must retire it first.
+func decideName(e entry, limit int) nameAction {
+	switch {
+	case limit != 0 && (e.held() || e.foreign):
+		return nameRefuse
+	case e.sem == limit || e.sem == 0:
+		return nameGrant
+	}
+	return nameRetire
+}
+
+// mayRetire reports whether a name record may be retired, given its
+// permits as read: none of them is held (nor holds a foreign value).
+func mayRetire(permits []entry) bool {
+	for _, p := range permits {
+		if p.held() || p.foreign {
+			return false
+		}
+	}
+	return true
+}
+
+// claimName applies the name rule to a grant on name, of a permit of a
+// semaphore of limit (0: a lock, a set member or an election), whose lease
+// key was observed in o (fresh: read from the stream leader). It returns
+// what the grant's commit must find at that key: o itself, or the delete
+// that retired a name record. A refusal is an *opError; errConflict or
+// errReadFirst asks to decide again on fresh reads.
+func (l *locks) claimName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, error) {
+	switch decideName(o.entry, limit) {
+	case nameGrant:
+		return o, nil
+	case nameRetire:
+		return l.retireName(ctx, name, o, limit, fresh)
+	}
+	switch {
+	case !fresh && l.following():
+		return o, errReadFirst // the view may lag the lease's end
+	case o.foreign:
+		return o, lockedError(o, origin{})
+	}
+	return o, errKind(name, nameUse{election: o.rec.Value != "", lock: o.rec.Value == ""}, limit)
+}
+
+// retireName retires the name record of semaphore name (its limit o.sem)
+// for a grant of another kind or limit: if any of its permits is held, the
+// grant is refused; otherwise every permit is proven free and the record
+// deleted, in commits that check each permit's revision as read (the last
+// of them deletes the record by compare-and-set on o's revision). With
+// fresh, the permits are read from the stream leader.
+func (l *locks) retireName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, error) {
+	keys := make([]string, o.sem)
+	revs := make([]uint64, o.sem)
+	for k := 1; k <= o.sem; k++ {
+		key := permitKey(name, k)
+		p, err := l.current(ctx, key, fresh)
+		if err != nil {
+			return o, err
+		}
+		if !mayRetire([]entry{p.entry}) {
+			// Held as this instance knows it: refused only on a read.
+			if p, err = l.current(ctx, key, true); err != nil {
+				return o, err
+			}
+		}
+		if !mayRetire([]entry{p.entry}) {
+			return o, errKind(name, nameUse{limit: o.sem}, limit)
+		}
+		keys[k-1], revs[k-1] = key, p.rev
+	}
+	nameKey := streams.LeaseKey(name)
+	seq, err := l.store.prove(ctx, keys, revs, l.store.deleteMsg(nameKey, o.rev, nil))
+	if err != nil {
+		// The name record or a permit moved on, or a permit's delete
+		// marker the view knew has left the bucket: read them again.
+		l.tracker.forget(nameKey)
+		for _, k := range keys {
+			l.tracker.forget(k)
+		}
+		return o, err
+	}
+	return l.tracker.observe(nameKey, entry{rev: seq}), nil
+}
+
+// errKind refuses a request for name as a semaphore of limit (0: a lock or
+// an election) while it is used as u.
+func errKind(name string, u nameUse, limit int) *opError {
+	asked := "a lock"
+	if limit != 0 {
+		asked = fmt.Sprintf("a semaphore of limit %d", limit)
+	}
+	return newOpError(streams.CodeInvalidRequest, "%s is %s, asked for as %s: a name is one thing at a time (a lock, an election, or a semaphore of one limit)", quoteName(name), u, asked)
+}
+
+// maxChecks bounds the messages of one atomic batch of checks: well under
+// JetStream's largest atomic batch (1,000 messages by default).
+const maxChecks = 500
+
+// nameMsg is the write of the name record of semaphore name of limit, by
+// compare-and-set on expect, for the atomic batch of a permit's grant.
+func (s *store) nameMsg(name string, limit int, expect uint64) *batchMsg {
+	return s.putMsg(streams.LeaseKey(name), streams.AppendNameRecord(nil, limit), expect, "")
+}
+
+// prove proves that each of keys is still at its revision in revs, by
+// atomic batches of checks that commit only if it is (checkMsg), and
+// writes then, if not nil, in the last of them; so then commits only if
+// every key is still at its revision. It returns the last batch's
+// revision. Each batch commits after every read it proves: a key proven
+// at its revision by an earlier batch was there when that batch
+// committed.
+func (s *store) prove(ctx context.Context, keys []string, revs []uint64, then *batchMsg) (uint64, error) {
+	var seq uint64
+	for len(keys) > 0 || then != nil {
+		n := min(len(keys), maxChecks)
+		msgs := make([]*batchMsg, n, n+1)
+		for i := range n {
+			msgs[i] = &batchMsg{Msg: s.checkMsg(keys[i], revs[i])}
+		}
+		keys, revs = keys[n:], revs[n:]
+		if len(keys) == 0 && then != nil {
+			msgs, then = append(msgs, then), nil
+		}
+		var err error
+		if seq, err = s.batch(ctx, "confirm", msgs); err != nil {
+			return 0, err
+		}
+	}
+	return seq, nil
+}
