@@ -45,6 +45,8 @@ type config struct {
 	wakeSubject                          string
 	killAt, restartAfter                 time.Duration
 	failoverMode, cpuProfile, memProfile string
+	// restart is what the rolling scenario restarts: nodes, services or all.
+	restart string
 	profileDir                           string
 	carriedRate, overloadFactor          float64
 	floodRate                            float64
@@ -186,6 +188,7 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.killAt, "kill-at", 0, "failover: when to stop the stream leader; the default is a third of --duration. rolling: when the first restart begins; the default is 15s")
 	fs.DurationVar(&c.restartAfter, "restart-after", 15*time.Second, "failover: restart the stopped node this long after the stop (or when it has exited, if later); 0 never")
 	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process), stop (stop it as deploy/ does: SIGUSR2, lame duck mode with deploy/nats/common.conf's settings), term (SIGTERM: a shutdown without lame duck mode) or stepdown (ask the leader to step down; works with --server). rolling: how each node is stopped, stop (the default), term or kill")
+	fs.StringVar(&c.restart, "restart", "all", "rolling: what to restart in turn: nodes (the three NATS servers), services (each lockd instance; needs --instances 2 or more) or all (the nodes, then the services)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
 	fs.StringVar(&c.profileDir, "profile", "", "write CPU and heap profiles of the service the bench starts, for the whole run, into this directory (created if missing): service.cpu.pprof and service.heap.pprof (the heap as the service ends, with every allocation of the run) for --service proc, of the first process only with --instances above 1; with --service inproc the bench process's, bench.cpu.pprof and bench.heap.pprof, which hold the service and the load generator together. With the bench's own cluster, also each node's CPU profile for each measured phase of a scheduled length, <node>.<n>-<phase>.cpu.pprof. Read them with go tool pprof")
@@ -253,6 +256,8 @@ func (c *config) finishModes() error {
 	check(!slices.Contains([]string{"kill", "stepdown", "stop", "term"}, c.failoverMode),
 		"--failover-mode %q: want kill, stepdown, stop or term", c.failoverMode)
 	check(c.scenario == "rolling" && c.failoverMode == "stepdown", "rolling restarts nodes: --failover-mode stop, term or kill")
+	check(!slices.Contains([]string{"all", "nodes", "services"}, c.restart), "--restart %q: want all, nodes or services", c.restart)
+	check(c.scenario == "rolling" && c.restart == "services" && c.instances < 2, "--restart services restarts each lockd instance in turn: give --instances 2 or more")
 	check(c.scenario == "noisy" && (!own || !c.auth), "noisy floods as a tenant of the bench's own cluster's accounts: it needs no --server and --auth")
 	check(c.carriedRate < 0 || c.overloadFactor <= 0 || c.floodRate <= 0, "--carried-rate must not be negative, --overload-factor and --flood-rate must be positive")
 	check(c.sessions < 0, "--sessions must not be negative")

@@ -54,6 +54,8 @@ func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
 		{"--scenario", "rolling", "--url", "nats://127.0.0.1:4222"},
 		{"--scenario", "failover", "--failover-mode", "stop", "--url", "nats://127.0.0.1:4222"},
 		{"--scenario", "rolling", "--failover-mode", "stepdown"},
+		{"--scenario", "rolling", "--restart", "everything"},
+		{"--scenario", "rolling", "--restart", "services"}, // one instance leaves nobody to answer
 		{"--failover-mode", "pause"},
 		{"--service", "none"},
 		{"--target", "etcd"},
@@ -93,6 +95,8 @@ func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
 		{"--scenario", "failover", "--failover-mode", "stepdown", "--url", "nats://127.0.0.1:4222"},
 		{"--scenario", "failover", "--failover-mode", "stop"},
 		{"--scenario", "failover", "--failover-mode", "term"},
+		{"--scenario", "rolling", "--restart", "nodes"},
+		{"--scenario", "rolling", "--restart", "services", "--instances", "2"},
 	} {
 		if _, err := parseFlags(args); err != nil {
 			t.Errorf("%v refused: %v", args, err)

@@ -22,8 +22,11 @@ const rollingWindowTarget = time.Second
 // RollingResult is the outcome of the rolling scenario: the design load
 // while each node, and then each service instance, is restarted in turn.
 type RollingResult struct {
-	Mode     string          `json:"mode"` // how each node was stopped: stop (lame duck mode), term or kill
-	Restarts []RestartResult `json:"restarts"`
+	Mode string `json:"mode"` // how each node was stopped: stop (lame duck mode), term or kill
+	// Restarted is what was restarted in turn (--restart): nodes, services
+	// or all.
+	Restarted string          `json:"restarted"`
+	Restarts  []RestartResult `json:"restarts"`
 	// MaxNoGrantWindowMs is the longest window without grants of any
 	// restart.
 	MaxNoGrantWindowMs float64 `json:"max_no_grant_window_ms"`
@@ -84,10 +87,10 @@ func runRolling(ctx context.Context, e *env, sum *Summary) error {
 	wl := e.workload("rolling", e.serviceBackend(), e.rq, log)
 	e.warm(ctx, sum, wl, "rolling warm-up", c.leases)
 	r := e.designRates()
-	fmt.Fprintf(e.out, "rolling: %s for %v; from %v on, each node in turn stopped (%s), started again and current before the next\n",
-		r, c.duration, c.killAt, c.failoverMode)
+	fmt.Fprintf(e.out, "rolling: %s for %v; from %v on, each %s in turn stopped (nodes: %s), started again and back before the next\n",
+		r, c.duration, c.killAt, map[string]string{"all": "node and then each service instance", "nodes": "node", "services": "service instance"}[c.restart], c.failoverMode)
 	lost0 := wl.Losses()
-	rr := &RollingResult{Mode: c.failoverMode, TargetMs: msOf(rollingWindowTarget)}
+	rr := &RollingResult{Mode: c.failoverMode, Restarted: c.restart, TargetMs: msOf(rollingWindowTarget)}
 	ph := e.loadPhase(ctx, sum, wl, "rolling", r, c.duration, func(ph *phase) { e.rolling(ctx, ph, wl, rr) })
 	e.cleanup(ctx, wl)
 	sum.use(ph)
@@ -112,10 +115,12 @@ func (e *env) rolling(ctx context.Context, ph *phase, wl *load.Workload, rr *Rol
 	}
 	end := ph.start.Add(c.duration)
 	var restarts []func() RestartResult
-	for i := devcluster.Size - 1; i >= 0; i-- {
+	for i := devcluster.Size - 1; i >= 0 && c.restart != "services"; i-- {
 		restarts = append(restarts, func() RestartResult { return e.restartNode(ctx, ph, wl, i) })
 	}
-	if c.serviceMode == "proc" && c.instances >= 2 {
+	if c.restart == "nodes" {
+		rr.Skipped = "the service instances were not restarted (--restart nodes)"
+	} else if c.serviceMode == "proc" && c.instances >= 2 {
 		for i := range e.svcProcs() {
 			restarts = append(restarts, func() RestartResult { return e.restartService(ctx, ph, wl, i) })
 		}
