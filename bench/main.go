@@ -25,6 +25,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/jetlock/jetlock/bench/internal/load"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -153,6 +154,7 @@ func run(ctx context.Context, cfg *config) (err error) {
 	if ctx.Err() != nil {
 		sum.Notes = append(sum.Notes, "interrupted: the figures cover only the part that ran")
 	}
+	sum.ErrorMessages = load.ErrorSamples()
 	for _, ph := range sum.Phases {
 		if !ph.compact {
 			printPhase(e.out, ph)

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -47,7 +49,10 @@ type Summary struct {
 	Waiters       *WaitersResult              `json:"waiters,omitempty"`
 	Rolling       *RollingResult              `json:"rolling,omitempty"`
 	Safety        *load.SafetyResult          `json:"safety,omitempty"`
-	Notes         []string                    `json:"notes,omitempty"`
+	// ErrorMessages are the kinds of message of the unavailable and
+	// internal answers, by code, numbers masked: why the service refused.
+	ErrorMessages map[string][]load.ErrorSample `json:"error_messages,omitempty"`
+	Notes         []string                      `json:"notes,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -263,6 +268,12 @@ func printSummary(w io.Writer, s *Summary) {
 		fmt.Fprintf(w, "\nsafety: %d grants on %d resources checked, %d violations\n", sf.Grants, sf.Resources, sf.Violations)
 		for _, e := range sf.Examples {
 			fmt.Fprintf(w, "  VIOLATION %s\n", e)
+		}
+	}
+	for _, code := range slices.Sorted(maps.Keys(s.ErrorMessages)) {
+		fmt.Fprintf(w, "\n%s answers, by message:\n", code)
+		for _, e := range s.ErrorMessages[code] {
+			fmt.Fprintf(w, "  %8d  %s\n", e.Count, e.Message)
 		}
 	}
 	for _, n := range s.Notes {

@@ -191,6 +191,9 @@ func ServiceErrorDetail(m *nats.Msg) (code string, retryAfter time.Duration) {
 	}
 	var er streams.ErrorResponse
 	if jsonv2.Unmarshal(m.Data, &er) == nil && er.Error.Code != "" {
+		if er.Error.Code == streams.CodeUnavailable || er.Error.Code == streams.CodeInternal {
+			noteError(er.Error.Code, er.Error.Message)
+		}
 		return er.Error.Code, time.Duration(er.Error.RetryAfterMs) * time.Millisecond
 	}
 	n, _ := strconv.Atoi(h)
