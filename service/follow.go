@@ -63,7 +63,9 @@ type follower struct {
 	following atomic.Bool
 	// delivered is the revision of the last write the watcher delivered
 	// (writes reach it in commit order): once it is at or past a
-	// revision, the tracker knows every write before it.
+	// revision, the tracker knows the last write before it of every key
+	// (a write superseded before the watcher reached it, as after its
+	// consumer is lost and made again, is never delivered; see deliveries).
 	delivered atomic.Uint64
 	// deliveries wakes the requests that wait for a revision's delivery.
 	deliveries deliveries
