@@ -13,8 +13,14 @@ import (
 // its session's life at the grant's own revision, not at the last
 // delivery (a session closed between a grant and its check did not make
 // the grant an orphan). It is fed by the watcher alone, never by reads or
-// by this instance's own writes, so it is always the state of a prefix of
-// the stream.
+// by this instance's own writes: what it shows live was live in the stream.
+// It is not every write, though: the bucket keeps only the last record of
+// each key, and a watcher that resumes from a sequence (nats.go's ordered
+// consumer does, when it has lost its consumer) or lags delivers only the
+// records still there, so a session opened and kept alive meanwhile is
+// first delivered at its keepalive, and one ended meanwhile never shows
+// live. A session it does not show live may have been live: liveAt's
+// negative is proven on the stream leader (locks.notLiveAt).
 //
 // It also tells the requests that wait for a revision's delivery when it
 // has come: each waits on a channel of its own, closed once the watcher
@@ -159,7 +165,9 @@ func (d *deliveries) session(key string, e entry) {
 // (known), whether session hash was live at revision rev, holding secret
 // when secret is not empty: live as of the last delivery, or ended after
 // rev. (Every grant checked here was asked for by a caller who had the
-// session, so it was opened before the grant.)
+// session, so it was opened before the grant.) Not live means not shown
+// live: a session whose records the watcher skipped (see deliveries) is
+// not shown until its last record is delivered, if ever.
 func (d *deliveries) liveAt(hash, secret string, rev uint64) (live, known bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

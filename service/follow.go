@@ -63,7 +63,9 @@ type follower struct {
 	following atomic.Bool
 	// delivered is the revision of the last write the watcher delivered
 	// (writes reach it in commit order): once it is at or past a
-	// revision, the tracker knows every write before it.
+	// revision, the tracker knows the last write before it of every key
+	// (a write superseded before the watcher reached it, as after its
+	// consumer is lost and made again, is never delivered; see deliveries).
 	delivered atomic.Uint64
 	// deliveries wakes the requests that wait for a revision's delivery.
 	deliveries deliveries
@@ -215,7 +217,7 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 	defer w.Stop()
 	f.deliveries.restart()
 	defer f.deliveries.stopped()
-	initial := true
+	initial, last := true, uint64(0)
 	for {
 		select {
 		case <-ctx.Done():
@@ -232,21 +234,46 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 					initial = false
 					f.tracker.orphansDue(time.Now())
 					f.deliveries.caughtUp()
+					f.caughtUpTo(last)
 					synced()
 				}
 				continue
 			}
-			deleted := kve.Operation() != jetstream.KeyValuePut
-			if isSessionKey(kve.Key()) {
-				f.deliveries.session(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
-			}
-			if o, ok := f.tracker.get(kve.Key()); !ok || o.rev < kve.Revision() {
-				f.tracker.observe(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
-			} // else: this instance's own write, already observed
-			if !initial {
-				f.delivered.Store(kve.Revision())
-				f.deliveries.delivered(kve.Revision())
-			}
+			f.deliver(kve, initial)
+			last = max(last, kve.Revision())
 		}
 	}
+}
+
+// deliver feeds one record the watcher delivered to the view. During the
+// initial delivery (the last record of each key, in revision order) the
+// records delivered so far are not yet the state as of the last of them,
+// since a key written later is still to come: no revision counts as
+// delivered until the whole of it has been (caughtUpTo).
+func (f *follower) deliver(kve jetstream.KeyValueEntry, initial bool) {
+	deleted := kve.Operation() != jetstream.KeyValuePut
+	if isSessionKey(kve.Key()) {
+		f.deliveries.session(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
+	}
+	if o, ok := f.tracker.get(kve.Key()); !ok || o.rev < kve.Revision() {
+		f.tracker.observe(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
+	} // else: this instance's own write, already observed
+	if !initial {
+		f.delivered.Store(kve.Revision())
+		f.deliveries.delivered(kve.Revision())
+	}
+}
+
+// caughtUpTo notes that the initial delivery, whose last record was at
+// rev, is complete: the view is then the state as of rev, and a request
+// that waits for a revision up to it need not wait for a later write
+// (after a restart in a quiet bucket, none may come for long).
+func (f *follower) caughtUpTo(rev uint64) {
+	if rev == 0 {
+		return
+	}
+	if rev > f.delivered.Load() {
+		f.delivered.Store(rev)
+	}
+	f.deliveries.delivered(rev)
 }

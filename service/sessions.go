@@ -485,8 +485,9 @@ func (l *locks) validInSession(ctx context.Context, rev uint64, hash, secret str
 // live at every revision since it was opened, before any grant asked for
 // in it: the grant counts. Otherwise the grant is an orphan (lease_lost).
 // A negative answer is proven as every other is (see confirmNegative):
-// deliveries is a fast path, and the soak found it missing a live session
-// whose grant it would have ended.
+// deliveries is a fast path that does not show a session whose records
+// its watcher skipped (one opened and kept alive while the watcher's
+// consumer was made again, see deliveries), whose grant it would end.
 func (l *locks) notLiveAt(ctx context.Context, hash, secret string, rev uint64) error {
 	key := streams.SessionKey(hash)
 	for attempt := 0; attempt < sessionAttempts; attempt++ {
