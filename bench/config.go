@@ -46,14 +46,14 @@ type config struct {
 	killAt, restartAfter                 time.Duration
 	failoverMode, cpuProfile, memProfile string
 	// restart is what the rolling scenario restarts: nodes, services or all.
-	restart string
-	profileDir                           string
-	carriedRate, overloadFactor          float64
-	floodRate                            float64
-	sessions                             int
-	sessionsPause                        time.Duration
-	setMin, setMax, setHot               int
-	limit, candidates, rounds            int
+	restart                     string
+	profileDir                  string
+	carriedRate, overloadFactor float64
+	floodRate                   float64
+	sessions                    int
+	sessionsPause               time.Duration
+	setMin, setMax, setHot      int
+	limit, candidates, rounds   int
 
 	flags *flag.FlagSet // the parsed flags, holding the derived values too
 }
