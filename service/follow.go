@@ -48,8 +48,12 @@ func HeartbeatSubject(prefix, bucket string) string { return prefix + ".instance
 // follower announces this instance, hears the others, and follows the
 // bucket's writes into the tracker while others serve it too.
 type follower struct {
-	nc      *nats.Conn // the request connection: heartbeats
-	kv      jetstream.KeyValue
+	nc *nats.Conn // the request connection: heartbeats
+	kv jetstream.KeyValue
+	// store and bucket are the store connection and the bucket's name, for
+	// the first read of every record (scanBucket).
+	store   *nats.Conn
+	bucket  string
 	tracker *tracker
 	decode  func(key string, rev uint64, deleted bool, data []byte) entry
 	log     *slog.Logger
@@ -206,18 +210,34 @@ func (f *follower) setFollowing(on bool) {
 	}
 }
 
+// watchedPrefixes are the keys the follower follows: leases, waiters and
+// sessions.
+var watchedPrefixes = []string{streams.LeaseKeyPrefix, streams.WaitKeyPrefix, streams.SessionKeyPrefix}
+
 // watch follows every lease and waiter write in the bucket and feeds the
 // tracker, so that any instance expires leases granted by instances that
-// died. It calls synced once it has delivered every existing record.
+// died. It first reads every existing record (scanBucket), then watches
+// the writes after the last of them, and calls synced once it has
+// delivered every record that existed when the watcher started.
 func (f *follower) watch(ctx context.Context, synced func()) error {
-	w, err := f.kv.WatchFiltered(ctx, []string{streams.LeaseKeyPrefix + ">", streams.WaitKeyPrefix + ">", streams.SessionKeyPrefix + ">"})
+	f.deliveries.restart()
+	defer f.deliveries.stopped()
+	last, err := scanBucket(ctx, f.store, f.bucket, watchedPrefixes, func(r scanned) {
+		f.deliver(r.key, r.rev, r.deleted, r.data, true)
+	})
+	if err != nil {
+		return err
+	}
+	filters := make([]string, len(watchedPrefixes))
+	for i, p := range watchedPrefixes {
+		filters[i] = p + ">"
+	}
+	w, err := f.kv.WatchFiltered(ctx, filters, jetstream.ResumeFromRevision(last+1))
 	if err != nil {
 		return err
 	}
 	defer w.Stop()
-	f.deliveries.restart()
-	defer f.deliveries.stopped()
-	initial, last := true, uint64(0)
+	initial := true
 	for {
 		select {
 		case <-ctx.Done():
@@ -239,28 +259,28 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 				}
 				continue
 			}
-			f.deliver(kve, initial)
+			f.deliver(kve.Key(), kve.Revision(), kve.Operation() != jetstream.KeyValuePut, kve.Value(), initial)
 			last = max(last, kve.Revision())
 		}
 	}
 }
 
 // deliver feeds one record the watcher delivered to the view. During the
-// initial delivery (the last record of each key, in revision order) the
-// records delivered so far are not yet the state as of the last of them,
-// since a key written later is still to come: no revision counts as
-// delivered until the whole of it has been (caughtUpTo).
-func (f *follower) deliver(kve jetstream.KeyValueEntry, initial bool) {
-	deleted := kve.Operation() != jetstream.KeyValuePut
-	if isSessionKey(kve.Key()) {
-		f.deliveries.session(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
+// initial delivery (the records read by scanBucket, then the writes
+// committed before the watcher started, in revision order) the records
+// delivered so far are not yet the state as of the last of them, since a
+// key written later is still to come: no revision counts as delivered
+// until the whole of it has been (caughtUpTo).
+func (f *follower) deliver(key string, rev uint64, deleted bool, value []byte, initial bool) {
+	if isSessionKey(key) {
+		f.deliveries.session(key, f.decode(key, rev, deleted, value))
 	}
-	if o, ok := f.tracker.get(kve.Key()); !ok || o.rev < kve.Revision() {
-		f.tracker.observe(kve.Key(), f.decode(kve.Key(), kve.Revision(), deleted, kve.Value()))
+	if o, ok := f.tracker.get(key); !ok || o.rev < rev {
+		f.tracker.observe(key, f.decode(key, rev, deleted, value))
 	} // else: this instance's own write, already observed
 	if !initial {
-		f.delivered.Store(kve.Revision())
-		f.deliveries.delivered(kve.Revision())
+		f.delivered.Store(rev)
+		f.deliveries.delivered(rev)
 	}
 }
 

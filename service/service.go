@@ -218,7 +218,7 @@ func (s *Service) wire(b *streams.Bucket) error {
 	s.guard = &streamGuard{bucket: b, mgr: mgr, store: s.store, tracker: s.tracker, m: s.metrics, log: s.log,
 		conns: map[string]*nats.Conn{"requests": s.nc, "store": s.storeNC}, lastErrs: map[string]error{}}
 	s.store.regressed = s.guard.regressed
-	s.follow = &follower{nc: s.nc, kv: b.KV, tracker: s.tracker, decode: decode, log: s.log,
+	s.follow = &follower{nc: s.nc, kv: b.KV, store: s.storeNC, bucket: b.Config().Bucket, tracker: s.tracker, decode: decode, log: s.log,
 		gauge: func(on bool) { s.metrics.following.Set(boolGauge(on)) },
 		id:    s.id, epoch: time.Now(), peerSeen: make(chan struct{}, 1), linger: s.peerLinger}
 	s.locks = &locks{cfg: s.cfg, log: s.log, store: s.store, tracker: s.tracker, keys: newKeyLocks(s.cfg.MaxPerKey),

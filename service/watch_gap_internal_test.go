@@ -78,7 +78,7 @@ func TestAResumedWatcherShowsASessionOnlyAtItsLastWrite(t *testing.T) {
 		if kve == nil {
 			continue
 		}
-		f.deliver(kve, false)
+		f.deliver(kve.Key(), kve.Revision(), kve.Operation() != jetstream.KeyValuePut, kve.Value(), false)
 		revs = append(revs, kve.Revision())
 		if kve.Revision() == granted {
 			if live, known := f.deliveries.liveAt(g.session, g.secret, granted); live || !known {
