@@ -626,38 +626,43 @@ func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Du
 		if o.rec.Set != "" {
 			return nil, errSetMember()
 		}
-		if value != "" {
-			rec := *o.rec
-			rec.Value = value
-			o.rec = &rec
-		}
-		if o.rec.Session != "" {
-			if value == "" {
-				return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
-			}
-			// A new value for a lease of a session (an election's leader
-			// held in a session proclaims): the value only, its expiry
-			// stays the session's.
-			resp, err := l.proclaim(ctx, resource, key, o)
-			if errors.Is(err, errConflict) {
-				fresh = true
-				continue
-			}
-			return resp, err
-		}
-		resp, err := l.extend(ctx, resource, key, o, ttl)
-		switch {
-		case errors.Is(err, errConflict):
-			l.report.conflict()
+		resp, err := l.renewHeld(ctx, resource, key, o, ttl, value, who)
+		if errors.Is(err, errConflict) {
 			fresh = true
 			continue
-		case errors.Is(err, errHoldOver):
-			l.report.renewRefused(resource, "max_hold", who)
-			return nil, newOpError(streams.CodeLeaseLost, "lease has been held for its max hold (until %s)", o.rec.HoldUntil)
 		}
 		return resp, err
 	}
 	return nil, tooManyConflicts()
+}
+
+// renewHeld renews the lease o of key, which the caller holds: a new
+// expiry (and value, if given), or a session's lease's new value. It
+// returns errConflict if the key was written meanwhile.
+func (l *locks) renewHeld(ctx context.Context, resource, key string, o observation, ttl time.Duration, value string, who origin) (*streams.LeaseResponse, error) {
+	if value != "" {
+		rec := *o.rec
+		rec.Value = value
+		o.rec = &rec
+	}
+	if o.rec.Session != "" {
+		if value == "" {
+			return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
+		}
+		// A new value for a lease of a session (an election's leader
+		// held in a session proclaims): the value only, its expiry
+		// stays the session's.
+		return l.proclaim(ctx, resource, key, o)
+	}
+	resp, err := l.extend(ctx, resource, key, o, ttl)
+	switch {
+	case errors.Is(err, errConflict):
+		l.report.conflict()
+	case errors.Is(err, errHoldOver):
+		l.report.renewRefused(resource, "max_hold", who)
+		return nil, newOpError(streams.CodeLeaseLost, "lease has been held for its max hold (until %s)", o.rec.HoldUntil)
+	}
+	return resp, err
 }
 
 // release ends the lease leaseID of resource, handing the resource to the

@@ -163,15 +163,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer unsubscribe(subs)
 	go s.workers.reap(workerIdle) // until s.done
 	watchReady := make(chan struct{})
-	for _, run := range []func(){
-		func() { s.follow.heartbeat(bg, HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket)) },
-		func() { s.follow.run(bg, watchReady) },
-		func() { s.sweep(bg) },
-		func() { s.guard.run(bg, s.serving.Load, time.Second) },
-	} {
-		bgWG.Add(1)
-		go func() { defer bgWG.Done(); run() }()
-	}
+	s.startBackground(bg, &bgWG, b, watchReady)
 	select {
 	case <-watchReady:
 	case <-ctx.Done():
@@ -186,17 +178,37 @@ func (s *Service) Run(ctx context.Context) error {
 	s.log.Info("jetlock serving", "prefix", s.cfg.Prefix, "bucket", b.Config().Bucket, "instance", svc.Info().ID)
 
 	<-ctx.Done()
-	// Stop taking requests (drains the endpoint subscriptions), end the
-	// waits (their callers retry elsewhere and keep their places), then wait
-	// for every request in flight to be answered.
+	s.drain(svc)
+	s.log.Info("jetlock stopped")
+	return nil
+}
+
+// startBackground starts the instance's background work on bg, each in a
+// goroutine counted in wg: the heartbeat, the watcher (which closes
+// watchReady once caught up), the sweep and the high-water guard.
+func (s *Service) startBackground(bg context.Context, wg *sync.WaitGroup, b *streams.Bucket, watchReady chan struct{}) {
+	for _, run := range []func(){
+		func() { s.follow.heartbeat(bg, HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket)) },
+		func() { s.follow.run(bg, watchReady) },
+		func() { s.sweep(bg) },
+		func() { s.guard.run(bg, s.serving.Load, time.Second) },
+	} {
+		wg.Add(1)
+		go func() { defer wg.Done(); run() }()
+	}
+}
+
+// drain stops the instance once its context ends: it stops taking
+// requests (drains the endpoint subscriptions), ends the waits (their
+// callers retry elsewhere and keep their places), then waits for every
+// request in flight to be answered.
+func (s *Service) drain(svc micro.Service) {
 	s.serving.Store(false)
 	close(s.stopping)
 	if err := svc.Stop(); err != nil {
 		s.log.Warn("stop micro service", "err", err)
 	}
 	s.awaitDrained()
-	s.log.Info("jetlock stopped")
-	return nil
 }
 
 // wire builds the lock logic on the ensured bucket b.
