@@ -9,6 +9,20 @@
 // gate.go, workers.go, deadline.go, waiting.go, wake.go, follow.go)
 // receives requests, admits them, runs them and replies. service.go wires
 // the two and runs them; stream.go watches the bucket's stream.
+//
+// Every grant — of a lock, a permit of a semaphore, a lock set — runs in
+// one engine (engine.go). Each primitive supplies a read step, which
+// gathers a snapshot of the records its decision rests on (on the
+// instance's view, or fresh from the stream leader); a decider, which
+// consults that snapshot, the instance's view and the clock, does no I/O,
+// and returns a verdict value: answer now with a response or
+// a refusal, decide again on fresh reads, prove and answer a retry of the
+// same request, or write a plan; and a commit step, which writes the plan
+// and reports whether it committed, lost a race or found an earlier write
+// of the request. One commit loop runs the steps for every primitive and
+// owns what they share: the bound of attempts, the switch to fresh reads
+// and the answer when every attempt lost a race. Errors are failures and
+// refusals; none of them steers the loop.
 package service
 
 import (
