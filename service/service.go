@@ -7,8 +7,11 @@
 // waiter.go, store.go, tracker.go, keylocks.go, records.go) decides every
 // request by compare-and-set on the bucket. The transport (endpoints.go,
 // gate.go, workers.go, deadline.go, waiting.go, wake.go, follow.go)
-// receives requests, admits them, runs them and replies. service.go wires
-// the two and runs them; stream.go watches the bucket's stream.
+// receives requests, admits them, runs them and replies: request.go
+// decodes each request, and endpoints.go holds each operation's handler,
+// which hands the decoded request to the lock logic. service.go wires the
+// two and runs them, with the background sweep (sweep.go); stream.go
+// watches the bucket's stream.
 //
 // Every grant — of a lock, a permit of a semaphore, a lock set — runs in
 // one engine (engine.go). Each primitive supplies a read step, which
@@ -31,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,6 +201,28 @@ func (s *Service) Run(ctx context.Context) error {
 	return nil
 }
 
+// Health returns the instance's readiness as its last check saw it. It
+// may be called at any time, also before Run serves (not ready: "not
+// serving yet") and once Run has begun to shut down (not ready: "instance
+// not serving"), so a readiness probe can call it from the start.
+func (s *Service) Health() Health {
+	select {
+	case <-s.ready: // s.guard is set before ready is closed
+	default:
+		return Health{Problems: []string{"not serving yet"}}
+	}
+	s.guard.mu.Lock()
+	h := s.guard.health
+	s.guard.mu.Unlock()
+	if h.Checked.IsZero() {
+		h.Problems = []string{"not checked yet"}
+	}
+	if !s.serving.Load() && h.Ready {
+		h.Ready, h.Problems = false, append(slices.Clone(h.Problems), "instance not serving")
+	}
+	return h
+}
+
 // startBackground starts the instance's background work on bg, each in a
 // goroutine counted in wg: the heartbeat, the watcher (which closes
 // watchReady once caught up), the sweep and the high-water guard.
@@ -204,7 +230,7 @@ func (s *Service) startBackground(bg context.Context, wg *sync.WaitGroup, b *str
 	for _, run := range []func(){
 		func() { s.follow.heartbeat(bg, HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket)) },
 		func() { s.follow.run(bg, watchReady) },
-		func() { s.sweep(bg) },
+		func() { sweeper{s}.sweep(bg) },
 		func() { s.guard.run(bg, s.serving.Load, time.Second) },
 	} {
 		wg.Add(1)

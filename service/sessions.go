@@ -850,20 +850,3 @@ func sessionLeaseResponse(resource string, token uint64, rec *streams.Record, se
 	}
 	return resp
 }
-
-// The session's operations as the request path serves them (request.go).
-
-// openSession serves a session's open.
-func (s *Service) openSession(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.openSession(ctx, newSessionReq(c.requestID, c.owner, c.ttl, c.who))
-}
-
-// keepalive serves a session's keepalive.
-func (s *Service) keepalive(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.keepalive(ctx, c.sessionID, c.ttl, c.who)
-}
-
-// closeSession serves a session's close.
-func (s *Service) closeSession(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.closeSession(ctx, c.sessionID, c.who)
-}
