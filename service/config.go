@@ -230,71 +230,86 @@ func DefaultConfig() Config {
 
 // Validate reports the first unusable setting, wrapping ErrInvalidConfig.
 func (c Config) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
-	}
 	if c.Prefix == "" || !validPrefix(c.Prefix) {
-		return bad("prefix %q must be dot-separated tokens of letters, digits, - and _", c.Prefix)
+		return badConfig("prefix %q must be dot-separated tokens of letters, digits, - and _", c.Prefix)
 	}
 	if err := c.Bucket.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if err := c.validateTimes(); err != nil {
+		return err
+	}
+	return c.validateCaps()
+}
+
+// validateTimes reports the first unusable duration or rate.
+func (c Config) validateTimes() error {
 	if c.MinTTL < time.Second || c.MaxTTL < c.MinTTL || c.MaxTTL > streams.MaxRecordTTL {
-		return bad("TTL bounds [%v, %v]: need 1s <= min <= max <= %v", c.MinTTL, c.MaxTTL, streams.MaxRecordTTL)
+		return badConfig("TTL bounds [%v, %v]: need 1s <= min <= max <= %v", c.MinTTL, c.MaxTTL, streams.MaxRecordTTL)
 	}
 	if c.MaxHold != 0 && c.MaxHold < c.MinTTL || c.MaxHold > streams.MaxHoldCeiling {
-		return bad("max hold %v: need 0 (no cap) or min TTL %v to %v", c.MaxHold, c.MinTTL, streams.MaxHoldCeiling)
+		return badConfig("max hold %v: need 0 (no cap) or min TTL %v to %v", c.MaxHold, c.MinTTL, streams.MaxHoldCeiling)
 	}
 	if c.OwnerRate < 0 || c.UserRate < 0 {
-		return bad("owner rate %v and user rate %v must not be negative", c.OwnerRate, c.UserRate)
+		return badConfig("owner rate %v and user rate %v must not be negative", c.OwnerRate, c.UserRate)
 	}
 	for t, r := range c.TenantRates {
 		if !validTenant(t) || r < 0 {
-			return bad("tenant rate %q=%v: want ACCOUNT or ACCOUNT/user and a rate of at least 0", t, r)
+			return badConfig("tenant rate %q=%v: want ACCOUNT or ACCOUNT/user and a rate of at least 0", t, r)
 		}
 	}
 	if c.DefaultTTL < c.MinTTL || c.DefaultTTL > c.MaxTTL {
-		return bad("default TTL %v outside [%v, %v]", c.DefaultTTL, c.MinTTL, c.MaxTTL)
+		return badConfig("default TTL %v outside [%v, %v]", c.DefaultTTL, c.MinTTL, c.MaxTTL)
 	}
 	if c.MaxWait < 0 {
-		return bad("max wait %v is negative", c.MaxWait)
+		return badConfig("max wait %v is negative", c.MaxWait)
 	}
 	if c.ExpiryGrace < 0 || c.SweepInterval <= 0 || c.OpTimeout <= 0 || c.HighWaterPatience <= 0 {
-		return bad("expiry grace, sweep interval, op timeout and high-water patience must be positive")
+		return badConfig("expiry grace, sweep interval, op timeout and high-water patience must be positive")
 	}
 	if c.HandoverTTL < c.MinTTL || c.WaiterLiveness < time.Second || c.Recheck <= 0 || c.Reservation <= 0 {
-		return bad("handover TTL (>= min TTL), waiter liveness (>= 1s), recheck and reservation must be positive")
+		return badConfig("handover TTL (>= min TTL), waiter liveness (>= 1s), recheck and reservation must be positive")
 	}
+	return nil
+}
+
+// validateCaps reports the first unusable cap, size or other setting.
+func (c Config) validateCaps() error {
 	if c.MaxWaitersPerResource < 1 || c.MaxWaitersPerTenant < 1 || c.MaxWaiting < 1 || c.MaxPerKey < 1 {
-		return bad("waiter caps and max per key must be at least 1")
+		return badConfig("waiter caps and max per key must be at least 1")
 	}
 	if c.MaxSetSize < streams.MinSetSize || c.MaxSetSize > streams.MaxSetSize {
-		return bad("max set size %d outside [%d, %d]", c.MaxSetSize, streams.MinSetSize, streams.MaxSetSize)
+		return badConfig("max set size %d outside [%d, %d]", c.MaxSetSize, streams.MinSetSize, streams.MaxSetSize)
 	}
 	if c.MaxPerSession < 1 || c.MaxSessionsPerTenant < 1 {
-		return bad("max leases and waits per session (%d) and sessions per tenant (%d) must be at least 1", c.MaxPerSession, c.MaxSessionsPerTenant)
+		return badConfig("max leases and waits per session (%d) and sessions per tenant (%d) must be at least 1", c.MaxPerSession, c.MaxSessionsPerTenant)
 	}
 	if c.MaxLeasesPerTenant < 0 {
-		return bad("max leases per tenant %d is negative", c.MaxLeasesPerTenant)
+		return badConfig("max leases per tenant %d is negative", c.MaxLeasesPerTenant)
 	}
 	if need := streams.MaxRequestBytes(c.MaxSetSize); c.MaxBodyBytes != 0 && c.MaxBodyBytes < need {
-		return bad("max body bytes %d: need 0 (derived) or at least %d, the largest valid request with sets of %d resources", c.MaxBodyBytes, need, c.MaxSetSize)
+		return badConfig("max body bytes %d: need 0 (derived) or at least %d, the largest valid request with sets of %d resources", c.MaxBodyBytes, need, c.MaxSetSize)
 	}
 	for _, op := range c.Operators {
 		if !validTenant(op) {
-			return bad("operator %q: want ACCOUNT or ACCOUNT/user", op)
+			return badConfig("operator %q: want ACCOUNT or ACCOUNT/user", op)
 		}
 	}
 	if c.MaxInFlight < 1 {
-		return bad("max in flight %d < 1", c.MaxInFlight)
+		return badConfig("max in flight %d < 1", c.MaxInFlight)
 	}
 	if c.MaxQueued < 0 || c.QueueWait < 0 {
-		return bad("max queued %d and queue wait %v must not be negative", c.MaxQueued, c.QueueWait)
+		return badConfig("max queued %d and queue wait %v must not be negative", c.MaxQueued, c.QueueWait)
 	}
 	if c.Clock == nil {
-		return bad("clock is nil")
+		return badConfig("clock is nil")
 	}
 	return nil
+}
+
+// badConfig is an error wrapping ErrInvalidConfig with the format's text.
+func badConfig(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 }
 
 // validTenant reports whether t names an account or an account's user.

@@ -342,6 +342,13 @@ func (l *locks) expire(ctx context.Context, it dueItem) {
 			return
 		}
 	}
+	l.expireSettled(ctx, it, l.endDue(ctx, it, o))
+}
+
+// endDue ends the due key it, last observed as o: a session, a lease, or
+// a stale waiter or foreign value.
+func (l *locks) endDue(ctx context.Context, it dueItem, o observation) error {
+	var err error
 	enc := resourceOf(it.key)
 	res := decodedResource(enc)
 	switch {
@@ -368,6 +375,13 @@ func (l *locks) expire(ctx context.Context, it dueItem) {
 			l.log.Info("stale record removed", "key", it.key, "foreign", o.foreign)
 		}
 	}
+	return err
+}
+
+// expireSettled follows up the outcome err of ending the due key it: on a
+// conflict it learns the new revision or retries shortly, on a failure it
+// logs and retries shortly.
+func (l *locks) expireSettled(ctx context.Context, it dueItem, err error) {
 	switch {
 	case err == nil:
 	case errors.Is(err, errConflict):

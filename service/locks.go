@@ -306,84 +306,83 @@ func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams
 	if l.tracker.hasEnded(g.key, g.requestID, g.tenant) {
 		return nil, leaseEnded(g.requestID)
 	}
-	for attempt := 0; attempt < attempts(g.session); attempt++ {
-		o, sess, orphan, err := l.readToGrant(ctx, g, fresh)
-		if again(err) {
-			fresh = true
-			continue
-		} else if err != nil {
-			return nil, err
-		}
-		if o.held() && g.mine(o.rec) {
-			resp, err := l.sameRequest(ctx, g, o)
-			if errors.Is(err, errConflict) {
-				fresh = true
-				continue
-			}
-			return resp, err
-		}
-		if refuse, err := l.mustRefuse(g, o, fresh, orphan); refuse {
-			return nil, err
-		} else if err != nil {
-			fresh = true // decide on a read
-			continue
-		}
-		if err := l.guard.grants(); err != nil {
-			return nil, err
-		}
-		if g.session != "" {
-			if err := l.sessionRoom(g.session); err != nil {
-				return nil, err
-			}
-		}
-		resp, err := l.grant(ctx, g, o, sess)
-		if errors.Is(err, errConflict) {
-			l.report.conflict()
-			fresh = true
-			continue
-		}
-		return resp, err
-	}
-	return nil, tooManyConflicts()
+	return commitLoop(ctx, l, g.session, fresh, engineSteps[grantSnap, struct{}, *streams.LeaseResponse]{
+		read: func(ctx context.Context, fresh bool) (grantSnap, bool, error) {
+			return l.readToGrant(ctx, g, fresh)
+		},
+		decide: func(s grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
+			return l.decideGrant(g, s, fresh)
+		},
+		prove: func(ctx context.Context, s grantSnap) (*streams.LeaseResponse, outcome, error) {
+			return settled(l.sameRequest(ctx, g, s.o))
+		},
+		commit: func(ctx context.Context, s grantSnap, _ struct{}) (*streams.LeaseResponse, outcome, error) {
+			return settled(l.grant(ctx, g, s.o, s.sess))
+		},
+	})
+}
+
+// grantSnap is what a decision on a lock's grant rests on: the key's
+// observation o, the session's sess (if any), and whether o is a lease of
+// a session that a fresh read does not find (orphan, see sessionGone).
+type grantSnap struct {
+	o, sess observation
+	orphan  bool
 }
 
 // readToGrant reads what a decision on g's grant rests on: g's session
 // (if any), the key under the name rule (claimName), and whether the
-// lease found there is of a session that a fresh read does not find
-// (orphan, see sessionGone). errConflict or errReadFirst asks to decide
-// again on fresh reads.
-func (l *locks) readToGrant(ctx context.Context, g *grantReq, fresh bool) (o, sess observation, orphan bool, err error) {
+// lease found there is of a session that a fresh read does not find.
+// again asks to decide on fresh reads.
+func (l *locks) readToGrant(ctx context.Context, g *grantReq, fresh bool) (s grantSnap, again bool, err error) {
 	if g.session != "" {
-		if sess, err = l.session(ctx, g, fresh); err != nil {
-			return o, sess, false, err
+		if s.sess, err = l.session(ctx, g, fresh); err != nil {
+			return s, false, err
 		}
 	}
-	if o, err = l.current(ctx, g.key, fresh); err != nil {
-		return o, sess, false, err
+	if s.o, err = l.current(ctx, g.key, fresh); err != nil {
+		return s, false, err
 	}
-	if o, err = l.claimName(ctx, g.resource, o, 0, fresh); err != nil {
-		return o, sess, false, err
+	if s.o, again, err = l.claimName(ctx, g.resource, s.o, 0, fresh); again || err != nil {
+		return s, again, err
 	}
-	if fresh && o.held() && o.rec.Session != "" && !l.tracker.expired(o, time.Now()) {
+	if o := s.o; fresh && o.held() && o.rec.Session != "" && !l.tracker.expired(o, time.Now()) {
 		// Decide on the holder's session as the stream leader has it.
-		orphan, err = l.sessionGone(ctx, o.rec.Session)
+		s.orphan, err = l.sessionGone(ctx, o.rec.Session)
 	}
-	return o, sess, orphan, err
+	return s, false, err
 }
 
-// errReadFirst asks tryGrant to decide again on a fresh read.
-var errReadFirst = errors.New("decide on a read")
-
-// again reports whether err asks a decision to be made again on fresh
-// reads: a lost compare-and-set, or a view that must not decide alone.
-func again(err error) bool { return errors.Is(err, errConflict) || errors.Is(err, errReadFirst) }
+// decideGrant is the verdict on g's grant from the snapshot s: prove a
+// retry of g (the lease is its own), refuse, decide on fresh reads, or
+// write the lease.
+func (l *locks) decideGrant(g *grantReq, s grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
+	type v = verdict[*streams.LeaseResponse, struct{}]
+	if s.o.held() && g.mine(s.o.rec) {
+		return v{kind: proveRetry}
+	}
+	if refusal, again := l.mustRefuse(g, s.o, fresh, s.orphan); refusal != nil {
+		return answer[*streams.LeaseResponse, struct{}](nil, refusal)
+	} else if again {
+		return v{kind: readAgain}
+	}
+	if err := l.guard.grants(); err != nil {
+		return answer[*streams.LeaseResponse, struct{}](nil, err)
+	}
+	if g.session != "" {
+		if err := l.sessionRoom(g.session); err != nil {
+			return answer[*streams.LeaseResponse, struct{}](nil, err)
+		}
+	}
+	return v{kind: writePlan}
+}
 
 // mustRefuse decides whether the key observed in o is someone else's: it
-// returns true and the answer (locked, reserved for waiters, lease_lost)
-// when it is, and errReadFirst when that must be decided on a read first.
+// returns the refusal (locked, reserved for waiters, lease_lost) when it
+// is, and again when that must be decided on a read first.
 // orphan says that o is a lease of a session whose record a fresh read
 // did not find (see sessionGone).
-func (l *locks) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (bool, error) {
+func (l *locks) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (refusal error, again bool) {
 	switch {
 	case (o.held() || o.foreign) && !orphan && !l.tracker.expired(o, time.Now()):
 		if !fresh && (o.foreign || l.following()) {
@@ -392,19 +391,19 @@ func (l *locks) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (bool
 			// seconds after a leader change): refuse only on a read. A
 			// lone instance refuses on its own view: it made every write
 			// but those behind its back.
-			return false, errReadFirst
+			return nil, true
 		}
-		return true, lockedError(o, g.who)
+		return lockedError(o, g.who), false
 	case !o.held() && !o.foreign && o.end.Ended(g.requestID, g.tenant, l.cfg.Clock.Now(), l.tracker.window):
-		return true, leaseEnded(g.requestID)
+		return leaseEnded(g.requestID), false
 	}
 	// Free, or expired by observation: take it over by compare-and-set on
 	// the revision seen, unless waiters have the first claim.
 	if ok, ahead := l.mayClaim(resourceOf(g.key), g.hash, o); !ok {
 		l.log.Debug("free but reserved", "resource", g.resource, "request_id", g.requestID, "ahead", ahead)
-		return true, newOpError(streams.CodeLocked, "resource is free but reserved for the %d waiters ahead", ahead)
+		return newOpError(streams.CodeLocked, "resource is free but reserved for the %d waiters ahead", ahead), false
 	}
-	return false, nil
+	return nil, false
 }
 
 // sameRequest answers a retry of the acquire that holds the lease o: the
@@ -626,38 +625,43 @@ func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Du
 		if o.rec.Set != "" {
 			return nil, errSetMember()
 		}
-		if value != "" {
-			rec := *o.rec
-			rec.Value = value
-			o.rec = &rec
-		}
-		if o.rec.Session != "" {
-			if value == "" {
-				return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
-			}
-			// A new value for a lease of a session (an election's leader
-			// held in a session proclaims): the value only, its expiry
-			// stays the session's.
-			resp, err := l.proclaim(ctx, resource, key, o)
-			if errors.Is(err, errConflict) {
-				fresh = true
-				continue
-			}
-			return resp, err
-		}
-		resp, err := l.extend(ctx, resource, key, o, ttl)
-		switch {
-		case errors.Is(err, errConflict):
-			l.report.conflict()
+		resp, err := l.renewHeld(ctx, resource, key, o, ttl, value, who)
+		if errors.Is(err, errConflict) {
 			fresh = true
 			continue
-		case errors.Is(err, errHoldOver):
-			l.report.renewRefused(resource, "max_hold", who)
-			return nil, newOpError(streams.CodeLeaseLost, "lease has been held for its max hold (until %s)", o.rec.HoldUntil)
 		}
 		return resp, err
 	}
 	return nil, tooManyConflicts()
+}
+
+// renewHeld renews the lease o of key, which the caller holds: a new
+// expiry (and value, if given), or a session's lease's new value. It
+// returns errConflict if the key was written meanwhile.
+func (l *locks) renewHeld(ctx context.Context, resource, key string, o observation, ttl time.Duration, value string, who origin) (*streams.LeaseResponse, error) {
+	if value != "" {
+		rec := *o.rec
+		rec.Value = value
+		o.rec = &rec
+	}
+	if o.rec.Session != "" {
+		if value == "" {
+			return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
+		}
+		// A new value for a lease of a session (an election's leader
+		// held in a session proclaims): the value only, its expiry
+		// stays the session's.
+		return l.proclaim(ctx, resource, key, o)
+	}
+	resp, err := l.extend(ctx, resource, key, o, ttl)
+	switch {
+	case errors.Is(err, errConflict):
+		l.report.conflict()
+	case errors.Is(err, errHoldOver):
+		l.report.renewRefused(resource, "max_hold", who)
+		return nil, newOpError(streams.CodeLeaseLost, "lease has been held for its max hold (until %s)", o.rec.HoldUntil)
+	}
+	return resp, err
 }
 
 // release ends the lease leaseID of resource, handing the resource to the
@@ -835,65 +839,4 @@ func (l *locks) list(req *streams.ListRequest, who origin) *streams.ListResponse
 		resp.Next = page[len(page)-1].resource
 	}
 	return resp
-}
-
-// The lock's operations as the request path serves them (request.go).
-// An election is a lock whose lease carries a value (elections.go).
-
-// acquireLock serves the acquire of a lock or an election, and of a
-// permit (decided as a lock's acquire, on the semaphore's queue: see
-// trySem): the name's kind, the tenant's lease cap, then the decision,
-// waiting or not.
-func (s *Service) acquireLock(ctx context.Context, c *call, sl *slot) (any, error) {
-	if err := s.locks.sameKind(c.resource, c.kind, c.limit, c.value); err != nil {
-		return nil, err
-	}
-	if err := s.leaseCap(c.grant); err != nil {
-		return nil, err
-	}
-	s.report.touched(c.resource)
-	if c.wait > 0 {
-		return s.acquireWaiting(c.grant, c.wait, sl)
-	}
-	return s.locks.acquire(ctx, c.grant)
-}
-
-// renewLock serves the renewal of a lock's lease (an election's leader
-// proclaims with a value).
-func (s *Service) renewLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.renew(ctx, c.resource, c.leaseID, c.ttl, c.value, c.who)
-}
-
-// releaseLock serves the release of a lock's lease.
-func (s *Service) releaseLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.release(ctx, c.resource, c.leaseID, c.who)
-}
-
-// cancelLock serves the cancel of a lock's acquire.
-func (s *Service) cancelLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.cancel(ctx, c.resource, c.requestID, c.owner, c.who)
-}
-
-// statusLock serves the status of a name: a lock's or an election's, or
-// a semaphore's when the name is one.
-func (s *Service) statusLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	if u := s.locks.useOf(c.resource); u.limit != 0 && !u.lock && !u.election {
-		sem, err := s.locks.semaphoreStatus(c.resource, u.limit, c.who)
-		if err != nil {
-			return nil, err
-		}
-		return &streams.StatusResponse{Resource: sem.Resource, Held: sem.HeldPermits > 0, Waiters: sem.Waiters,
-			Limit: sem.Limit, HeldPermits: sem.HeldPermits, Permits: sem.Permits}, nil
-	}
-	return s.locks.status(ctx, c.resource, c.who)
-}
-
-// revokeLock serves an operator's revoke of a lock's lease.
-func (s *Service) revokeLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.revoke(ctx, c.resource, c.reason, c.who)
-}
-
-// list serves a page of the held leases.
-func (s *Service) list(_ context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.list(&c.list, c.who), nil
 }

@@ -71,58 +71,70 @@ func newMetrics() *metrics {
 		renewFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "jetlock_renew_failures_total", Help: "Renewals refused, by reason: not_current (lease_lost) or max_hold.",
 		}, []string{"reason"}),
-		handovers: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_handovers_total", Help: "Leases ended with the resource granted to the head waiter in the same write.",
-		}),
-		handoverTime: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "jetlock_handover_duration_seconds", Help: "Time from deciding to end a lease to the waiter's grant committed.", Buckets: latencyBuckets,
-		}),
-		revokes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_revokes_total", Help: "Leases ended by an operator's revoke.",
-		}),
-		commitTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "jetlock_store_commit_duration_seconds", Help: "Round trip of the writes to the bucket, by kind: put, delete, confirm, tombstone, handover.", Buckets: latencyBuckets,
-		}, []string{"op"}),
-		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_cas_conflicts_total", Help: "Compare-and-set writes that lost a race and were decided again.",
-		}),
-		wakes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_wakes_total", Help: "Wake messages sent to waiting requests.",
-		}),
-		following: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "jetlock_following_writes", Help: "1 while this instance follows every write to the bucket (another instance serves it too), else 0.",
-		}),
-		foreign: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_foreign_records_total", Help: "Values seen under lease. or wait. that are not complete jetlock records (they are nobody's lease).",
-		}),
-		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_stream_leader_changes_total", Help: "Changes of the bucket stream's leader seen by this instance.",
-		}),
-		leaderless: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "jetlock_stream_leaderless_seconds_total", Help: "Time the bucket's stream had no leader (or did not answer), as this instance saw it.",
-		}),
-		ready: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "jetlock_ready", Help: "1 while /readyz would answer ready, else 0.",
-		}),
-		belowHW: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "jetlock_stream_below_high_water", Help: "1 while grants are refused because the stream went back below the token high-water mark (recreated or restored behind the service's back).",
-		}),
-		permission: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "jetlock_permission_errors_total", Help: "Permission violations the NATS server reported to the service, by connection: requests or store.",
-		}, []string{"conn"}),
-		sessionEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "jetlock_session_events_total", Help: "Sessions opened, closed and expired, by event: opened, session_close, session_expiry.",
-		}, []string{"event"}),
-		sessionLeases: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "jetlock_session_leases", Help: "Leases a session held, observed at each of its keepalives.",
-			Buckets: []float64{0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000},
-		}),
 		counts: map[string][]atomic.Int64{},
 	}
 	for _, op := range streams.Operations {
 		m.counts[op] = make([]atomic.Int64, len(resultCodes))
 	}
+	m.newLeaseMetrics(latencyBuckets)
+	m.newInstanceMetrics()
 	return m
+}
+
+// newLeaseMetrics makes the metrics of handovers, revokes, commits,
+// conflicts and wakes.
+func (m *metrics) newLeaseMetrics(latencyBuckets []float64) {
+	m.handovers = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "jetlock_handovers_total", Help: "Leases ended with the resource granted to the head waiter in the same write.",
+	})
+	m.handoverTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "jetlock_handover_duration_seconds", Help: "Time from deciding to end a lease to the waiter's grant committed.", Buckets: latencyBuckets,
+	})
+	m.revokes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "jetlock_revokes_total", Help: "Leases ended by an operator's revoke.",
+	})
+	m.commitTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "jetlock_store_commit_duration_seconds", Help: "Round trip of the writes to the bucket, by kind: put, delete, confirm, tombstone, handover.", Buckets: latencyBuckets,
+	}, []string{"op"})
+	m.conflicts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "jetlock_cas_conflicts_total", Help: "Compare-and-set writes that lost a race and were decided again.",
+	})
+	m.wakes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "jetlock_wakes_total", Help: "Wake messages sent to waiting requests.",
+	})
+}
+
+// newInstanceMetrics makes the metrics of the instance's state: following,
+// the stream leader, readiness, permissions and sessions.
+func (m *metrics) newInstanceMetrics() {
+	m.following = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "jetlock_following_writes", Help: "1 while this instance follows every write to the bucket (another instance serves it too), else 0.",
+	})
+	m.foreign = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "jetlock_foreign_records_total", Help: "Values seen under lease. or wait. that are not complete jetlock records (they are nobody's lease).",
+	})
+	m.leaderChanges = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "jetlock_stream_leader_changes_total", Help: "Changes of the bucket stream's leader seen by this instance.",
+	})
+	m.leaderless = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "jetlock_stream_leaderless_seconds_total", Help: "Time the bucket's stream had no leader (or did not answer), as this instance saw it.",
+	})
+	m.ready = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "jetlock_ready", Help: "1 while /readyz would answer ready, else 0.",
+	})
+	m.belowHW = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "jetlock_stream_below_high_water", Help: "1 while grants are refused because the stream went back below the token high-water mark (recreated or restored behind the service's back).",
+	})
+	m.permission = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetlock_permission_errors_total", Help: "Permission violations the NATS server reported to the service, by connection: requests or store.",
+	}, []string{"conn"})
+	m.sessionEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "jetlock_session_events_total", Help: "Sessions opened, closed and expired, by event: opened, session_close, session_expiry.",
+	}, []string{"event"})
+	m.sessionLeases = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "jetlock_session_leases", Help: "Leases a session held, observed at each of its keepalives.",
+		Buckets: []float64{0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000},
+	})
 }
 
 // register registers every metric, plus the collectors of the gauges

@@ -73,22 +73,26 @@ func mayRetire(permits []entry) bool {
 // semaphore of limit (0: a lock, a set member or an election), whose lease
 // key was observed in o (fresh: read from the stream leader). It returns
 // what the grant's commit must find at that key: o itself, or the delete
-// that retired a name record. A refusal is an *opError; errConflict or
-// errReadFirst asks to decide again on fresh reads.
-func (l *locks) claimName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, error) {
+// that retired a name record. A refusal is an *opError; again asks to
+// decide on fresh reads (the view may lag, or the retirement lost a race).
+func (l *locks) claimName(ctx context.Context, name string, o observation, limit int, fresh bool) (_ observation, again bool, _ error) {
 	switch decideName(o.entry, limit) {
 	case nameGrant:
-		return o, nil
+		return o, false, nil
 	case nameRetire:
-		return l.retireName(ctx, name, o, limit, fresh)
+		o, err := l.retireName(ctx, name, o, limit, fresh)
+		if isConflict(err) {
+			return o, true, nil
+		}
+		return o, false, err
 	}
 	switch {
 	case !fresh && l.following():
-		return o, errReadFirst // the view may lag the lease's end
+		return o, true, nil // the view may lag the lease's end
 	case o.foreign:
-		return o, lockedError(o, origin{})
+		return o, false, lockedError(o, origin{})
 	}
-	return o, errKind(name, nameUse{election: o.rec.Value != "", lock: o.rec.Value == ""}, limit)
+	return o, false, errKind(name, nameUse{election: o.rec.Value != "", lock: o.rec.Value == ""}, limit)
 }
 
 // retireName retires the name record of semaphore name (its limit o.sem)

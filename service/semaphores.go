@@ -56,46 +56,62 @@ func (l *locks) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.L
 	if err := l.sameKind(g.sem, kindSemaphore, g.limit, ""); err != nil {
 		return nil, err
 	}
-	for attempt := 0; attempt < attempts(g.session); attempt++ {
-		sess, p, err := l.readPermits(ctx, g, fresh)
-		if again(err) {
-			fresh = true
-			continue
-		} else if err != nil {
-			return nil, err
-		}
-		if p.mine != 0 {
-			resp, err := l.sameRequest(ctx, g.permit(p.mine), p.held)
-			if errors.Is(err, errConflict) {
-				fresh = true
-				continue
+	return commitLoop(ctx, l, g.session, fresh, engineSteps[permitsRead, struct{}, *streams.LeaseResponse]{
+		read: func(ctx context.Context, fresh bool) (permitsRead, bool, error) {
+			return l.readPermits(ctx, g, fresh)
+		},
+		decide: func(p permitsRead, _ bool) verdict[*streams.LeaseResponse, struct{}] {
+			return l.decidePermit(g, p)
+		},
+		prove: func(ctx context.Context, p permitsRead) (*streams.LeaseResponse, outcome, error) {
+			resp, out, err := settled(l.sameRequest(ctx, g.permit(p.mine), p.held))
+			if out == conflicted {
+				return nil, out, nil
 			}
-			return permitResponse(resp, g.sem, p.mine), err
-		}
-		if err := l.mayGrantPermit(g, p.free); err != nil {
-			return nil, err
-		}
-		k := p.free[0]
-		var resp *streams.LeaseResponse
-		if joins, ks, obs := l.joinPermits(g, p.free, p.frees, 0); len(joins) > 0 {
-			resp, err = l.grantBulk(ctx, g, k, p.frees[0], joins, ks, obs)
-		} else {
-			resp, err = l.grant(ctx, g.permit(k), p.frees[0], sess)
-		}
-		if errors.Is(err, errConflict) {
-			l.report.conflict()
-			fresh = true
-			continue
-		}
-		return permitResponse(resp, g.sem, k), err
+			return permitResponse(resp, g.sem, p.mine), out, err
+		},
+		commit: func(ctx context.Context, p permitsRead, _ struct{}) (*streams.LeaseResponse, outcome, error) {
+			return l.commitPermit(ctx, g, p)
+		},
+	})
+}
+
+// decidePermit is the verdict on g's grant of a permit from the permits
+// read in p: prove a retry of g (it holds a permit), refuse, or write.
+func (l *locks) decidePermit(g *grantReq, p permitsRead) verdict[*streams.LeaseResponse, struct{}] {
+	if p.mine != 0 {
+		return verdict[*streams.LeaseResponse, struct{}]{kind: proveRetry}
 	}
-	return nil, tooManyConflicts()
+	if err := l.mayGrantPermit(g, p.free); err != nil {
+		return answer[*streams.LeaseResponse, struct{}](nil, err)
+	}
+	return verdict[*streams.LeaseResponse, struct{}]{kind: writePlan}
+}
+
+// commitPermit grants g the first free permit read in p, with the
+// pending acquires of the semaphore that its other free permits can
+// serve taken into the same write (sem_bulk.go).
+func (l *locks) commitPermit(ctx context.Context, g *grantReq, p permitsRead) (*streams.LeaseResponse, outcome, error) {
+	k := p.free[0]
+	var resp *streams.LeaseResponse
+	var err error
+	if joins, ks, obs := l.joinPermits(g, p.free, p.frees, 0); len(joins) > 0 {
+		resp, err = l.grantBulk(ctx, g, k, p.frees[0], joins, ks, obs)
+	} else {
+		resp, err = l.grant(ctx, g.permit(k), p.frees[0], p.sess)
+	}
+	if isConflict(err) {
+		return nil, conflicted, nil
+	}
+	return permitResponse(resp, g.sem, k), committed, err
 }
 
 // permitsRead is what a decision on a permit's grant read of its
 // semaphore's permits: the free ones (or expired, to take over), or the
-// one the request holds already (mine, 0 if none; held is its lease).
+// one the request holds already (mine, 0 if none; held is its lease),
+// and the request's session (sess, if any).
 type permitsRead struct {
+	sess  observation
 	free  []int
 	frees []observation
 	mine  int
@@ -104,40 +120,40 @@ type permitsRead struct {
 
 // readPermits reads what a decision on g's grant of a permit rests on:
 // g's session (if any), its semaphore's name under the name rule
-// (claimName, which sets g.nameRev) and its permits. errConflict or
-// errReadFirst asks to decide again on fresh reads.
-func (l *locks) readPermits(ctx context.Context, g *grantReq, fresh bool) (sess observation, p permitsRead, err error) {
+// (claimName, which sets g.nameRev) and its permits. again asks to
+// decide on fresh reads.
+func (l *locks) readPermits(ctx context.Context, g *grantReq, fresh bool) (p permitsRead, again bool, err error) {
 	if g.session != "" {
-		if sess, err = l.session(ctx, g, fresh); err != nil {
-			return sess, p, err
+		if p.sess, err = l.session(ctx, g, fresh); err != nil {
+			return p, false, err
 		}
 	}
 	name, err := l.current(ctx, streams.LeaseKey(g.sem), fresh)
 	if err != nil {
-		return sess, p, err
+		return p, false, err
 	}
-	if name, err = l.claimName(ctx, g.sem, name, g.limit, fresh); err != nil {
-		return sess, p, err
+	if name, again, err = l.claimName(ctx, g.sem, name, g.limit, fresh); again || err != nil {
+		return p, again, err
 	}
 	g.nameRev = name.rev
 	now := time.Now()
 	for k := 1; k <= g.limit; k++ {
 		key := permitKey(g.sem, k)
 		if l.tracker.hasEnded(key, g.requestID, g.tenant) {
-			return sess, p, leaseEnded(g.requestID)
+			return p, false, leaseEnded(g.requestID)
 		}
 		o, err := l.current(ctx, key, fresh)
 		if err != nil {
-			return sess, p, err
+			return p, false, err
 		}
 		if o.held() && g.mine(o.rec) {
-			return sess, permitsRead{mine: k, held: o}, nil
+			return permitsRead{sess: p.sess, mine: k, held: o}, false, nil
 		}
 		if (!o.held() && !o.foreign) || l.tracker.expired(o, now) {
 			p.free, p.frees = append(p.free, k), append(p.frees, o)
 		}
 	}
-	return sess, p, nil
+	return p, false, nil
 }
 
 // mayGrantPermit refuses g's grant when no permit is free for it (free:
@@ -347,51 +363,4 @@ func (l *locks) semaphoreStatus(sem string, limit int, who origin) (*streams.Sem
 	}
 	resp.HeldPermits = len(resp.Permits)
 	return resp, nil
-}
-
-// The semaphore's operations as the request path serves them
-// (request.go): each names the semaphore and its limit (acquire, cancel,
-// status) or one of its permits (renew, release, revoke).
-
-// acquirePermit serves the acquire of a permit: as a lock's, on the
-// semaphore's queue (see acquireLock).
-func (s *Service) acquirePermit(ctx context.Context, c *call, sl *slot) (any, error) {
-	return s.acquireLock(ctx, c, sl)
-}
-
-// renewPermit serves the renewal of a permit's lease.
-func (s *Service) renewPermit(ctx context.Context, c *call, _ *slot) (any, error) {
-	resp, err := s.locks.renew(ctx, streams.PermitResource(c.resource, c.permit), c.leaseID, c.ttl, c.value, c.who)
-	return permitResponse(resp, c.resource, c.permit), err
-}
-
-// releasePermit serves the release of a permit's lease.
-func (s *Service) releasePermit(ctx context.Context, c *call, _ *slot) (any, error) {
-	resp, err := s.locks.release(ctx, streams.PermitResource(c.resource, c.permit), c.leaseID, c.who)
-	if resp != nil {
-		resp.Resource = c.resource
-	}
-	return resp, err
-}
-
-// cancelPermit serves the cancel of a permit's acquire.
-func (s *Service) cancelPermit(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.cancelSem(ctx, c.resource, c.limit, c.requestID, c.owner, c.who)
-}
-
-// statusSemaphore serves the status of a semaphore.
-func (s *Service) statusSemaphore(_ context.Context, c *call, _ *slot) (any, error) {
-	if err := s.locks.sameKind(c.resource, kindSemaphore, c.limit, ""); err != nil {
-		return nil, err
-	}
-	return s.locks.semaphoreStatus(c.resource, c.limit, c.who)
-}
-
-// revokePermit serves an operator's revoke of one permit's lease.
-func (s *Service) revokePermit(ctx context.Context, c *call, _ *slot) (any, error) {
-	resp, err := s.locks.revoke(ctx, streams.PermitResource(c.resource, c.permit), c.reason, c.who)
-	if resp != nil {
-		resp.Resource, resp.Permit = c.resource, c.permit
-	}
-	return resp, err
 }

@@ -7,8 +7,25 @@
 // waiter.go, store.go, tracker.go, keylocks.go, records.go) decides every
 // request by compare-and-set on the bucket. The transport (endpoints.go,
 // gate.go, workers.go, deadline.go, waiting.go, wake.go, follow.go)
-// receives requests, admits them, runs them and replies. service.go wires
-// the two and runs them; stream.go watches the bucket's stream.
+// receives requests, admits them, runs them and replies: request.go
+// decodes each request, and endpoints.go holds each operation's handler,
+// which hands the decoded request to the lock logic. service.go wires the
+// two and runs them, with the background sweep (sweep.go); stream.go
+// watches the bucket's stream.
+//
+// Every grant — of a lock, a permit of a semaphore, a lock set — runs in
+// one engine (engine.go). Each primitive supplies a read step, which
+// gathers a snapshot of the records its decision rests on (on the
+// instance's view, or fresh from the stream leader); a decider, which
+// consults that snapshot, the instance's view and the clock, does no I/O,
+// and returns a verdict value: answer now with a response or
+// a refusal, decide again on fresh reads, prove and answer a retry of the
+// same request, or write a plan; and a commit step, which writes the plan
+// and reports whether it committed, lost a race or found an earlier write
+// of the request. One commit loop runs the steps for every primitive and
+// owns what they share: the bound of attempts, the switch to fresh reads
+// and the answer when every attempt lost a race. Errors are failures and
+// refusals; none of them steers the loop.
 package service
 
 import (
@@ -17,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,15 +181,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer unsubscribe(subs)
 	go s.workers.reap(workerIdle) // until s.done
 	watchReady := make(chan struct{})
-	for _, run := range []func(){
-		func() { s.follow.heartbeat(bg, HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket)) },
-		func() { s.follow.run(bg, watchReady) },
-		func() { s.sweep(bg) },
-		func() { s.guard.run(bg, s.serving.Load, time.Second) },
-	} {
-		bgWG.Add(1)
-		go func() { defer bgWG.Done(); run() }()
-	}
+	s.startBackground(bg, &bgWG, b, watchReady)
 	select {
 	case <-watchReady:
 	case <-ctx.Done():
@@ -186,17 +196,59 @@ func (s *Service) Run(ctx context.Context) error {
 	s.log.Info("jetlock serving", "prefix", s.cfg.Prefix, "bucket", b.Config().Bucket, "instance", svc.Info().ID)
 
 	<-ctx.Done()
-	// Stop taking requests (drains the endpoint subscriptions), end the
-	// waits (their callers retry elsewhere and keep their places), then wait
-	// for every request in flight to be answered.
+	s.drain(svc)
+	s.log.Info("jetlock stopped")
+	return nil
+}
+
+// Health returns the instance's readiness as its last check saw it. It
+// may be called at any time, also before Run serves (not ready: "not
+// serving yet") and once Run has begun to shut down (not ready: "instance
+// not serving"), so a readiness probe can call it from the start.
+func (s *Service) Health() Health {
+	select {
+	case <-s.ready: // s.guard is set before ready is closed
+	default:
+		return Health{Problems: []string{"not serving yet"}}
+	}
+	s.guard.mu.Lock()
+	h := s.guard.health
+	s.guard.mu.Unlock()
+	if h.Checked.IsZero() {
+		h.Problems = []string{"not checked yet"}
+	}
+	if !s.serving.Load() && h.Ready {
+		h.Ready, h.Problems = false, append(slices.Clone(h.Problems), "instance not serving")
+	}
+	return h
+}
+
+// startBackground starts the instance's background work on bg, each in a
+// goroutine counted in wg: the heartbeat, the watcher (which closes
+// watchReady once caught up), the sweep and the high-water guard.
+func (s *Service) startBackground(bg context.Context, wg *sync.WaitGroup, b *streams.Bucket, watchReady chan struct{}) {
+	for _, run := range []func(){
+		func() { s.follow.heartbeat(bg, HeartbeatSubject(s.cfg.Prefix, b.Config().Bucket)) },
+		func() { s.follow.run(bg, watchReady) },
+		func() { sweeper{s}.sweep(bg) },
+		func() { s.guard.run(bg, s.serving.Load, time.Second) },
+	} {
+		wg.Add(1)
+		go func() { defer wg.Done(); run() }()
+	}
+}
+
+// drain stops the instance once its context ends: it stops taking
+// requests (drains the endpoint subscriptions), ends the waits (their
+// callers retry elsewhere and keep their places), then waits for every
+// request in flight to be answered.
+func (s *Service) drain(svc micro.Service) {
 	s.serving.Store(false)
 	close(s.stopping)
 	if err := svc.Stop(); err != nil {
 		s.log.Warn("stop micro service", "err", err)
 	}
 	s.awaitDrained()
-	s.log.Info("jetlock stopped")
-	return nil
 }
 
 // wire builds the lock logic on the ensured bucket b.

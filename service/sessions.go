@@ -157,54 +157,61 @@ func (l *locks) openSession(ctx context.Context, r *sessionReq) (*streams.Sessio
 		if err != nil {
 			return nil, err
 		}
-		switch {
-		case o.foreign:
-			return nil, newOpError(streams.CodeUnavailable, "the session's key holds a value jetlock did not write; it is removed once it has stood for the longest TTL")
-		case o.held():
-			// The hash is the tenant's and the request id's: this is the
-			// same open, retried.
-			if o.rec.Owner != r.owner {
-				return nil, newOpError(streams.CodeInvalidRequest, "request_id %q opened a session for another owner", r.requestID)
-			}
-			resp, err := l.extend(ctx, "", r.key, o, r.ttl)
-			if errors.Is(err, errConflict) {
-				fresh = true
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
-			return &streams.SessionResponse{SessionID: sessionID(r.hash, o.rec), TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt}, nil
-		case o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window):
-			return nil, sessionEnded(r.requestID)
-		}
-		if n, _ := l.tracker.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
-			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n)
-		}
-		now := l.cfg.Clock.Now()
-		rec := &streams.Record{LeaseID: newLeaseID(), Owner: r.owner, Tenant: r.tenant, RequestID: r.requestID, GrantedAt: streams.FormatTime(now)}
-		setExpiry(rec, now, r.ttl, time.Time{})
-		seq, dup, err := l.store.put(ctx, r.key, rec, o.rev, "sess-"+r.hash)
+		resp, err := l.openOn(ctx, r, o)
 		if errors.Is(err, errConflict) {
 			fresh = true
 			continue
 		}
-		if err != nil {
-			l.tracker.forget(r.key)
-			return nil, err
-		}
-		if dup {
-			// Opened before, at seq: the same session if it is still
-			// the key's record, else it has ended. A read can still miss
-			// that write (it committed while this request was deciding):
-			// decide on a read that has seen it.
-			return l.earlierOpen(ctx, r, seq)
-		}
-		l.tracker.observe(r.key, entry{rev: seq, rec: rec})
-		l.report.session("opened", r.owner, r.who)
-		return &streams.SessionResponse{SessionID: sessionID(r.hash, rec), TTLms: rec.TTLms, ExpiresAt: rec.ExpiresAt}, nil
+		return resp, err
 	}
 	return nil, tooManyConflicts()
+}
+
+// openOn opens the session r on its key's observation o: the same open
+// retried if o holds it, else a new session. It returns errConflict if
+// the key was written meanwhile.
+func (l *locks) openOn(ctx context.Context, r *sessionReq, o observation) (*streams.SessionResponse, error) {
+	switch {
+	case o.foreign:
+		return nil, newOpError(streams.CodeUnavailable, "the session's key holds a value jetlock did not write; it is removed once it has stood for the longest TTL")
+	case o.held():
+		// The hash is the tenant's and the request id's: this is the
+		// same open, retried.
+		if o.rec.Owner != r.owner {
+			return nil, newOpError(streams.CodeInvalidRequest, "request_id %q opened a session for another owner", r.requestID)
+		}
+		resp, err := l.extend(ctx, "", r.key, o, r.ttl)
+		if err != nil {
+			return nil, err
+		}
+		return &streams.SessionResponse{SessionID: sessionID(r.hash, o.rec), TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt}, nil
+	case o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window):
+		return nil, sessionEnded(r.requestID)
+	}
+	if n, _ := l.tracker.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
+		return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n)
+	}
+	now := l.cfg.Clock.Now()
+	rec := &streams.Record{LeaseID: newLeaseID(), Owner: r.owner, Tenant: r.tenant, RequestID: r.requestID, GrantedAt: streams.FormatTime(now)}
+	setExpiry(rec, now, r.ttl, time.Time{})
+	seq, dup, err := l.store.put(ctx, r.key, rec, o.rev, "sess-"+r.hash)
+	if errors.Is(err, errConflict) {
+		return nil, err
+	}
+	if err != nil {
+		l.tracker.forget(r.key)
+		return nil, err
+	}
+	if dup {
+		// Opened before, at seq: the same session if it is still
+		// the key's record, else it has ended. A read can still miss
+		// that write (it committed while this request was deciding):
+		// decide on a read that has seen it.
+		return l.earlierOpen(ctx, r, seq)
+	}
+	l.tracker.observe(r.key, entry{rev: seq, rec: rec})
+	l.report.session("opened", r.owner, r.who)
+	return &streams.SessionResponse{SessionID: sessionID(r.hash, rec), TTLms: rec.TTLms, ExpiresAt: rec.ExpiresAt}, nil
 }
 
 // earlierOpen answers an open whose write JetStream reported as a
@@ -843,21 +850,4 @@ func sessionLeaseResponse(resource string, token uint64, rec *streams.Record, se
 		resp.TTLms, resp.ExpiresAt = sess.TTLms, sess.ExpiresAt
 	}
 	return resp
-}
-
-// The session's operations as the request path serves them (request.go).
-
-// openSession serves a session's open.
-func (s *Service) openSession(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.openSession(ctx, newSessionReq(c.requestID, c.owner, c.ttl, c.who))
-}
-
-// keepalive serves a session's keepalive.
-func (s *Service) keepalive(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.keepalive(ctx, c.sessionID, c.ttl, c.who)
-}
-
-// closeSession serves a session's close.
-func (s *Service) closeSession(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.closeSession(ctx, c.sessionID, c.who)
 }

@@ -145,83 +145,73 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 			return nil, err
 		}
 	}
-	for attempt := 0; attempt < attempts(r.session); attempt++ {
-		sess, obs, err := l.readSet(ctx, r, fresh)
-		if again(err) {
-			fresh = true
-			continue
-		} else if err != nil {
-			return nil, err
-		}
-		resp, done, err := l.decideSet(r, obs, fresh, sess)
-		if done {
-			resp, err = l.answerDecided(ctx, r, obs, resp, err)
-		}
-		if again(err) {
-			fresh = true
-			continue
-		} else if done || err != nil {
-			return resp, err
-		}
-		if err := l.guard.grants(); err != nil {
-			return nil, err
-		}
-		resp, err = l.grantSet(ctx, r, obs, queued, sess)
-		switch {
-		case errors.Is(err, errConflict):
-			// Another writer's commit on one of the keys (perhaps this
-			// request's own attempt on another instance, still being
-			// applied): decide again once it has committed.
-			l.report.conflict()
-			l.conflictPause(ctx)
-			fresh = true
-			continue
-		case errors.Is(err, errDuplicate):
-			return l.earlierSet(ctx, r, sess.rec)
-		}
-		return resp, err
-	}
-	return nil, tooManyConflicts()
+	return commitLoop(ctx, l, r.session, fresh, engineSteps[setSnap, struct{}, *streams.SetLeaseResponse]{
+		read: func(ctx context.Context, fresh bool) (setSnap, bool, error) {
+			return l.readSet(ctx, r, fresh)
+		},
+		decide: func(s setSnap, fresh bool) verdict[*streams.SetLeaseResponse, struct{}] {
+			return l.decideSet(r, s.obs, fresh)
+		},
+		prove: func(ctx context.Context, s setSnap) (*streams.SetLeaseResponse, outcome, error) {
+			return settled(l.proveSet(ctx, r, s.obs))
+		},
+		commit: func(ctx context.Context, s setSnap, _ struct{}) (*streams.SetLeaseResponse, outcome, error) {
+			resp, err := l.grantSet(ctx, r, s.obs, queued, s.sess)
+			if errors.Is(err, errDuplicate) {
+				return nil, duplicated, nil
+			}
+			return settled(resp, err)
+		},
+		earlier: func(ctx context.Context, s setSnap) (*streams.SetLeaseResponse, error) {
+			return l.earlierSet(ctx, r, s.sess.rec)
+		},
+		// Another writer's commit on one of the keys (perhaps this
+		// request's own attempt on another instance, still being
+		// applied): decide again once it has committed.
+		pause: true,
+	})
 }
 
-// answerDecided answers set r, decided without a grant (decideSet's
-// resp and err) on the observations obs of its keys: a retry of a set
-// that every key still holds is renewed, or in a session answered held
-// only once proven, as a single lease's is (setHeldInSession).
-// errConflict asks to decide again on fresh reads.
-func (l *locks) answerDecided(ctx context.Context, r *setReq, obs []observation, resp *streams.SetLeaseResponse, err error) (*streams.SetLeaseResponse, error) {
-	switch {
-	case errors.Is(err, errRetried):
+// setSnap is what a decision on a set's grant rests on: the request's
+// session (sess, if any) and the observations of the set's keys.
+type setSnap struct {
+	sess observation
+	obs  []observation
+}
+
+// proveSet answers a retry of set r, whose every key (observed in obs)
+// still holds its lease: renewed, or in a session answered held only once
+// proven, as a single lease's is (setHeldInSession). errConflict asks to
+// decide again on fresh reads.
+func (l *locks) proveSet(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
+	if r.session == "" {
 		return l.renewRetried(ctx, r, obs)
-	case err == nil && r.session != "":
-		return l.setHeldInSession(ctx, r, obs)
 	}
-	return resp, err
+	return l.setHeldInSession(ctx, r, obs)
 }
 
 // readSet reads what a decision on set r's grant rests on: r's session
 // (if any) and every key of the set, each under the name rule (claimName,
 // whose retirement of a name record replaces the key's observation with
-// its delete). errConflict or errReadFirst asks to decide again on fresh
-// reads.
-func (l *locks) readSet(ctx context.Context, r *setReq, fresh bool) (sess observation, obs []observation, err error) {
+// its delete). again asks to decide on fresh reads.
+func (l *locks) readSet(ctx context.Context, r *setReq, fresh bool) (s setSnap, again bool, err error) {
 	if r.session != "" {
-		if sess, err = l.session(ctx, r.grantReq(0), fresh); err != nil {
-			return sess, nil, err
+		if s.sess, err = l.session(ctx, r.grantReq(0), fresh); err != nil {
+			return s, false, err
 		}
 	}
-	if obs, err = l.readAll(ctx, r.keys, fresh); err != nil {
-		return sess, nil, err
+	if s.obs, err = l.readAll(ctx, r.keys, fresh); err != nil {
+		return s, false, err
 	}
-	for i, o := range obs {
+	for i, o := range s.obs {
 		if o.sem == 0 {
 			continue
 		}
-		if obs[i], err = l.claimName(ctx, r.resources[i], o, 0, fresh); err != nil {
-			return sess, nil, err
+		if s.obs[i], again, err = l.claimName(ctx, r.resources[i], o, 0, fresh); again || err != nil {
+			return s, again, err
 		}
 	}
-	return sess, obs, nil
+	return s, false, nil
 }
 
 // stillBlocked answers "locked" when a fresh read proves that set r, which
@@ -264,11 +254,12 @@ func (l *locks) stillBlocked(ctx context.Context, r *setReq) error {
 	return l.setLocked(r, obs, false)
 }
 
-// decideSet decides, on the observations obs of r's keys, whether r is
-// answered without a write (done, with resp or err: its lease already, or
-// a refusal), or may be granted (not done). errReadFirst asks for a fresh
-// read first.
-func (l *locks) decideSet(r *setReq, obs []observation, fresh bool, sess observation) (*streams.SetLeaseResponse, bool, error) {
+// decideSet is the verdict on set r from the observations obs of its
+// keys: prove a retry (every key holds r's lease), refuse, decide on a
+// fresh read first, or write the set's grant.
+func (l *locks) decideSet(r *setReq, obs []observation, fresh bool) verdict[*streams.SetLeaseResponse, struct{}] {
+	type v = verdict[*streams.SetLeaseResponse, struct{}]
+	refuse := func(err error) v { return answer[*streams.SetLeaseResponse, struct{}](nil, err) }
 	now := time.Now()
 	mine := 0
 	for _, o := range obs {
@@ -280,48 +271,48 @@ func (l *locks) decideSet(r *setReq, obs []observation, fresh bool, sess observa
 	case mine == len(obs):
 		rec := obs[0].rec
 		if rec.Owner != r.owner || rec.Session != r.session {
-			return nil, true, l.setLocked(r, obs, true)
+			return refuse(l.setLocked(r, obs, true))
 		}
-		if r.session == "" {
-			return nil, true, errRetried
-		}
-		return setResponse(r.resources, obs, sess.rec), true, nil
+		return v{kind: proveRetry}
 	case mine > 0:
 		// Part of the set's lease has ended (a revoke of one key): the
 		// lease is over. Unless the keys were seen apart from the grant's
 		// commit (this instance's view lags, or the reads straddled it).
 		if !fresh || straddles(r, obs) {
-			return nil, false, errReadFirst
+			return v{kind: readAgain}
 		}
-		return nil, true, leaseEnded(r.requestID)
+		return refuse(leaseEnded(r.requestID))
 	}
 	var held []int
 	for i, o := range obs {
 		if (o.held() || o.foreign) && !l.tracker.expired(o, now) {
 			if !fresh && (o.foreign || l.following()) {
-				return nil, false, errReadFirst
+				return v{kind: readAgain}
 			}
 			held = append(held, i)
 			continue
 		}
 		if !o.held() && !o.foreign && o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window) {
-			return nil, true, leaseEnded(r.requestID)
+			return refuse(leaseEnded(r.requestID))
 		}
 	}
 	if len(held) > 0 {
-		return nil, true, l.setLocked(r, obs, false)
+		return refuse(l.setLocked(r, obs, false))
 	}
 	for i, o := range obs {
 		if ok, ahead := l.mayClaim(resourceOf(r.keys[i]), r.hashes[i], o); !ok {
-			return nil, true, newOpError(streams.CodeLocked, "resource %q is free but reserved for the %d waiters ahead", r.resources[i], ahead)
+			return refuse(newOpError(streams.CodeLocked, "resource %q is free but reserved for the %d waiters ahead", r.resources[i], ahead))
 		}
 	}
 	if r.session != "" {
 		if _, n := l.tracker.memberCount(r.session); n+len(r.keys) > l.cfg.MaxPerSession {
-			return nil, true, newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, and the set needs %d more: the cap is %d", n, len(r.keys), l.cfg.MaxPerSession)
+			return refuse(newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, and the set needs %d more: the cap is %d", n, len(r.keys), l.cfg.MaxPerSession))
 		}
 	}
-	return nil, false, nil
+	if err := l.guard.grants(); err != nil {
+		return refuse(err)
+	}
+	return v{kind: writePlan}
 }
 
 // setLocked is the "locked" answer to r: every resource of the set that is
@@ -512,10 +503,6 @@ func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record)
 	}
 	return nil, tooManyConflicts()
 }
-
-// errRetried tells trySet that the set's keys hold the lease of the same
-// request: a retry, answered with that lease renewed.
-var errRetried = errors.New("a retry of the set's grant")
 
 // renewRetried answers a retry of the acquire that holds the set lease
 // observed in obs: the same lease, renewed, because the caller counts its
@@ -945,45 +932,4 @@ func (l *locks) cancelSet(ctx context.Context, resources []string, requestID, ow
 		dequeued = dequeued || d
 	}
 	return &streams.SetCancelResponse{Resources: resources, Cancelled: released > 0 || dequeued}, nil
-}
-
-// The lock set's operations as the request path serves them
-// (request.go): each names every resource of the set.
-
-// acquireSet serves the acquire of a lock set: its members' kind, the
-// tenant's lease cap, then the decision, waiting or not.
-func (s *Service) acquireSet(ctx context.Context, c *call, sl *slot) (any, error) {
-	r := c.set
-	for _, res := range r.resources {
-		if err := s.locks.sameKind(res, kindLock, 0, ""); err != nil {
-			return nil, err
-		}
-	}
-	if s.cfg.MaxLeasesPerTenant > 0 {
-		if n := s.tracker.tenantLeaseCount(r.tenant); n+len(r.keys) > s.cfg.MaxLeasesPerTenant {
-			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user holds %d leases and the set needs %d more: the cap is %d", n, len(r.keys), s.cfg.MaxLeasesPerTenant)
-		}
-	}
-	for _, res := range r.resources {
-		s.report.touched(res)
-	}
-	if c.wait > 0 {
-		return s.wait(s.locks.newSetWaiter(r), r.hash, c.wait, sl)
-	}
-	return s.locks.acquireSet(ctx, r)
-}
-
-// renewSet serves the renewal of a set's lease.
-func (s *Service) renewSet(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.renewSet(ctx, c.resources, c.leaseID, c.ttl, c.who)
-}
-
-// releaseSet serves the release of a set's lease.
-func (s *Service) releaseSet(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.releaseSet(ctx, c.resources, c.leaseID, c.who)
-}
-
-// cancelSet serves the cancel of a set's acquire.
-func (s *Service) cancelSet(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.cancelSet(ctx, c.resources, c.requestID, c.owner, c.who)
 }

@@ -134,9 +134,7 @@ attempts:
 		recs := make([]*streams.Record, len(obs))
 		msgs := make([]*batchMsg, len(obs))
 		for i, o := range obs {
-			rec := &streams.Record{Owner: r.owner, Tenant: r.tenant, RequestID: r.requestID, TTLms: window.Milliseconds(),
-				GrantedAt: streams.FormatTime(now), Wake: w.wake, LeaseTTLms: r.ttl.Milliseconds(), MaxHoldMs: r.maxHold.Milliseconds(),
-				Session: r.session, Set: r.set, SetSize: len(r.keys)}
+			rec := w.placeRecord(now, window)
 			switch {
 			case !isNew && o.held() && o.rev == w.places[i]:
 				rec.Token, rec.GrantedAt = o.rec.TokenAt(o.rev), o.rec.GrantedAt // keep the ticket
@@ -175,25 +173,41 @@ attempts:
 			}
 			return err
 		}
-		for i, k := range w.wkeys {
-			l.tracker.observe(k, entry{rev: msgs[i].seq, rec: recs[i]})
-			w.places[i] = msgs[i].seq
-		}
-		if !isNew {
-			return nil
-		}
-		// New places: a cancel that came between this request's "locked"
-		// answer and this write found none to remove; its tombstone is the
-		// proof.
-		if gone, err := l.store.exists(ctx, cancelKey(r.hashes[0])); err != nil {
-			return err
-		} else if gone {
-			w.removePlaces(ctx)
-			return newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled")
-		}
-		return nil
+		return w.placed(ctx, recs, msgs, isNew)
 	}
 	return tooManyConflicts()
+}
+
+// placeRecord is the waiter record of this set's acquire, written now for
+// window.
+func (w *setWaiter) placeRecord(now time.Time, window time.Duration) *streams.Record {
+	r := w.r
+	return &streams.Record{Owner: r.owner, Tenant: r.tenant, RequestID: r.requestID, TTLms: window.Milliseconds(),
+		GrantedAt: streams.FormatTime(now), Wake: w.wake, LeaseTTLms: r.ttl.Milliseconds(), MaxHoldMs: r.maxHold.Milliseconds(),
+		Session: r.session, Set: r.set, SetSize: len(r.keys)}
+}
+
+// placed records the places just written (recs as msgs); new places are
+// removed again if the acquire was cancelled meanwhile.
+func (w *setWaiter) placed(ctx context.Context, recs []*streams.Record, msgs []*batchMsg, isNew bool) error {
+	l, r := w.l, w.r
+	for i, k := range w.wkeys {
+		l.tracker.observe(k, entry{rev: msgs[i].seq, rec: recs[i]})
+		w.places[i] = msgs[i].seq
+	}
+	if !isNew {
+		return nil
+	}
+	// New places: a cancel that came between this request's "locked"
+	// answer and this write found none to remove; its tombstone is the
+	// proof.
+	if gone, err := l.store.exists(ctx, cancelKey(r.hashes[0])); err != nil {
+		return err
+	} else if gone {
+		w.removePlaces(ctx)
+		return newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled")
+	}
+	return nil
 }
 
 // room reserves a new place in the queue of the set's i-th resource, or

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -266,26 +265,4 @@ func (g *streamGuard) permissionProblems() []string {
 		return []string{"a permission error was reported in the last minute (see the log)"}
 	}
 	return nil
-}
-
-// Health returns the instance's readiness as its last check saw it. It
-// may be called at any time, also before Run serves (not ready: "not
-// serving yet") and once Run has begun to shut down (not ready: "instance
-// not serving"), so a readiness probe can call it from the start.
-func (s *Service) Health() Health {
-	select {
-	case <-s.ready: // s.guard is set before ready is closed
-	default:
-		return Health{Problems: []string{"not serving yet"}}
-	}
-	s.guard.mu.Lock()
-	h := s.guard.health
-	s.guard.mu.Unlock()
-	if h.Checked.IsZero() {
-		h.Problems = []string{"not checked yet"}
-	}
-	if !s.serving.Load() && h.Ready {
-		h.Ready, h.Problems = false, append(slices.Clone(h.Problems), "instance not serving")
-	}
-	return h
 }

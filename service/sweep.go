@@ -12,12 +12,16 @@ import (
 // sweepParallel bounds the expiry writes in flight at once.
 const sweepParallel = 64
 
+// sweeper is an instance's background sweep: the expiry of what has
+// stood for its TTL, and the retirement of idle name records.
+type sweeper struct{ *Service }
+
 // sweep ends, every SweepInterval, the leases (and stale waiter records,
 // and foreign values) whose revision has stood unchanged for their TTL
 // plus grace since this instance first saw it (locks.expire). Due times
 // come from the tracker's heap, so a sweep costs in proportion to what
 // expires.
-func (s *Service) sweep(ctx context.Context) {
+func (s sweeper) sweep(ctx context.Context) {
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
 	sem := make(chan struct{}, sweepParallel)
@@ -54,7 +58,7 @@ func (s *Service) sweep(ctx context.Context) {
 // (locks.retireName), so a permit held after all refuses it and one
 // granted meanwhile fails it. Every instance may try; the compare-and-set
 // lets one succeed.
-func (s *Service) retireIdle(ctx context.Context) {
+func (s sweeper) retireIdle(ctx context.Context) {
 	for _, name := range s.tracker.idleSemaphores(time.Now(), 64) {
 		key := streams.LeaseKey(name)
 		o, ok := s.tracker.get(key)

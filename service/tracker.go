@@ -295,20 +295,31 @@ func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEven
 	if o.key != "" {
 		key = o.key
 	}
-	at := now.Sub(t.epoch)
 	o = observation{entry: e, seen: now, key: key}
+	t.place(&o, due, now)
+	t.reindex(key, e, wasHeld, wasTenant, wasRec, wasRev, now, evs)
+	t.forgetGone(now, 16)
+	return o
+}
+
+// place stores the new observation o of a key (whose previous expiry was
+// due) among the live keys, or records the key as deleted. The caller
+// holds t.mu.
+func (t *tracker) place(o *observation, due time.Duration, now time.Time) {
+	key, e := o.key, o.entry
+	at := now.Sub(t.epoch)
 	id := t.keyID(key)
 	switch {
 	case e.held() || e.foreign:
-		t.schedule(&o, due)
-		t.keys[key] = o
+		t.schedule(o, due)
+		t.keys[key] = *o
 		delete(t.deleted, id)
 	case e.sem != 0:
-		t.keys[key] = o // a semaphore's name record (name_rule.go)
+		t.keys[key] = *o // a semaphore's name record (name_rule.go)
 		delete(t.deleted, id)
 		t.noteNameRecord(key, at)
 	case e.end != nil:
-		t.keys[key] = o
+		t.keys[key] = *o
 		delete(t.deleted, id)
 		t.marks.push(markedKey{key: key, rev: e.rev}, at)
 	default:
@@ -318,6 +329,12 @@ func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEven
 		t.gone.push(id, at)
 	}
 	t.keysPeak.note(len(t.keys))
+}
+
+// reindex updates the indexes that follow a key's change from its previous
+// state (wasHeld by wasTenant as wasRec at revision wasRev) to e, and puts
+// the election events it causes in evs. The caller holds t.mu.
+func (t *tracker) reindex(key string, e entry, wasHeld bool, wasTenant string, wasRec *streams.Record, wasRev uint64, now time.Time, evs *[]streams.ElectionEvent) {
 	switch {
 	case isSessionKey(key):
 		t.sessionChanged(key, wasHeld, wasTenant, e, now)
@@ -336,8 +353,6 @@ func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEven
 		t.indexPermit(key, wasRec, e.rec)
 		*evs = electionEvents(key, wasRec, wasRev, e)
 	}
-	t.forgetGone(now, 16)
-	return o
 }
 
 // countTenantLease moves a lease key's count from the tenant that held it

@@ -109,6 +109,13 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	}
 	resp, err = w.l.tryGrant(ctx, &g, fresh)
 	w.ttl = min(w.g.ttl, w.l.cfg.HandoverTTL)
+	return w.afterTry(ctx, resp, err)
+}
+
+// afterTry ends the step with tryGrant's answer (resp, err): done if it
+// granted or failed otherwise than locked, else queued (if not yet) to
+// wait on.
+func (w *waiter) afterTry(ctx context.Context, resp *streams.LeaseResponse, err error) (*streams.LeaseResponse, bool, error) {
 	var oe *opError
 	// Every attempt lost a race with other writers (another instance's
 	// grants of the same semaphore): wait on, as when it is held.

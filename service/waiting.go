@@ -10,14 +10,6 @@ import (
 	"github.com/jetlock/jetlock/streams"
 )
 
-// acquireWaiting serves an acquire with wait_ms > 0 in the request's own
-// goroutine: the waiter's steps (waiter.go), between them its wake
-// messages and timers. Waiting costs no store work, so the request gives
-// its in-flight place back once queued.
-func (s *Service) acquireWaiting(g *grantReq, wait time.Duration, sl *slot) (any, error) {
-	return s.wait(singleWait{s.locks.newWaiter(g)}, g.hash, wait, sl)
-}
-
 // waitSteps is a waiting acquire's decisions: a single resource's
 // (waiter) or a set's (setWaiter).
 type waitSteps interface {
@@ -55,9 +47,13 @@ func (sw singleWait) queued() bool { return sw.w.queued.rev != 0 }
 
 func (sw singleWait) endsAt(t time.Time) { sw.w.until = t }
 
+// waits runs an instance's waiting acquires, each in its request's
+// goroutine.
+type waits struct{ *Service }
+
 // wait serves the waiting acquire w, whose wake messages come to hash,
 // for at most wait.
-func (s *Service) wait(w waitSteps, hash string, wait time.Duration, sl *slot) (any, error) {
+func (s waits) wait(w waitSteps, hash string, wait time.Duration, sl *slot) (any, error) {
 	if n := s.nWaiting.Add(1); n > int64(s.cfg.MaxWaiting) {
 		s.nWaiting.Add(-1)
 		return nil, newOpError(streams.CodeTooManyWaiters, "this service instance serves %d waiting acquires, the cap", s.cfg.MaxWaiting)
@@ -120,14 +116,14 @@ func (s *Service) wait(w waitSteps, hash string, wait time.Duration, sl *slot) (
 var errStopping = errors.New("service instance stopping")
 
 // waitStep runs one step of w within OpTimeout.
-func (s *Service) waitStep(w waitSteps, woken bool) (any, bool, error) {
+func (s waits) waitStep(w waitSteps, woken bool) (any, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
 	return w.step(ctx, woken)
 }
 
 // leave ends w's wait within OpTimeout (see waiter.leave).
-func (s *Service) leave(w waitSteps, last error) (any, error) {
+func (s waits) leave(w waitSteps, last error) (any, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
 	return w.leave(ctx, last)

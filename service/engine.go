@@ -1,0 +1,137 @@
+package service
+
+import (
+	"context"
+	"errors"
+)
+
+// The engine: every grant (a lock, a permit of a semaphore, a lock set)
+// is made by one commit loop (commitLoop) from three steps that its
+// primitive supplies. The read step gathers a snapshot (the records,
+// the session's record, the name rule's record), on the instance's view
+// or fresh from the stream leader. The decide step is a function of that
+// snapshot, the view and the clock, and does no I/O: it returns a verdict
+// value — answer now (a response or a refusal), decide again on fresh
+// reads, prove and answer a retry of the same request, or write a plan.
+// The commit step writes the plan and reports, as a value, whether the
+// write committed, lost a race (conflict) or was a duplicate of an
+// earlier write of the request. The loop owns what is common: the bound
+// of attempts, the switch to fresh reads, the conflict's report and
+// pause, and the answer when every attempt lost a race.
+
+// verdictKind says what the loop does with a decision.
+type verdictKind uint8
+
+const (
+	// answerNow: answer with the verdict's response, or its refusal.
+	answerNow verdictKind = iota
+	// readAgain: the view must not decide alone; decide on fresh reads.
+	readAgain
+	// proveRetry: the records hold this request's earlier grant; the
+	// prove step answers it (renewed, or proven held in its session).
+	proveRetry
+	// writePlan: write the verdict's plan (the commit step).
+	writePlan
+)
+
+// verdict is a decide step's result: what to do, and with what.
+type verdict[R, P any] struct {
+	kind verdictKind
+	resp R     // answerNow: the response, unless err
+	err  error // answerNow: the refusal
+	plan P     // writePlan: what to write
+}
+
+// answer is the verdict to answer now with resp or the refusal err.
+func answer[R, P any](resp R, err error) verdict[R, P] {
+	return verdict[R, P]{kind: answerNow, resp: resp, err: err}
+}
+
+// outcome is what a commit (or a retry's proof) reports of its writes.
+type outcome uint8
+
+const (
+	committed  outcome = iota // written (or answered); the response stands
+	conflicted                // lost a race with another writer: decide again
+	duplicated                // an earlier write of the request was found
+)
+
+// engineSteps is one primitive's part of the commit loop, over its
+// snapshot S, its plan P and its response R.
+type engineSteps[S, P, R any] struct {
+	// read gathers the snapshot (fresh: from the stream leader); again
+	// asks for fresh reads (the view may lag, or a read's own commit,
+	// such as a name record's retirement, lost a race).
+	read func(ctx context.Context, fresh bool) (snap S, again bool, err error)
+	// decide is the verdict on snap; it does no I/O.
+	decide func(snap S, fresh bool) verdict[R, P]
+	// prove answers a retry of the request found in snap.
+	prove func(ctx context.Context, snap S) (R, outcome, error)
+	// commit writes plan.
+	commit func(ctx context.Context, snap S, plan P) (R, outcome, error)
+	// earlier answers a commit that found an earlier write of the
+	// request (nil: the commit step resolves its duplicates itself).
+	earlier func(ctx context.Context, snap S) (R, error)
+	// pause: after a lost commit, wait about a commit before reading
+	// again (the winner may be this request's own attempt elsewhere).
+	pause bool
+}
+
+// commitLoop reads, decides, writes and retries on a conflict, at most
+// attempts(session) times, starting on the view unless fresh.
+func commitLoop[S, P, R any](ctx context.Context, l *locks, session string, fresh bool, s engineSteps[S, P, R]) (R, error) {
+	var zero R
+	for attempt := 0; attempt < attempts(session); attempt++ {
+		snap, again, err := s.read(ctx, fresh)
+		if err != nil {
+			return zero, err
+		}
+		if again {
+			fresh = true
+			continue
+		}
+		v := s.decide(snap, fresh)
+		var resp R
+		var out outcome
+		switch v.kind {
+		case answerNow:
+			return v.resp, v.err
+		case readAgain:
+			fresh = true
+			continue
+		case proveRetry:
+			if resp, out, err = s.prove(ctx, snap); out == conflicted {
+				fresh = true
+				continue
+			}
+			return resp, err
+		}
+		resp, out, err = s.commit(ctx, snap, v.plan)
+		switch out {
+		case conflicted:
+			l.report.conflict()
+			if s.pause {
+				l.conflictPause(ctx)
+			}
+			fresh = true
+			continue
+		case duplicated:
+			return s.earlier(ctx, snap)
+		}
+		return resp, err
+	}
+	return zero, tooManyConflicts()
+}
+
+// settled turns a write's error into the loop's outcome: a lost
+// compare-and-set is a conflict, anything else stands.
+func settled[R any](resp R, err error) (R, outcome, error) {
+	if isConflict(err) {
+		var zero R
+		return zero, conflicted, nil
+	}
+	return resp, committed, err
+}
+
+// isConflict reports whether err is a lost compare-and-set.
+func isConflict(err error) bool { return errors.Is(err, errConflict) }
