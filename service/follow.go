@@ -29,11 +29,19 @@ import (
 // decision commits by compare-and-set either way; what an instance that
 // does not follow misses makes its view staler, never a decision wrong.
 // When another instance appears, the watcher starts again and first
-// delivers the last write of every key, so nothing written meanwhile is
-// missed.
+// reads every record, so nothing written meanwhile is missed.
+//
+// That first read costs the cluster a pass over the whole bucket, beside
+// the load. In a rolling restart of the instances, each peer is gone for
+// the seconds its restart takes: an instance that stopped following at
+// once would read the bucket again just as the restarted one reads it for
+// its own first sync, two passes together on a busy cluster (a window of
+// many seconds without grants, measured). So peerLinger outlasts any
+// restart: an instance stops following only once its peers have been
+// gone for good.
 const (
 	peerInterval = time.Second
-	peerLinger   = 5 * time.Second
+	peerLinger   = 2 * time.Minute
 
 	followRetry    = 100 * time.Millisecond // first wait before a failed watcher starts again
 	followRetryMax = 2 * time.Second
@@ -222,12 +230,15 @@ var watchedPrefixes = []string{streams.LeaseKeyPrefix, streams.WaitKeyPrefix, st
 func (f *follower) watch(ctx context.Context, synced func()) error {
 	f.deliveries.restart()
 	defer f.deliveries.stopped()
+	start, records := time.Now(), 0
 	last, err := scanBucket(ctx, f.store, f.bucket, watchedPrefixes, func(r scanned) {
+		records++
 		f.deliver(r.key, r.rev, r.deleted, r.data, true)
 	})
 	if err != nil {
 		return err
 	}
+	scannedIn, scannedTo := time.Since(start), last
 	filters := make([]string, len(watchedPrefixes))
 	for i, p := range watchedPrefixes {
 		filters[i] = p + ">"
@@ -255,6 +266,8 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 					f.tracker.orphansDue(time.Now())
 					f.deliveries.caughtUp()
 					f.caughtUpTo(last)
+					f.log.Info("view in sync with the bucket", "records", records, "read_in", scannedIn.Round(time.Millisecond),
+						"writes_after", last-scannedTo, "in", time.Since(start).Round(time.Millisecond))
 					synced()
 				}
 				continue

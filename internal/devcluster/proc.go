@@ -395,6 +395,7 @@ func NodeMain() int {
 	o, err := spec.options()
 	if err == nil {
 		o.LogFile = filepath.Join(o.StoreDir, "node.log")
+		o.Logtime, o.LogtimeUTC = true, true // to read beside lockd's and the bench's logs
 		err = os.MkdirAll(o.StoreDir, 0o755)
 	}
 	var s *server.Server
