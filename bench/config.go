@@ -43,7 +43,7 @@ type config struct {
 	rawBatch                             int
 	hold, wait                           time.Duration
 	wakeSubject                          string
-	killAt, restartAfter                 time.Duration
+	killAt, restartAfter, settle         time.Duration
 	failoverMode, cpuProfile, memProfile string
 	// restart is what the rolling scenario restarts: nodes, services or all.
 	restart                     string
@@ -188,6 +188,7 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.killAt, "kill-at", 0, "failover: when to stop the stream leader; the default is a third of --duration. rolling: when the first restart begins; the default is 15s")
 	fs.DurationVar(&c.restartAfter, "restart-after", 15*time.Second, "failover: restart the stopped node this long after the stop (or when it has exited, if later); 0 never")
 	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process), stop (stop it as deploy/ does: SIGUSR2, lame duck mode with deploy/nats/common.conf's settings), term (SIGTERM: a shutdown without lame duck mode) or stepdown (ask the leader to step down; works with --server). rolling: how each node is stopped, stop (the default), term or kill")
+	fs.DurationVar(&c.settle, "settle", 0, "rolling: after each restart is back (a node's replica current, an instance ready), wait this long before the next restart, counting what the load sees meanwhile toward that restart; 0: the request timeout, so that every request sent meanwhile has its answer")
 	fs.StringVar(&c.restart, "restart", "all", "rolling: what to restart in turn: nodes (the three NATS servers), services (each lockd instance; needs --instances 2 or more) or all (the nodes, then the services)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write an allocation profile of the bench process to this file at the end")
@@ -338,6 +339,8 @@ func (c *config) finishLoad() error {
 		return errors.New("ramp: need 0 < --ramp-start <= --ramp-max and --ramp-step > 0")
 	case c.hotResources < 1 || c.waiters < 1:
 		return errors.New("hotlock: need at least one resource and one waiter")
+	case c.settle < 0:
+		return errors.New("--settle must not be negative")
 	case c.killAt >= c.duration:
 		return fmt.Errorf("--kill-at %v must lie within --duration %v", c.killAt, c.duration)
 	}

@@ -56,6 +56,7 @@ func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
 		{"--scenario", "rolling", "--failover-mode", "stepdown"},
 		{"--scenario", "rolling", "--restart", "everything"},
 		{"--scenario", "rolling", "--restart", "services"}, // one instance leaves nobody to answer
+		{"--scenario", "rolling", "--settle", "-1s"},
 		{"--failover-mode", "pause"},
 		{"--service", "none"},
 		{"--target", "etcd"},
@@ -97,6 +98,7 @@ func TestParseFlagsRefusesWhatCannotWork(t *testing.T) {
 		{"--scenario", "failover", "--failover-mode", "term"},
 		{"--scenario", "rolling", "--restart", "nodes"},
 		{"--scenario", "rolling", "--restart", "services", "--instances", "2"},
+		{"--scenario", "rolling", "--settle", "60s", "--duration", "10m"},
 	} {
 		if _, err := parseFlags(args); err != nil {
 			t.Errorf("%v refused: %v", args, err)

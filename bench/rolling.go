@@ -203,10 +203,11 @@ func (e *env) restartService(ctx context.Context, ph *phase, wl *load.Workload, 
 
 // restart runs one restart into x: stop (returning a note when the
 // process had to be killed), start (returning once the process is back
-// and current), then a wait of the request timeout, so that every request
-// sent meanwhile has its answer or its timeout. It measures the window
-// without grants, the errors and the lost leases from the stop to the end
-// of that wait.
+// and current), then a wait of --settle (the request timeout unless set,
+// so that every request sent meanwhile has its answer or its timeout). It
+// measures the window without grants, the errors and the lost leases from
+// the stop to the end of that wait: what a restart costs after its
+// process is back counts toward it, not toward the next.
 func (e *env) restart(ctx context.Context, ph *phase, wl *load.Workload, x *RestartResult, what string,
 	stop func(at time.Time) string, start func() error) {
 	errs0, lost0 := phaseErrors(ph), wl.Losses()
@@ -222,8 +223,12 @@ func (e *env) restart(ctx context.Context, ph *phase, wl *load.Workload, x *Rest
 		x.BackAfterS = round2(time.Since(at).Seconds())
 		ph.event(x.Name + " back")
 	}
+	settle := e.cfg.settle
+	if settle == 0 {
+		settle = e.cfg.timeout
+	}
 	select {
-	case <-time.After(e.cfg.timeout):
+	case <-time.After(settle):
 	case <-ctx.Done():
 	}
 	x.NoGrantWindowMs = msOf(ph.grants.LongestGap(at, time.Now()))
