@@ -64,7 +64,7 @@ func (t *tracker) unpendLocked(wkey string) {
 
 // reserveOrRefuse is reserveWait answering too_many_waiters when a cap
 // refuses the place; resource names the queue in the answer.
-func (l *locks) reserveOrRefuse(wkey, resource, tenant string, need int) error {
+func (l *nameOps) reserveOrRefuse(wkey, resource, tenant string, need int) error {
 	cfg := l.cfg
 	n, owned, ok := l.tracker.reserveWait(wkey, tenant, need, cfg.MaxWaitersPerResource, cfg.MaxWaitersPerTenant)
 	switch {

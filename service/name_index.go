@@ -75,7 +75,7 @@ func (t *tracker) permitLimit(sem string) int {
 
 // semaphoreLimit returns the limit of semaphore sem as this instance
 // knows it: that of its held permits, else that of its waiters, else 0.
-func (l *locks) semaphoreLimit(sem string) int {
+func (l *nameOps) semaphoreLimit(sem string) int {
 	if n := l.tracker.permitLimit(sem); n != 0 {
 		return n
 	}
@@ -92,7 +92,7 @@ type nameUse struct {
 }
 
 // useOf returns what name is used as, as this instance knows it.
-func (l *locks) useOf(name string) nameUse {
+func (l *nameOps) useOf(name string) nameUse {
 	var u nameUse
 	if o, ok := l.tracker.get(streams.LeaseKey(name)); ok && o.held() {
 		u.election, u.lock = o.rec.Value != "", o.rec.Value == ""
@@ -119,7 +119,7 @@ func (u nameUse) String() string {
 // sameKind refuses a request that asks for name as another kind than it
 // is used as: a lock (election: with a value) or a semaphore of limit
 // limit. A name nobody holds or waits on may become anything.
-func (l *locks) sameKind(name string, k kind, limit int, value string) error {
+func (l *nameOps) sameKind(name string, k kind, limit int, value string) error {
 	u := l.useOf(name)
 	var clash bool
 	switch k {

@@ -127,7 +127,7 @@ func (t *tracker) membersDue(hash string, at time.Time) {
 // orphansDue makes due the leases and waits of every session the tracker
 // does not know, once its watcher has delivered every record: their
 // session's record is gone, and expire ends them on a fresh read that
-// proves it (see locks.sessionGone).
+// proves it (see sessionOps.sessionGone).
 func (t *tracker) orphansDue(now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
