@@ -344,7 +344,7 @@ func (l *handoverOps) expire(ctx context.Context, it dueItem) {
 		if !o.held() || o.rec.Session == "" {
 			return
 		}
-		// A session's lease made due (tracker.orphansDue) while the
+		// A session's lease made due (sessionIndex.orphansDue) while the
 		// tracker does not know its session: end it if the session's
 		// record is gone.
 		gone, err := l.sessions.sessionGone(ctx, o.rec.Session)
@@ -371,7 +371,7 @@ func (l *handoverOps) endDue(ctx context.Context, it dueItem, o observation) err
 		err = l.sessions.expireSession(ctx, it.key, o)
 	case o.held() && it.key == streams.LeaseKeyPrefix+enc:
 		why := endExpiry
-		if o.rec.Session != "" && l.tracker.sessionLeaseEnded(o.rec) {
+		if o.rec.Session != "" && l.tracker.sessionIx.sessionLeaseEnded(o.rec) {
 			why = endSessionExpiry // left by whoever ended its session
 		}
 		err = l.end(ctx, res, it.key, o, why, "")

@@ -742,7 +742,7 @@ func (l *leaseOps) release(ctx context.Context, resource, leaseID string, who or
 		return nil, errSetMember()
 	}
 	if ok && o.held() && o.rec.Session != "" && sameLease(o.rec.LeaseID, leaseID) {
-		if _, _, live := l.tracker.sessionInfo(o.rec.Session); !live {
+		if _, _, live := l.tracker.sessionIx.sessionInfo(o.rec.Session); !live {
 			return l.releaseInEndedSession(ctx, resource, key, leaseID, o.rec.Session, who)
 		}
 	}
@@ -750,7 +750,7 @@ func (l *leaseOps) release(ctx context.Context, resource, leaseID string, who or
 		// A lease of a session that has ended ended with it: it is not
 		// released again (its record, if this instance missed it when the
 		// session ended, is swept).
-		return sameLease(rec.LeaseID, leaseID) && rec.Set == "" && !l.tracker.sessionLeaseEnded(rec)
+		return sameLease(rec.LeaseID, leaseID) && rec.Set == "" && !l.tracker.sessionIx.sessionLeaseEnded(rec)
 	}, endRelease, who, "")
 	if err != nil {
 		return nil, err
@@ -791,7 +791,7 @@ func (l *leaseOps) releaseWhy(ctx context.Context, hash string, who origin) (end
 	if hash == "" {
 		return endRelease, who, nil
 	}
-	if _, _, live := l.tracker.sessionInfo(hash); live {
+	if _, _, live := l.tracker.sessionIx.sessionInfo(hash); live {
 		return endRelease, who, nil
 	}
 	gone, err := l.sessions.sessionGone(ctx, hash)
@@ -864,7 +864,7 @@ func (l *leaseOps) status(ctx context.Context, resource string, who origin) (*st
 			return nil, err
 		}
 	}
-	if o.held() && !l.tracker.sessionLeaseEnded(o.rec) {
+	if o.held() && !l.tracker.sessionIx.sessionLeaseEnded(o.rec) {
 		resp.Held = true
 		resp.Owner = ownerFor(o.rec, who)
 		resp.Token = o.rec.TokenAt(o.rev)

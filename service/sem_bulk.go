@@ -262,7 +262,7 @@ func (w *waiter) enqueueBulk(ctx context.Context) error {
 	}
 	ws, recs, seen, joins := w.joinedRecords(joins)
 	for _, x := range ws {
-		defer l.tracker.unreserveWaits(x.wkey)
+		defer l.tracker.caps.unreserveWaits(x.wkey)
 	}
 	if len(ws) < 2 {
 		return w.enqueue(ctx) // the caps: w's own answer, or none joined

@@ -12,13 +12,15 @@
 // sem_bulk.go), handoverOps (the end of a lease and its hand-over to a
 // waiter: handover.go, waiter.go) and nameOps (the name rule and the
 // waiter caps: name_rule.go, name_index.go, caps.go); engineDeps holds
-// what they share. The transport (endpoints.go,
-// gate.go, workers.go, deadline.go, waiting.go, wake.go, follow.go)
-// receives requests, admits them, runs them and replies: request.go
-// decodes each request, and endpoints.go holds each operation's handler,
-// which hands the decoded request to the lock logic. service.go wires the
-// two and runs them, with the background sweep (sweep.go); stream.go
-// watches the bucket's stream.
+// what they share. The tracker (tracker.go) is the instance's view of the
+// bucket: observations and their expiry, with its indexes (sessionIndex,
+// setIndex, nameIndex, instanceIndex, waitCaps) in types of their own.
+// The transport (endpoints.go, gate.go, workers.go, deadline.go,
+// waiting.go, wake.go, follow.go) receives requests, admits them, runs
+// them and replies: request.go decodes each request, and endpoints.go
+// holds each operation's handler, which hands the decoded request to the
+// lock logic. service.go wires the two and runs them, with the background
+// sweep (sweep.go); stream.go watches the bucket's stream.
 //
 // Every grant — of a lock, a permit of a semaphore, a lock set — runs in
 // one engine (engine.go). Each primitive supplies a read step, which
@@ -132,7 +134,7 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 		done:       make(chan struct{}),
 	}
 	s.tracker.announce = announcer(nc, cfg.Prefix)
-	s.tracker.self, s.tracker.wakeRoot, s.tracker.liveness = id, cfg.Prefix+".wake.", cfg.WaiterLiveness
+	s.tracker.instances.self, s.tracker.instances.wakeRoot, s.tracker.instances.liveness = id, cfg.Prefix+".wake.", cfg.WaiterLiveness
 	s.wakes = &wakes{nc: nc, prefix: cfg.Prefix + ".wake." + id + ".", log: log, sent: m.wakes.Inc, recheckEvery: cfg.WaiterLiveness / 3,
 		waiting: make(map[string]chan *streams.LeaseResponse)}
 	s.workers = newWorkers(s.done)

@@ -181,7 +181,7 @@ func (l *sessionOps) openOn(ctx context.Context, r *sessionReq, o observation) (
 	case o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window):
 		return nil, sessionEnded(r.requestID)
 	}
-	if n, _ := l.tracker.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
+	if n, _ := l.tracker.sessionIx.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
 		return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n)
 	}
 	now := l.cfg.Clock.Now()
@@ -328,7 +328,7 @@ func (l *sessionOps) keepalive(ctx context.Context, id string, ttl time.Duration
 		if err != nil {
 			return nil, err
 		}
-		leases, _ := l.tracker.memberCount(hash)
+		leases, _ := l.tracker.sessionIx.memberCount(hash)
 		l.report.keptAlive(leases)
 		return &streams.KeepaliveResponse{SessionID: id, TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt, Leases: leases}, nil
 	}
@@ -525,7 +525,7 @@ func (l *sessionOps) endOrphan(ctx context.Context, key string, o observation) {
 // to sessionBatch keys. At most sessionParallel writes are in flight, so
 // a session of many leases never holds up other work for long.
 func (l *sessionOps) endMembers(ctx context.Context, hash string, why endReason) int {
-	leases, waits := l.tracker.members(hash)
+	leases, waits := l.tracker.sessionIx.members(hash)
 	sem := make(chan struct{}, sessionParallel)
 	var wg sync.WaitGroup
 	run := func(f func()) {
@@ -580,7 +580,7 @@ func (l *sessionOps) endMembers(ctx context.Context, hash string, why endReason)
 // (expireSetKey), which ends the keys it knows only once the set has been
 // given setExpiryPatience to show whole.
 func (l *sessionOps) endSessionSet(ctx context.Context, id string, keys []string, hash string, why endReason, partial bool) bool {
-	for _, k := range l.tracker.setKeys(id) {
+	for _, k := range l.tracker.setIx.setKeys(id) {
 		if !slices.Contains(keys, k) {
 			keys = append(keys, k)
 		}
@@ -625,7 +625,7 @@ func (l *sessionOps) endSessionSet(ctx context.Context, id string, keys []string
 func (l *sessionOps) endSessionLease(ctx context.Context, key, hash string, why endReason) {
 	st, err := l.lock(ctx, key)
 	if err != nil {
-		return // the sweep ends it (tracker.membersDue)
+		return // the sweep ends it (sessionIndex.membersDue)
 	}
 	defer st.unlock()
 	res := decodedResource(resourceOf(key))
@@ -775,7 +775,7 @@ func (l *sessionOps) sessionOf(rec *streams.Record, who origin, expires *string)
 	if rec.Session == "" {
 		return false, ""
 	}
-	owner, until, ok := l.tracker.sessionInfo(rec.Session)
+	owner, until, ok := l.tracker.sessionIx.sessionInfo(rec.Session)
 	if ok && until < *expires {
 		*expires = until // both RFC 3339 in UTC with milliseconds
 	}
@@ -801,7 +801,7 @@ func (l *sessionOps) sessionGone(ctx context.Context, hash string) (bool, error)
 // sessionRoom refuses a new lease or wait of session hash when it holds
 // MaxPerSession already.
 func (l *sessionOps) sessionRoom(hash string) error {
-	if _, n := l.tracker.memberCount(hash); n >= l.cfg.MaxPerSession {
+	if _, n := l.tracker.sessionIx.memberCount(hash); n >= l.cfg.MaxPerSession {
 		return newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, the cap", n)
 	}
 	return nil

@@ -316,7 +316,7 @@ func (l *setOps) decideSet(r *setReq, obs []observation, fresh bool) verdict[*st
 		}
 	}
 	if r.session != "" {
-		if _, n := l.tracker.memberCount(r.session); n+len(r.keys) > l.cfg.MaxPerSession {
+		if _, n := l.tracker.sessionIx.memberCount(r.session); n+len(r.keys) > l.cfg.MaxPerSession {
 			return refuse(newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, and the set needs %d more: the cap is %d", n, len(r.keys), l.cfg.MaxPerSession))
 		}
 	}
@@ -776,7 +776,7 @@ func (l *setOps) endSetKeys(ctx context.Context, keys []string, obs []observatio
 // lease from the same write (a set's renewals write every key at once) in
 // one atomic batch, so a set ends whole.
 func (l *setOps) expireSet(ctx context.Context, it dueItem, o observation) {
-	keys := l.tracker.setKeys(o.rec.LeaseID)
+	keys := l.tracker.setIx.setKeys(o.rec.LeaseID)
 	if !slices.Contains(keys, it.key) {
 		keys = append(keys, it.key)
 	}
@@ -807,7 +807,7 @@ func (l *setOps) expireSet(ctx context.Context, it dueItem, o observation) {
 		return
 	}
 	why := endExpiry
-	if o.rec.Session != "" && l.tracker.sessionLeaseEnded(o.rec) {
+	if o.rec.Session != "" && l.tracker.sessionIx.sessionLeaseEnded(o.rec) {
 		why = endSessionExpiry
 	}
 	if _, err := l.endSetKeys(ctx, keys, obs, match, why, origin{}, ""); err != nil {
@@ -824,7 +824,7 @@ func (l *setOps) expireSet(ctx context.Context, it dueItem, o observation) {
 // expireSetKey handles the due item of a key of the set lease observed in
 // o: the set ends whole, under the locks of all its keys (expireSet), once
 // it has expired; a set of a session whose record is gone (an orphan the
-// tracker made due, tracker.orphansDue) ends as its session's end would
+// tracker made due, sessionIndex.orphansDue) ends as its session's end would
 // have ended it (endSessionSet).
 func (l *setOps) expireSetKey(ctx context.Context, it dueItem, o observation) {
 	if l.tracker.expired(o, time.Now()) {

@@ -121,7 +121,7 @@ func (w *setWaiter) enqueue(ctx context.Context) error {
 	l, r := w.l, w.r
 	cfg := l.cfg
 	fresh := false
-	defer l.tracker.unreserveWaits(w.wkeys...)
+	defer l.tracker.caps.unreserveWaits(w.wkeys...)
 attempts:
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		obs, err := l.readAll(ctx, w.wkeys, fresh)

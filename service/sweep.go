@@ -59,10 +59,10 @@ func (s sweeper) sweep(ctx context.Context) {
 // granted meanwhile fails it. Every instance may try; the compare-and-set
 // lets one succeed.
 func (s sweeper) retireIdle(ctx context.Context) {
-	for _, name := range s.tracker.idleSemaphores(time.Now(), 64) {
+	for _, name := range s.tracker.nameIx.idleSemaphores(time.Now(), 64) {
 		key := streams.LeaseKey(name)
 		o, ok := s.tracker.get(key)
-		if !ok || o.sem == 0 || s.tracker.permitLimit(name) != 0 {
+		if !ok || o.sem == 0 || s.tracker.nameIx.permitLimit(name) != 0 {
 			continue
 		}
 		if _, waited := s.tracker.head(streams.EncodeResource(streams.PermitQueue(name))); waited {

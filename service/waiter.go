@@ -219,7 +219,7 @@ func (w *waiter) cancelled(ctx context.Context) (bool, error) {
 func (w *waiter) enqueue(ctx context.Context) error {
 	mine := w.queued.rev
 	fresh := false
-	defer w.l.tracker.unreserveWaits(w.wkey)
+	defer w.l.tracker.caps.unreserveWaits(w.wkey)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := w.l.current(ctx, w.wkey, fresh)
 		if err != nil {
@@ -276,7 +276,7 @@ func (w *waiter) newPlace(ctx context.Context) error {
 // entry: the same ticket if o is this request's record, else a new place
 // if the caps allow one; that place stays reserved until the tracker
 // takes in its record or the caller ends the reservation
-// (tracker.unreserveWaits).
+// (waitCaps.unreserveWaits).
 func (w *waiter) record(o observation) (*streams.Record, error) {
 	cfg := w.l.cfg
 	now := cfg.Clock.Now()
