@@ -10,6 +10,18 @@ import "github.com/jetlock/jetlock/streams"
 // and their writes. Across instances each counts what it has seen: see
 // docs/waiting.md for how far over that can go.
 
+// waitCaps counts the places this instance is writing, for the waiter
+// caps.
+type waitCaps struct {
+	// t is the tracker whose mu guards the index.
+	t *tracker
+	// pending holds the places this instance is writing, by waiter key,
+	// and counts them by queue and tenant, for the caps.
+	pending       map[string]pendingWait
+	pendingRes    map[string]int
+	pendingTenant map[string]int
+}
+
 // pendingWait is a place being written: its queue and tenant.
 type pendingWait struct {
 	enc, tenant string
@@ -20,53 +32,53 @@ type pendingWait struct {
 // counting need places (this one and those the request takes with it
 // after this one, for a set), at most perTenant. It returns the counts
 // that refused it, with ok false.
-func (t *tracker) reserveWait(wkey, tenant string, need, perResource, perTenant int) (onResource, ofTenant int, ok bool) {
+func (c *waitCaps) reserveWait(wkey, tenant string, need, perResource, perTenant int) (onResource, ofTenant int, ok bool) {
 	enc := resourceOf(wkey)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, had := t.pending[wkey]; had {
+	c.t.mu.Lock()
+	defer c.t.mu.Unlock()
+	if _, had := c.pending[wkey]; had {
 		return 0, 0, true
 	}
-	onResource = len(t.waiters[enc]) + t.pendingRes[enc]
-	ofTenant = t.tenantWaits[tenant] + t.pendingTenant[tenant]
+	onResource = len(c.t.waiters[enc]) + c.pendingRes[enc]
+	ofTenant = c.t.tenantWaits[tenant] + c.pendingTenant[tenant]
 	if onResource >= perResource || ofTenant+need > perTenant {
 		return onResource, ofTenant, false
 	}
-	t.pending[wkey] = pendingWait{enc: enc, tenant: tenant}
-	t.pendingRes[enc]++
-	t.pendingTenant[tenant]++
+	c.pending[wkey] = pendingWait{enc: enc, tenant: tenant}
+	c.pendingRes[enc]++
+	c.pendingTenant[tenant]++
 	return onResource, ofTenant, true
 }
 
 // unreserveWaits ends the reservations of wkeys, if they still stand.
-func (t *tracker) unreserveWaits(wkeys ...string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+func (c *waitCaps) unreserveWaits(wkeys ...string) {
+	c.t.mu.Lock()
+	defer c.t.mu.Unlock()
 	for _, k := range wkeys {
-		t.unpendLocked(k)
+		c.unpendLocked(k)
 	}
 }
 
 // unpendLocked ends the reservation of wkey; the caller holds t.mu.
-func (t *tracker) unpendLocked(wkey string) {
-	p, ok := t.pending[wkey]
+func (c *waitCaps) unpendLocked(wkey string) {
+	p, ok := c.pending[wkey]
 	if !ok {
 		return
 	}
-	delete(t.pending, wkey)
-	if t.pendingRes[p.enc]--; t.pendingRes[p.enc] <= 0 {
-		delete(t.pendingRes, p.enc)
+	delete(c.pending, wkey)
+	if c.pendingRes[p.enc]--; c.pendingRes[p.enc] <= 0 {
+		delete(c.pendingRes, p.enc)
 	}
-	if t.pendingTenant[p.tenant]--; t.pendingTenant[p.tenant] <= 0 {
-		delete(t.pendingTenant, p.tenant)
+	if c.pendingTenant[p.tenant]--; c.pendingTenant[p.tenant] <= 0 {
+		delete(c.pendingTenant, p.tenant)
 	}
 }
 
 // reserveOrRefuse is reserveWait answering too_many_waiters when a cap
 // refuses the place; resource names the queue in the answer.
-func (l *locks) reserveOrRefuse(wkey, resource, tenant string, need int) error {
+func (l *nameOps) reserveOrRefuse(wkey, resource, tenant string, need int) error {
 	cfg := l.cfg
-	n, owned, ok := l.tracker.reserveWait(wkey, tenant, need, cfg.MaxWaitersPerResource, cfg.MaxWaitersPerTenant)
+	n, owned, ok := l.tracker.caps.reserveWait(wkey, tenant, need, cfg.MaxWaitersPerResource, cfg.MaxWaitersPerTenant)
 	switch {
 	case ok:
 		return nil

@@ -356,7 +356,7 @@ func marshal(v any) ([]byte, error) {
 // trySem): the name's kind, the tenant's lease cap, then the decision,
 // waiting or not.
 func (s *Service) acquireLock(ctx context.Context, c *call, sl *slot) (any, error) {
-	if err := s.locks.sameKind(c.resource, c.kind, c.limit, c.value); err != nil {
+	if err := s.locks.names.sameKind(c.resource, c.kind, c.limit, c.value); err != nil {
 		return nil, err
 	}
 	if err := s.leaseCap(c.grant); err != nil {
@@ -366,47 +366,47 @@ func (s *Service) acquireLock(ctx context.Context, c *call, sl *slot) (any, erro
 	if c.wait > 0 {
 		return s.acquireWaiting(c.grant, c.wait, sl)
 	}
-	return s.locks.acquire(ctx, c.grant)
+	return s.locks.leases.acquire(ctx, c.grant)
 }
 
 // renewLock serves the renewal of a lock's lease (an election's leader
 // proclaims with a value).
 func (s *Service) renewLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.renew(ctx, c.resource, c.leaseID, c.ttl, c.value, c.who)
+	return s.locks.leases.renew(ctx, c.resource, c.leaseID, c.ttl, c.value, c.who)
 }
 
 // releaseLock serves the release of a lock's lease.
 func (s *Service) releaseLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.release(ctx, c.resource, c.leaseID, c.who)
+	return s.locks.leases.release(ctx, c.resource, c.leaseID, c.who)
 }
 
 // cancelLock serves the cancel of a lock's acquire.
 func (s *Service) cancelLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.cancel(ctx, c.resource, c.requestID, c.owner, c.who)
+	return s.locks.handover.cancel(ctx, c.resource, c.requestID, c.owner, c.who)
 }
 
 // statusLock serves the status of a name: a lock's or an election's, or
 // a semaphore's when the name is one.
 func (s *Service) statusLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	if u := s.locks.useOf(c.resource); u.limit != 0 && !u.lock && !u.election {
-		sem, err := s.locks.semaphoreStatus(c.resource, u.limit, c.who)
+	if u := s.locks.names.useOf(c.resource); u.limit != 0 && !u.lock && !u.election {
+		sem, err := s.locks.sems.semaphoreStatus(c.resource, u.limit, c.who)
 		if err != nil {
 			return nil, err
 		}
 		return &streams.StatusResponse{Resource: sem.Resource, Held: sem.HeldPermits > 0, Waiters: sem.Waiters,
 			Limit: sem.Limit, HeldPermits: sem.HeldPermits, Permits: sem.Permits}, nil
 	}
-	return s.locks.status(ctx, c.resource, c.who)
+	return s.locks.leases.status(ctx, c.resource, c.who)
 }
 
 // revokeLock serves an operator's revoke of a lock's lease.
 func (s *Service) revokeLock(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.revoke(ctx, c.resource, c.reason, c.who)
+	return s.locks.leases.revoke(ctx, c.resource, c.reason, c.who)
 }
 
 // list serves a page of the held leases.
 func (s *Service) list(_ context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.list(&c.list, c.who), nil
+	return s.locks.leases.list(&c.list, c.who), nil
 }
 
 // The semaphore's operations as the request path serves them
@@ -421,13 +421,13 @@ func (s *Service) acquirePermit(ctx context.Context, c *call, sl *slot) (any, er
 
 // renewPermit serves the renewal of a permit's lease.
 func (s *Service) renewPermit(ctx context.Context, c *call, _ *slot) (any, error) {
-	resp, err := s.locks.renew(ctx, streams.PermitResource(c.resource, c.permit), c.leaseID, c.ttl, c.value, c.who)
+	resp, err := s.locks.leases.renew(ctx, streams.PermitResource(c.resource, c.permit), c.leaseID, c.ttl, c.value, c.who)
 	return permitResponse(resp, c.resource, c.permit), err
 }
 
 // releasePermit serves the release of a permit's lease.
 func (s *Service) releasePermit(ctx context.Context, c *call, _ *slot) (any, error) {
-	resp, err := s.locks.release(ctx, streams.PermitResource(c.resource, c.permit), c.leaseID, c.who)
+	resp, err := s.locks.leases.release(ctx, streams.PermitResource(c.resource, c.permit), c.leaseID, c.who)
 	if resp != nil {
 		resp.Resource = c.resource
 	}
@@ -436,20 +436,20 @@ func (s *Service) releasePermit(ctx context.Context, c *call, _ *slot) (any, err
 
 // cancelPermit serves the cancel of a permit's acquire.
 func (s *Service) cancelPermit(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.cancelSem(ctx, c.resource, c.limit, c.requestID, c.owner, c.who)
+	return s.locks.sems.cancelSem(ctx, c.resource, c.limit, c.requestID, c.owner, c.who)
 }
 
 // statusSemaphore serves the status of a semaphore.
 func (s *Service) statusSemaphore(_ context.Context, c *call, _ *slot) (any, error) {
-	if err := s.locks.sameKind(c.resource, kindSemaphore, c.limit, ""); err != nil {
+	if err := s.locks.names.sameKind(c.resource, kindSemaphore, c.limit, ""); err != nil {
 		return nil, err
 	}
-	return s.locks.semaphoreStatus(c.resource, c.limit, c.who)
+	return s.locks.sems.semaphoreStatus(c.resource, c.limit, c.who)
 }
 
 // revokePermit serves an operator's revoke of one permit's lease.
 func (s *Service) revokePermit(ctx context.Context, c *call, _ *slot) (any, error) {
-	resp, err := s.locks.revoke(ctx, streams.PermitResource(c.resource, c.permit), c.reason, c.who)
+	resp, err := s.locks.leases.revoke(ctx, streams.PermitResource(c.resource, c.permit), c.reason, c.who)
 	if resp != nil {
 		resp.Resource, resp.Permit = c.resource, c.permit
 	}
@@ -460,17 +460,17 @@ func (s *Service) revokePermit(ctx context.Context, c *call, _ *slot) (any, erro
 
 // openSession serves a session's open.
 func (s *Service) openSession(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.openSession(ctx, newSessionReq(c.requestID, c.owner, c.ttl, c.who))
+	return s.locks.sessions.openSession(ctx, newSessionReq(c.requestID, c.owner, c.ttl, c.who))
 }
 
 // keepalive serves a session's keepalive.
 func (s *Service) keepalive(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.keepalive(ctx, c.sessionID, c.ttl, c.who)
+	return s.locks.sessions.keepalive(ctx, c.sessionID, c.ttl, c.who)
 }
 
 // closeSession serves a session's close.
 func (s *Service) closeSession(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.closeSession(ctx, c.sessionID, c.who)
+	return s.locks.sessions.closeSession(ctx, c.sessionID, c.who)
 }
 
 // The lock set's operations as the request path serves them
@@ -481,7 +481,7 @@ func (s *Service) closeSession(ctx context.Context, c *call, _ *slot) (any, erro
 func (s *Service) acquireSet(ctx context.Context, c *call, sl *slot) (any, error) {
 	r := c.set
 	for _, res := range r.resources {
-		if err := s.locks.sameKind(res, kindLock, 0, ""); err != nil {
+		if err := s.locks.names.sameKind(res, kindLock, 0, ""); err != nil {
 			return nil, err
 		}
 	}
@@ -494,24 +494,24 @@ func (s *Service) acquireSet(ctx context.Context, c *call, sl *slot) (any, error
 		s.report.touched(res)
 	}
 	if c.wait > 0 {
-		return waits{s}.wait(s.locks.newSetWaiter(r), r.hash, c.wait, sl)
+		return waits{s}.wait(s.locks.sets.newSetWaiter(r), r.hash, c.wait, sl)
 	}
-	return s.locks.acquireSet(ctx, r)
+	return s.locks.sets.acquireSet(ctx, r)
 }
 
 // renewSet serves the renewal of a set's lease.
 func (s *Service) renewSet(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.renewSet(ctx, c.resources, c.leaseID, c.ttl, c.who)
+	return s.locks.sets.renewSet(ctx, c.resources, c.leaseID, c.ttl, c.who)
 }
 
 // releaseSet serves the release of a set's lease.
 func (s *Service) releaseSet(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.releaseSet(ctx, c.resources, c.leaseID, c.who)
+	return s.locks.sets.releaseSet(ctx, c.resources, c.leaseID, c.who)
 }
 
 // cancelSet serves the cancel of a set's acquire.
 func (s *Service) cancelSet(ctx context.Context, c *call, _ *slot) (any, error) {
-	return s.locks.cancelSet(ctx, c.resources, c.requestID, c.owner, c.who)
+	return s.locks.sets.cancelSet(ctx, c.resources, c.requestID, c.owner, c.who)
 }
 
 // acquireWaiting serves an acquire with wait_ms > 0 in the request's own
@@ -519,5 +519,5 @@ func (s *Service) cancelSet(ctx context.Context, c *call, _ *slot) (any, error) 
 // messages and timers. Waiting costs no store work, so the request gives
 // its in-flight place back once queued.
 func (s *Service) acquireWaiting(g *grantReq, wait time.Duration, sl *slot) (any, error) {
-	return waits{s}.wait(singleWait{s.locks.newWaiter(g)}, g.hash, wait, sl)
+	return waits{s}.wait(singleWait{s.locks.handover.newWaiter(g)}, g.hash, wait, sl)
 }

@@ -79,7 +79,7 @@ type engineSteps[S, P, R any] struct {
 
 // commitLoop reads, decides, writes and retries on a conflict, at most
 // attempts(session) times, starting on the view unless fresh.
-func commitLoop[S, P, R any](ctx context.Context, l *locks, session string, fresh bool, s engineSteps[S, P, R]) (R, error) {
+func commitLoop[S, P, R any](ctx context.Context, l *engineDeps, session string, fresh bool, s engineSteps[S, P, R]) (R, error) {
 	var zero R
 	for attempt := 0; attempt < attempts(session); attempt++ {
 		snap, again, err := s.read(ctx, fresh)

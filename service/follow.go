@@ -110,7 +110,7 @@ func (f *follower) onHeartbeat(m *nats.Msg) {
 	if string(m.Data) == f.id {
 		return
 	}
-	f.tracker.heard(string(m.Data))
+	f.tracker.instances.heard(string(m.Data))
 	f.lastPeer.Store(time.Since(f.epoch).Nanoseconds())
 	select {
 	case f.peerSeen <- struct{}{}:
@@ -263,7 +263,7 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 			if kve == nil {
 				if initial {
 					initial = false
-					f.tracker.orphansDue(time.Now())
+					f.tracker.sessionIx.orphansDue(time.Now())
 					f.deliveries.caughtUp()
 					f.caughtUpTo(last)
 					f.log.Info("view in sync with the bucket", "records", records, "read_in", scannedIn.Round(time.Millisecond),

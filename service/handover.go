@@ -22,6 +22,21 @@ import (
 // answers its caller without another round trip. Without waiters the
 // write is a delete marker that names the request whose lease it ended.
 
+// handoverOps ends leases — on release, revoke, cancel, expiry — and
+// hands each to the head waiter of its queue in the same write; it keeps
+// the single waiters' places too (waiter.go).
+type handoverOps struct {
+	*engineDeps
+	// the roles it reaches (see locks)
+	leases   *leaseOps
+	sessions *sessionOps
+	sets     *setOps
+	sems     *semOps
+	names    *nameOps
+	// handing marks the waiters being handed a resource.
+	handing handing
+}
+
 // endReason says why a lease ended, for the audit log and the metrics.
 type endReason string
 
@@ -44,7 +59,7 @@ type ended struct {
 // confirmed by a conditional write). reason, for a revoke, is the
 // operator's: the audit and the end mark carry it. The caller holds the
 // key's lock.
-func (l *locks) endIf(ctx context.Context, resource, key string, match func(*streams.Record) bool, why endReason, who origin, reason string) (*ended, error) {
+func (l *handoverOps) endIf(ctx context.Context, resource, key string, match func(*streams.Record) bool, why endReason, who origin, reason string) (*ended, error) {
 	var attrs []slog.Attr
 	if reason != "" {
 		attrs = append(attrs, slog.String("reason", reason))
@@ -87,7 +102,7 @@ func (l *locks) endIf(ctx context.Context, resource, key string, match func(*str
 // end ends the lease observed in o at key: it hands the resource over to
 // the head waiter, or deletes the record when none is queued (or none can
 // take it). errConflict means the lease moved on: decide again.
-func (l *locks) end(ctx context.Context, resource, key string, o observation, why endReason, reason string) error {
+func (l *handoverOps) end(ctx context.Context, resource, key string, o observation, why endReason, reason string) error {
 	start := time.Now()
 	enc := queueOf(key)
 	// The holder's own waiter record, if one is left, and the waiters
@@ -192,7 +207,7 @@ func (h *handing) done(enc, hash string) {
 // remove deletes the lease observed in o by compare-and-set; the marker
 // names the request whose lease it ended, and why. If a waiter is queued
 // (one that could not be handed the resource), it is woken to claim.
-func (l *locks) remove(ctx context.Context, key string, o observation, why endReason, reason string) error {
+func (l *handoverOps) remove(ctx context.Context, key string, o observation, why endReason, reason string) error {
 	end := &streams.EndMark{RequestID: o.rec.RequestID, Tenant: o.rec.Tenant, EndedAt: streams.FormatTime(l.cfg.Clock.Now()),
 		Why: string(why), Reason: reason}
 	seq, err := l.store.del(ctx, key, o.rev, end)
@@ -212,7 +227,7 @@ func (l *locks) remove(ctx context.Context, key string, o observation, why endRe
 // grant on its wake subject. A grant to a waiter of a session is sent only
 // once its place in the stream is confirmed (validInSession); an orphan
 // is ended at once and its waiter woken, to learn that its session ended.
-func (l *locks) handOver(ctx context.Context, resource, key string, o observation, w waiterInfo) error {
+func (l *handoverOps) handOver(ctx context.Context, resource, key string, o observation, w waiterInfo) error {
 	now := l.cfg.Clock.Now()
 	ttl := w.leaseTTL
 	if ttl == 0 {
@@ -222,20 +237,20 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 	// resource soon then, and the holder's first renewal extends it.
 	rec := newLease(now, w.requestID, w.owner, w.tenant, min(ttl, l.cfg.HandoverTTL), l.holdLimit(now, w.maxHold))
 	rec.Limit, rec.Value = w.limit, w.value
-	plain := w.session == "" || l.inStreamOrder()
+	plain := w.session == "" || l.sessions.inStreamOrder()
 	var sess check
 	if w.session != "" {
 		// A waiter of a session is granted only while its session lives,
 		// and its caller's liveness is its session's.
 		var err error
-		if sess, err = l.sessionCheck(ctx, w.session); err != nil {
+		if sess, err = l.sessions.sessionCheck(ctx, w.session); err != nil {
 			return err
 		}
 		sessionLease(rec, now, w.session, l.holdLimit(now, w.maxHold))
 	}
 	wkey := streams.WaitKey(queueResource(resource), w.hash)
 	if !plain {
-		gate, err := l.sessionGate(ctx, w.session)
+		gate, err := l.sessions.sessionGate(ctx, w.session)
 		if err != nil {
 			return err
 		}
@@ -250,9 +265,9 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 	granted := l.tracker.observe(key, entry{rev: token, rec: rec})
 	l.tracker.observe(wkey, entry{rev: removed})
 	if w.session != "" {
-		if err := l.validInSession(ctx, token, w.session, "", plain); err != nil {
+		if err := l.sessions.validInSession(ctx, token, w.session, "", plain); err != nil {
 			if isCode(err, streams.CodeLeaseLost) {
-				l.endOrphan(ctx, key, granted)
+				l.sessions.endOrphan(ctx, key, granted)
 			}
 			// The waiter claims on a plain wake: a retry decides its grant
 			// again, or answers that its session ended.
@@ -268,7 +283,7 @@ func (l *locks) handOver(ctx context.Context, resource, key string, o observatio
 // handedOverResponse is the grant rec at token of resource, as its waiter
 // is told it: a lease of a session carries its session's expiry, a permit
 // names its semaphore.
-func (l *locks) handedOverResponse(resource string, token uint64, rec *streams.Record, session string) *streams.LeaseResponse {
+func (l *handoverOps) handedOverResponse(resource string, token uint64, rec *streams.Record, session string) *streams.LeaseResponse {
 	resp := leaseResponse(resource, token, rec)
 	if session != "" {
 		if so, ok := l.tracker.get(streams.SessionKey(session)); ok && so.held() {
@@ -284,7 +299,7 @@ func (l *locks) handedOverResponse(resource string, token uint64, rec *streams.R
 // dropWaiter removes the record of a waiter that can never be granted
 // (its request was cancelled, or granted before), best effort: if it
 // stays, its liveness window ends it.
-func (l *locks) dropWaiter(ctx context.Context, wkey string, rev uint64) {
+func (l *handoverOps) dropWaiter(ctx context.Context, wkey string, rev uint64) {
 	seq, err := l.store.del(ctx, wkey, rev, nil)
 	if err != nil {
 		l.log.Debug("remove a waiter that cannot be granted", "key", wkey, "err", err)
@@ -295,7 +310,7 @@ func (l *locks) dropWaiter(ctx context.Context, wkey string, rev uint64) {
 
 // wakeHead sends a plain wake message to the head waiter of the encoded
 // resource, if there is one, so that it claims the free resource.
-func (l *locks) wakeHead(enc string) {
+func (l *handoverOps) wakeHead(enc string) {
 	w, ok := l.tracker.head(enc)
 	if !ok || w.wake == "" {
 		return
@@ -309,9 +324,9 @@ func (l *locks) wakeHead(enc string) {
 // that revision, so a renewal that landed meanwhile always wins; a queued
 // waiter gets the resource in the same write. Every instance sweeps; the
 // compare-and-set lets exactly one succeed.
-func (l *locks) expire(ctx context.Context, it dueItem) {
+func (l *handoverOps) expire(ctx context.Context, it dueItem) {
 	if o, ok := l.tracker.get(it.key); ok && o.rev == it.rev && o.held() && o.rec.Set != "" && strings.HasPrefix(it.key, streams.LeaseKeyPrefix) {
-		l.expireSetKey(ctx, it, o) // a set ends whole, never one key alone
+		l.sets.expireSetKey(ctx, it, o) // a set ends whole, never one key alone
 		return
 	}
 	st, err := l.lock(ctx, it.key)
@@ -329,10 +344,10 @@ func (l *locks) expire(ctx context.Context, it dueItem) {
 		if !o.held() || o.rec.Session == "" {
 			return
 		}
-		// A session's lease made due (tracker.orphansDue) while the
+		// A session's lease made due (sessionIndex.orphansDue) while the
 		// tracker does not know its session: end it if the session's
 		// record is gone.
-		gone, err := l.sessionGone(ctx, o.rec.Session)
+		gone, err := l.sessions.sessionGone(ctx, o.rec.Session)
 		if err != nil {
 			l.tracker.retryAt(it, time.Now().Add(time.Second))
 			return
@@ -347,16 +362,16 @@ func (l *locks) expire(ctx context.Context, it dueItem) {
 
 // endDue ends the due key it, last observed as o: a session, a lease, or
 // a stale waiter or foreign value.
-func (l *locks) endDue(ctx context.Context, it dueItem, o observation) error {
+func (l *handoverOps) endDue(ctx context.Context, it dueItem, o observation) error {
 	var err error
 	enc := resourceOf(it.key)
 	res := decodedResource(enc)
 	switch {
 	case o.held() && isSessionKey(it.key):
-		err = l.expireSession(ctx, it.key, o)
+		err = l.sessions.expireSession(ctx, it.key, o)
 	case o.held() && it.key == streams.LeaseKeyPrefix+enc:
 		why := endExpiry
-		if o.rec.Session != "" && l.tracker.sessionLeaseEnded(o.rec) {
+		if o.rec.Session != "" && l.tracker.sessionIx.sessionLeaseEnded(o.rec) {
 			why = endSessionExpiry // left by whoever ended its session
 		}
 		err = l.end(ctx, res, it.key, o, why, "")
@@ -381,7 +396,7 @@ func (l *locks) endDue(ctx context.Context, it dueItem, o observation) error {
 // expireSettled follows up the outcome err of ending the due key it: on a
 // conflict it learns the new revision or retries shortly, on a failure it
 // logs and retries shortly.
-func (l *locks) expireSettled(ctx context.Context, it dueItem, err error) {
+func (l *handoverOps) expireSettled(ctx context.Context, it dueItem, err error) {
 	switch {
 	case err == nil:
 	case errors.Is(err, errConflict):

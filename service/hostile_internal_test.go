@@ -28,7 +28,7 @@ func TestCancelBeforeTheWaiterWriteWins(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := c.grant
-	w := s.locks.newWaiter(g)
+	w := s.locks.handover.newWaiter(g)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// The waiter's first decision: locked. Not queued yet.
@@ -36,7 +36,7 @@ func TestCancelBeforeTheWaiterWriteWins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.locks.tryGrant(ctx, g, false)
+	_, err = s.locks.leases.tryGrant(ctx, g, false)
 	st.unlock()
 	var oe *opError
 	if !errors.As(err, &oe) || oe.code != streams.CodeLocked {

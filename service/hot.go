@@ -124,6 +124,6 @@ func (c *hotCollector) Collect(ch chan<- prometheus.Metric) {
 	leases, waiters := c.tracker.counts()
 	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(leases))
 	ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(waiters))
-	_, sessions := c.tracker.sessionCounts("")
+	_, sessions := c.tracker.sessionIx.sessionCounts("")
 	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(sessions))
 }

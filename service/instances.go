@@ -37,6 +37,23 @@ import (
 // 22 characters); anything longer is not an instance's.
 const maxInstanceID = 64
 
+// instanceIndex is what the tracker knows of the other instances: when
+// each was last heard, and the waiter records each serves.
+type instanceIndex struct {
+	// t is the tracker whose mu guards the index.
+	t *tracker
+	// heardAt is when each other instance was last heard (since epoch),
+	// and instWaits the waiter records of each instance; self is this
+	// instance's id, wakeRoot the root of wake subjects ("<prefix>.wake."),
+	// liveness the waiter liveness window. Without a
+	// wakeRoot, waiter records live by their own revision alone.
+	heardAt   map[string]time.Duration
+	instWaits map[string]*instanceWaits
+	self      string
+	wakeRoot  string
+	liveness  time.Duration
+}
+
 // instanceWaits is what the tracker knows of the waiter records of one
 // instance: their keys, and when the first of them was indexed (since the
 // tracker's epoch), which counts as a heartbeat: an instance that was
@@ -47,20 +64,20 @@ type instanceWaits struct {
 }
 
 // heard notes a heartbeat of instance id.
-func (t *tracker) heard(id string) {
+func (in *instanceIndex) heard(id string) {
 	if id == "" || len(id) > maxInstanceID {
 		return
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.heardAt[id] = time.Since(t.epoch)
+	in.t.mu.Lock()
+	defer in.t.mu.Unlock()
+	in.heardAt[id] = time.Since(in.t.epoch)
 }
 
 // instanceOf returns the instance that serves the waiter whose wake
 // subject is wake, or "" when wake is not one of this prefix.
-func (t *tracker) instanceOf(wake string) string {
-	rest, ok := strings.CutPrefix(wake, t.wakeRoot)
-	if !ok || t.wakeRoot == "" {
+func (in *instanceIndex) instanceOf(wake string) string {
+	rest, ok := strings.CutPrefix(wake, in.wakeRoot)
+	if !ok || in.wakeRoot == "" {
 		return ""
 	}
 	id, _, ok := strings.Cut(rest, ".")
@@ -73,21 +90,21 @@ func (t *tracker) instanceOf(wake string) string {
 // indexInstanceWait moves waiter key key from the instance of wake
 // subject from (if any) to that of wake subject to (if any). The caller
 // holds t.mu.
-func (t *tracker) indexInstanceWait(key, from, to string) {
-	fromID, toID := t.instanceOf(from), t.instanceOf(to)
-	if iw := t.instWaits[fromID]; fromID != "" && iw != nil {
+func (in *instanceIndex) indexInstanceWait(key, from, to string) {
+	fromID, toID := in.instanceOf(from), in.instanceOf(to)
+	if iw := in.instWaits[fromID]; fromID != "" && iw != nil {
 		delete(iw.keys, key)
 		if len(iw.keys) == 0 {
-			delete(t.instWaits, fromID)
+			delete(in.instWaits, fromID)
 		}
 	}
 	if toID == "" {
 		return
 	}
-	iw := t.instWaits[toID]
+	iw := in.instWaits[toID]
 	if iw == nil {
-		iw = &instanceWaits{keys: make(map[string]struct{}), since: time.Since(t.epoch)}
-		t.instWaits[toID] = iw
+		iw = &instanceWaits{keys: make(map[string]struct{}), since: time.Since(in.t.epoch)}
+		in.instWaits[toID] = iw
 	}
 	iw.keys[key] = struct{}{}
 }
@@ -96,58 +113,58 @@ func (t *tracker) indexInstanceWait(key, from, to string) {
 // by the second rule above, or the zero time when the rule does not apply
 // (this instance's own waiters, whose end this instance decides; records
 // of no instance). The caller holds t.mu.
-func (t *tracker) instanceDeadlineLocked(o *observation) time.Time {
-	if o.rec == nil || o.rec.Wake == "" || t.liveness <= 0 || !strings.HasPrefix(o.key, streams.WaitKeyPrefix) {
+func (in *instanceIndex) instanceDeadlineLocked(o *observation) time.Time {
+	if o.rec == nil || o.rec.Wake == "" || in.liveness <= 0 || !strings.HasPrefix(o.key, streams.WaitKeyPrefix) {
 		return time.Time{}
 	}
-	id := t.instanceOf(o.rec.Wake)
-	if id == "" || id == t.self {
+	id := in.instanceOf(o.rec.Wake)
+	if id == "" || id == in.self {
 		return time.Time{}
 	}
 	last := o.seen
-	if at, ok := t.heardAt[id]; ok {
-		if h := t.epoch.Add(at); h.After(last) {
+	if at, ok := in.heardAt[id]; ok {
+		if h := in.t.epoch.Add(at); h.After(last) {
 			last = h
 		}
 	}
-	if iw := t.instWaits[id]; iw != nil {
-		if s := t.epoch.Add(iw.since); s.After(last) {
+	if iw := in.instWaits[id]; iw != nil {
+		if s := in.t.epoch.Add(iw.since); s.After(last) {
 			last = s
 		}
 	}
-	return last.Add(t.liveness + t.grace)
+	return last.Add(in.liveness + in.t.grace)
 }
 
 // instancesDue makes due, at now, the waiter records of every instance
 // that has gone silent, and forgets the heartbeats of instances that have
 // been silent long and have no waiter records. The caller holds t.mu.
-func (t *tracker) instancesDue(now time.Time) {
-	d := now.Sub(t.epoch)
-	for id, iw := range t.instWaits {
-		if id == t.self {
+func (in *instanceIndex) instancesDue(now time.Time) {
+	d := now.Sub(in.t.epoch)
+	for id, iw := range in.instWaits {
+		if id == in.self {
 			continue
 		}
 		last := iw.since
-		if at, ok := t.heardAt[id]; ok && at > last {
+		if at, ok := in.heardAt[id]; ok && at > last {
 			last = at
 		}
-		if d-last < t.liveness+t.grace {
+		if d-last < in.liveness+in.t.grace {
 			continue
 		}
 		for key := range iw.keys {
-			o, ok := t.keys[key]
+			o, ok := in.t.keys[key]
 			// due 0: the sweep has it already (or it is not held).
 			if !ok || !o.held() || o.due == 0 || o.due <= d {
 				continue
 			}
 			o.due = d
-			t.keys[key] = o
-			t.due.push(dueItem{at: d, key: o.key, rev: o.rev})
+			in.t.keys[key] = o
+			in.t.due.push(dueItem{at: d, key: o.key, rev: o.rev})
 		}
 	}
-	for id, at := range t.heardAt {
-		if _, waits := t.instWaits[id]; !waits && d-at > forgetInstance {
-			delete(t.heardAt, id)
+	for id, at := range in.heardAt {
+		if _, waits := in.instWaits[id]; !waits && d-at > forgetInstance {
+			delete(in.heardAt, id)
 		}
 	}
 }

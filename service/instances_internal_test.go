@@ -17,7 +17,7 @@ import (
 func TestWaiterLivesWhileItsInstanceIsHeard(t *testing.T) {
 	const liveness = 600 * time.Millisecond
 	tr := newTracker(0, time.Minute, time.Minute)
-	tr.self, tr.wakeRoot, tr.liveness = "me", "jetlock.wake.", liveness
+	tr.instances.self, tr.instances.wakeRoot, tr.instances.liveness = "me", "jetlock.wake.", liveness
 	rev := uint64(0)
 	write := func(key, instance string, ttl time.Duration) observation {
 		rev++
@@ -31,7 +31,7 @@ func TestWaiterLivesWhileItsInstanceIsHeard(t *testing.T) {
 	write(ownKey, "me", time.Hour)
 	due := map[string]bool{}
 	for end := time.Now().Add(8 * liveness); time.Now().Before(end); time.Sleep(liveness / 6) {
-		tr.heard("heard")
+		tr.instances.heard("heard")
 		if o, _ := tr.get(oldKey); time.Since(o.seen) > liveness/4 {
 			write(oldKey, "old", 4*liveness)
 		}
@@ -56,7 +56,7 @@ func TestWaiterLivesWhileItsInstanceIsHeard(t *testing.T) {
 	// Its record removed, the tracker forgets the silent instance's waits.
 	rev++
 	tr.observe(silentKey, entry{rev: rev})
-	if _, ok := tr.instWaits["silent"]; ok {
+	if _, ok := tr.instances.instWaits["silent"]; ok {
 		t.Errorf("the silent instance's waits are still indexed")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -37,13 +38,42 @@ func attempts(session string) int {
 // locks makes every lock decision — grant, renew, release, cancel,
 // revoke, expire, hand over — and commits each by compare-and-set on the
 // bucket. It knows nothing of how requests arrive or how replies leave;
-// the transport (endpoints.go) calls it with validated requests.
+// the transport (endpoints.go) calls its roles with validated requests.
+// Each role is a type of its own, and reaches the others through fields
+// set in newLocks:
+//
+//   - leases (leaseOps, locks.go): acquire, renew, release, revoke and
+//     status of one lease;
+//   - sessions (sessionOps, sessions.go): open, keepalive and end of a
+//     session, and whether a grant in one counts;
+//   - sets (setOps, sets.go, sets_wait.go): lock sets, and their waits;
+//   - sems (semOps, semaphores.go, sem_bulk.go): the permits of a
+//     semaphore, and their bulk grants;
+//   - handover (handoverOps, handover.go, waiter.go): the end of a lease,
+//     its hand-over to the head waiter, expiry, and single waits;
+//   - names (nameOps, name_rule.go, name_index.go, caps.go): what a name
+//     is (the name rule) and the waiter caps.
+//
+// What they share is engineDeps: the dependencies, and the reads, key
+// locks and rewrites of one key that every role makes (locks.go).
 //
 // A "locked" answer may rest on the tracker's view of a lone instance (see
 // follow.go; an instance that follows others refuses only on a read); the
 // other negative answers (lease_lost, released:false, cancelled:false,
 // revoked:false) rest on a fresh read proven by a conditional write.
 type locks struct {
+	*engineDeps
+	leases   *leaseOps
+	sessions *sessionOps
+	sets     *setOps
+	sems     *semOps
+	handover *handoverOps
+	names    *nameOps
+}
+
+// engineDeps is what every role of locks holds: the instance's
+// configuration, its bucket, its view and its key locks.
+type engineDeps struct {
 	cfg     Config
 	log     *slog.Logger
 	store   *store
@@ -63,11 +93,19 @@ type locks struct {
 	// seen is what the watcher has delivered (see deliveries); nil when
 	// the instance runs none.
 	seen *deliveries
-	// joins are the acquires of permits waiting for their semaphore's
-	// lock, which its holder may grant in its commit (sem_bulk.go).
-	joins semJoins
-	// handing marks the waiters being handed a resource (handover.go).
-	handing handing
+}
+
+// newLocks builds the roles of locks on d and links them.
+func newLocks(d *engineDeps) *locks {
+	l := &locks{engineDeps: d, leases: &leaseOps{engineDeps: d}, sessions: &sessionOps{engineDeps: d},
+		sets: &setOps{engineDeps: d}, sems: &semOps{engineDeps: d}, handover: &handoverOps{engineDeps: d},
+		names: &nameOps{engineDeps: d}}
+	l.leases.sessions, l.leases.sems, l.leases.handover, l.leases.names = l.sessions, l.sems, l.handover, l.names
+	l.sessions.sets, l.sessions.handover = l.sets, l.handover
+	l.sets.leases, l.sets.sessions, l.sets.handover, l.sets.names = l.leases, l.sessions, l.handover, l.names
+	l.sems.leases, l.sems.sessions, l.sems.handover, l.sems.names = l.leases, l.sessions, l.handover, l.names
+	l.handover.leases, l.handover.sessions, l.handover.sets, l.handover.sems, l.handover.names = l.leases, l.sessions, l.sets, l.sems, l.names
+	return l
 }
 
 // origin is who sent a request, as the NATS server vouched for it on an
@@ -146,7 +184,7 @@ func (g *grantReq) mine(rec *streams.Record) bool {
 }
 
 // lock locks key within ctx.
-func (l *locks) lock(ctx context.Context, key string) (*keyLock, error) {
+func (l *engineDeps) lock(ctx context.Context, key string) (*keyLock, error) {
 	return l.keys.lock(ctx, key)
 }
 
@@ -154,7 +192,7 @@ func (l *locks) lock(ctx context.Context, key string) (*keyLock, error) {
 // stream leader; otherwise it may answer from the tracker, whose view can
 // be stale. Callers commit only by compare-and-set on the revision they
 // got.
-func (l *locks) current(ctx context.Context, key string, fresh bool) (observation, error) {
+func (l *engineDeps) current(ctx context.Context, key string, fresh bool) (observation, error) {
 	if !fresh {
 		if o, ok := l.tracker.get(key); ok {
 			return o, nil
@@ -199,7 +237,7 @@ func tooManyConflicts() error {
 
 // holdLimit returns the hold limit of a lease granted at now for maxHold
 // (zero: the deployment's cap), or the zero time when neither applies.
-func (l *locks) holdLimit(now time.Time, maxHold time.Duration) time.Time {
+func (l *engineDeps) holdLimit(now time.Time, maxHold time.Duration) time.Time {
 	if maxHold == 0 {
 		maxHold = l.cfg.MaxHold
 	}
@@ -213,7 +251,7 @@ func (l *locks) holdLimit(now time.Time, maxHold time.Duration) time.Time {
 // compare-and-set on o's revision. The token stays the grant revision; the
 // TTL never reaches past the lease's hold limit, and a lease at its limit
 // is not renewed (errHoldOver).
-func (l *locks) extend(ctx context.Context, resource, key string, o observation, ttl time.Duration) (*streams.LeaseResponse, error) {
+func (l *engineDeps) extend(ctx context.Context, resource, key string, o observation, ttl time.Duration) (*streams.LeaseResponse, error) {
 	now := l.cfg.Clock.Now()
 	until := holdUntil(o.rec)
 	if !until.IsZero() && until.Sub(now) < time.Millisecond {
@@ -233,9 +271,47 @@ func (l *locks) extend(ctx context.Context, resource, key string, o observation,
 	return leaseResponse(resource, rec.Token, &rec), nil
 }
 
+// confirmNegative proves, before a negative answer (or a retry's answer
+// from an earlier grant, see heldInSession), that the read o is current:
+// a stream leader cut off by a partition that has just healed can still
+// answer reads from old state. On errConflict the caller reads again.
+func (l *engineDeps) confirmNegative(ctx context.Context, key string, o observation) error {
+	err := l.store.confirm(ctx, key, o.rev)
+	if errors.Is(err, errConflict) {
+		l.tracker.forget(key)
+	}
+	return err
+}
+
+// conflictPause waits a moment before a write that lost to a write still
+// being proposed is decided again: about the time a commit takes now
+// (half to twice the recent mean, at least half a millisecond), so that
+// the write it lost to has committed, and the retries of contending
+// instances spread out.
+func (l *engineDeps) conflictPause(ctx context.Context) {
+	base := max(l.store.commitMean(), time.Millisecond)
+	t := time.NewTimer(base/2 + time.Duration(rand.Int64N(int64(3*base/2))))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// leaseOps decides the requests on one lease: acquire (and the retry of
+// one), renew, release, revoke, status and list.
+type leaseOps struct {
+	*engineDeps
+	// the roles it reaches (see locks)
+	sessions *sessionOps
+	sems     *semOps
+	handover *handoverOps
+	names    *nameOps
+}
+
 // proclaim writes the lease observed in o (its value already replaced)
 // by compare-and-set on its revision, its times unchanged.
-func (l *locks) proclaim(ctx context.Context, resource, key string, o observation) (*streams.LeaseResponse, error) {
+func (l *leaseOps) proclaim(ctx context.Context, resource, key string, o observation) (*streams.LeaseResponse, error) {
 	rec := *o.rec
 	rec.Token = o.rec.TokenAt(o.rev)
 	seq, _, err := l.store.put(ctx, key, &rec, o.rev, "")
@@ -253,22 +329,10 @@ func (l *locks) proclaim(ctx context.Context, resource, key string, o observatio
 	return resp, nil
 }
 
-// confirmNegative proves, before a negative answer (or a retry's answer
-// from an earlier grant, see heldInSession), that the read o is current:
-// a stream leader cut off by a partition that has just healed can still
-// answer reads from old state. On errConflict the caller reads again.
-func (l *locks) confirmNegative(ctx context.Context, key string, o observation) error {
-	err := l.store.confirm(ctx, key, o.rev)
-	if errors.Is(err, errConflict) {
-		l.tracker.forget(key)
-	}
-	return err
-}
-
 // confirmAll proves the reads obs of keys current, as confirmNegative
 // does for one: in one atomic batch of checks (more keys than a batch
 // holds, in several). On errConflict the caller reads again.
-func (l *locks) confirmAll(ctx context.Context, keys []string, obs []observation) error {
+func (l *leaseOps) confirmAll(ctx context.Context, keys []string, obs []observation) error {
 	if len(keys) == 1 {
 		return l.confirmNegative(ctx, keys[0], obs[0])
 	}
@@ -286,8 +350,8 @@ func (l *locks) confirmAll(ctx context.Context, keys []string, obs []observation
 }
 
 // acquire decides an acquire that does not wait.
-func (l *locks) acquire(ctx context.Context, g *grantReq) (*streams.LeaseResponse, error) {
-	st, granted, _, err := l.lockToGrant(ctx, g, nil, true)
+func (l *leaseOps) acquire(ctx context.Context, g *grantReq) (*streams.LeaseResponse, error) {
+	st, granted, _, err := l.sems.lockToGrant(ctx, g, nil, true)
 	if granted != nil || err != nil {
 		return granted, err
 	}
@@ -299,14 +363,14 @@ func (l *locks) acquire(ctx context.Context, g *grantReq) (*streams.LeaseRespons
 // existing lease, or refuse. With fresh, it decides on a read from the
 // stream leader rather than on what the watcher last saw. The caller holds
 // the key's lock.
-func (l *locks) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
+func (l *leaseOps) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
 	if g.limit != 0 {
-		return l.trySem(ctx, g, fresh)
+		return l.sems.trySem(ctx, g, fresh)
 	}
 	if l.tracker.hasEnded(g.key, g.requestID, g.tenant) {
 		return nil, leaseEnded(g.requestID)
 	}
-	return commitLoop(ctx, l, g.session, fresh, engineSteps[grantSnap, struct{}, *streams.LeaseResponse]{
+	return commitLoop(ctx, l.engineDeps, g.session, fresh, engineSteps[grantSnap, struct{}, *streams.LeaseResponse]{
 		read: func(ctx context.Context, fresh bool) (grantSnap, bool, error) {
 			return l.readToGrant(ctx, g, fresh)
 		},
@@ -334,21 +398,21 @@ type grantSnap struct {
 // (if any), the key under the name rule (claimName), and whether the
 // lease found there is of a session that a fresh read does not find.
 // again asks to decide on fresh reads.
-func (l *locks) readToGrant(ctx context.Context, g *grantReq, fresh bool) (s grantSnap, again bool, err error) {
+func (l *leaseOps) readToGrant(ctx context.Context, g *grantReq, fresh bool) (s grantSnap, again bool, err error) {
 	if g.session != "" {
-		if s.sess, err = l.session(ctx, g, fresh); err != nil {
+		if s.sess, err = l.sessions.session(ctx, g, fresh); err != nil {
 			return s, false, err
 		}
 	}
 	if s.o, err = l.current(ctx, g.key, fresh); err != nil {
 		return s, false, err
 	}
-	if s.o, again, err = l.claimName(ctx, g.resource, s.o, 0, fresh); again || err != nil {
+	if s.o, again, err = l.names.claimName(ctx, g.resource, s.o, 0, fresh); again || err != nil {
 		return s, again, err
 	}
 	if o := s.o; fresh && o.held() && o.rec.Session != "" && !l.tracker.expired(o, time.Now()) {
 		// Decide on the holder's session as the stream leader has it.
-		s.orphan, err = l.sessionGone(ctx, o.rec.Session)
+		s.orphan, err = l.sessions.sessionGone(ctx, o.rec.Session)
 	}
 	return s, false, err
 }
@@ -356,7 +420,7 @@ func (l *locks) readToGrant(ctx context.Context, g *grantReq, fresh bool) (s gra
 // decideGrant is the verdict on g's grant from the snapshot s: prove a
 // retry of g (the lease is its own), refuse, decide on fresh reads, or
 // write the lease.
-func (l *locks) decideGrant(g *grantReq, s grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
+func (l *leaseOps) decideGrant(g *grantReq, s grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
 	type v = verdict[*streams.LeaseResponse, struct{}]
 	if s.o.held() && g.mine(s.o.rec) {
 		return v{kind: proveRetry}
@@ -370,7 +434,7 @@ func (l *locks) decideGrant(g *grantReq, s grantSnap, fresh bool) verdict[*strea
 		return answer[*streams.LeaseResponse, struct{}](nil, err)
 	}
 	if g.session != "" {
-		if err := l.sessionRoom(g.session); err != nil {
+		if err := l.sessions.sessionRoom(g.session); err != nil {
 			return answer[*streams.LeaseResponse, struct{}](nil, err)
 		}
 	}
@@ -382,7 +446,7 @@ func (l *locks) decideGrant(g *grantReq, s grantSnap, fresh bool) verdict[*strea
 // is, and again when that must be decided on a read first.
 // orphan says that o is a lease of a session whose record a fresh read
 // did not find (see sessionGone).
-func (l *locks) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (refusal error, again bool) {
+func (l *leaseOps) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (refusal error, again bool) {
 	switch {
 	case (o.held() || o.foreign) && !orphan && !l.tracker.expired(o, time.Now()):
 		if !fresh && (o.foreign || l.following()) {
@@ -399,7 +463,7 @@ func (l *locks) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (refu
 	}
 	// Free, or expired by observation: take it over by compare-and-set on
 	// the revision seen, unless waiters have the first claim.
-	if ok, ahead := l.mayClaim(resourceOf(g.key), g.hash, o); !ok {
+	if ok, ahead := l.handover.mayClaim(resourceOf(g.key), g.hash, o); !ok {
 		l.log.Debug("free but reserved", "resource", g.resource, "request_id", g.requestID, "ahead", ahead)
 		return newOpError(streams.CodeLocked, "resource is free but reserved for the %d waiters ahead", ahead), false
 	}
@@ -413,14 +477,14 @@ func (l *locks) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (refu
 // is not renewed: its session is what is kept alive. It is answered only
 // once its place in the stream is confirmed (validInSession) and it is
 // proven held now (heldInSession).
-func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
+func (l *leaseOps) sameRequest(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
 	if o.rec.Owner != g.owner || o.rec.Session != g.session {
 		return nil, lockedError(o, g.who)
 	}
 	if g.session != "" {
-		if err := l.validInSession(ctx, o.rev, g.session, g.secret, false); err != nil {
+		if err := l.sessions.validInSession(ctx, o.rev, g.session, g.secret, false); err != nil {
 			if isCode(err, streams.CodeLeaseLost) {
-				l.endOrphan(ctx, g.key, o)
+				l.sessions.endOrphan(ctx, g.key, o)
 			}
 			return nil, err
 		}
@@ -450,15 +514,15 @@ func (l *locks) sameRequest(ctx context.Context, g *grantReq, o observation) (*s
 //
 // A lock set's retry is proven the same way, over every key of the set
 // (keys, observed in obs); g is then the set's request as its first key's.
-func (l *locks) heldInSession(ctx context.Context, g *grantReq, keys []string, obs []observation) (*streams.Record, error) {
+func (l *leaseOps) heldInSession(ctx context.Context, g *grantReq, keys []string, obs []observation) (*streams.Record, error) {
 	if err := l.confirmAll(ctx, keys, obs); err != nil {
 		return nil, err
 	}
-	sess, err := l.session(ctx, g, true)
+	sess, err := l.sessions.session(ctx, g, true)
 	if err != nil {
 		return nil, err
 	}
-	if err := l.confirmSession(ctx, g.session, sess); err != nil {
+	if err := l.sessions.confirmSession(ctx, g.session, sess); err != nil {
 		return nil, err
 	}
 	return sess.rec, nil
@@ -469,11 +533,11 @@ func (l *locks) heldInSession(ctx context.Context, g *grantReq, keys []string, o
 // the stream is confirmed (validInSession), or, on a lone instance, commits
 // with the check that the session observed in sess has not moved on (see
 // store.grantMsgs).
-func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess observation) (*streams.LeaseResponse, error) {
+func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess observation) (*streams.LeaseResponse, error) {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, g.requestID, g.owner, g.tenant, g.ttl, l.holdLimit(now, g.maxHold))
 	rec.Limit, rec.Value = g.limit, g.value
-	plain := g.session == "" || l.inStreamOrder()
+	plain := g.session == "" || l.sessions.inStreamOrder()
 	if g.session != "" {
 		sessionLease(rec, now, g.session, l.holdLimit(now, g.maxHold))
 	}
@@ -495,9 +559,9 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 		l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
 		return leaseResponse(g.resource, seq, rec), nil
 	}
-	if err := l.validInSession(ctx, seq, g.session, g.secret, plain); err != nil {
+	if err := l.sessions.validInSession(ctx, seq, g.session, g.secret, plain); err != nil {
 		if isCode(err, streams.CodeLeaseLost) {
-			l.endOrphan(ctx, g.key, granted)
+			l.sessions.endOrphan(ctx, g.key, granted)
 		}
 		return nil, err
 	}
@@ -512,7 +576,7 @@ func (l *locks) grant(ctx context.Context, g *grantReq, o observation, sess obse
 // write of its semaphore's name record (name_rule.go), whose revision is
 // nameSeq. It returns the grant's revision, or dup when an earlier write
 // of the request (or its cancel) was found.
-func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (seq, nameSeq uint64, dup bool, err error) {
+func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (seq, nameSeq uint64, dup bool, err error) {
 	if plain && g.limit == 0 {
 		seq, dup, err = l.store.put(ctx, g.key, rec, expect, grantMsgID(g.hash))
 		return seq, 0, dup, err
@@ -524,7 +588,7 @@ func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record
 	}
 	var gate *keyLock
 	if !plain {
-		if gate, err = l.sessionGate(ctx, g.session); err != nil {
+		if gate, err = l.sessions.sessionGate(ctx, g.session); err != nil {
 			return 0, 0, false, err
 		}
 		session = check{key: streams.SessionKey(g.session), rev: sess.rev}
@@ -549,7 +613,7 @@ func (l *locks) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record
 // request_id, or its cancel tombstone; 0 when an atomic batch does not
 // say): the same lease if it is still current, otherwise lease_lost, never
 // a second lease.
-func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64) (*streams.LeaseResponse, error) {
+func (l *leaseOps) earlierGrant(ctx context.Context, g *grantReq, seq uint64) (*streams.LeaseResponse, error) {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		held, o, err := l.grantAt(ctx, g, seq)
 		if err != nil {
@@ -573,11 +637,11 @@ func (l *locks) earlierGrant(ctx context.Context, g *grantReq, seq uint64) (*str
 // be the one this attempt picked (an instance whose view lagged picks
 // another free permit). It returns the request narrowed to that lease's
 // key and what was read there, or nil when there is none.
-func (l *locks) grantAt(ctx context.Context, g *grantReq, seq uint64) (*grantReq, observation, error) {
+func (l *leaseOps) grantAt(ctx context.Context, g *grantReq, seq uint64) (*grantReq, observation, error) {
 	candidates := []*grantReq{g}
 	if g.sem != "" {
 		var err error
-		if candidates, err = l.permitsOf(ctx, g, seq); err != nil {
+		if candidates, err = l.sems.permitsOf(ctx, g, seq); err != nil {
 			return nil, observation{}, err
 		}
 	}
@@ -595,7 +659,7 @@ func (l *locks) grantAt(ctx context.Context, g *grantReq, seq uint64) (*grantReq
 
 // renew extends the lease leaseID of resource by ttl, and sets its value
 // to value unless that is empty.
-func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Duration, value string, who origin) (*streams.LeaseResponse, error) {
+func (l *leaseOps) renew(ctx context.Context, resource, leaseID string, ttl time.Duration, value string, who origin) (*streams.LeaseResponse, error) {
 	key := streams.LeaseKey(resource)
 	st, err := l.lock(ctx, key)
 	if err != nil {
@@ -638,7 +702,7 @@ func (l *locks) renew(ctx context.Context, resource, leaseID string, ttl time.Du
 // renewHeld renews the lease o of key, which the caller holds: a new
 // expiry (and value, if given), or a session's lease's new value. It
 // returns errConflict if the key was written meanwhile.
-func (l *locks) renewHeld(ctx context.Context, resource, key string, o observation, ttl time.Duration, value string, who origin) (*streams.LeaseResponse, error) {
+func (l *leaseOps) renewHeld(ctx context.Context, resource, key string, o observation, ttl time.Duration, value string, who origin) (*streams.LeaseResponse, error) {
 	if value != "" {
 		rec := *o.rec
 		rec.Value = value
@@ -666,7 +730,7 @@ func (l *locks) renewHeld(ctx context.Context, resource, key string, o observati
 
 // release ends the lease leaseID of resource, handing the resource to the
 // head waiter in the same write when one is queued.
-func (l *locks) release(ctx context.Context, resource, leaseID string, who origin) (*streams.ReleaseResponse, error) {
+func (l *leaseOps) release(ctx context.Context, resource, leaseID string, who origin) (*streams.ReleaseResponse, error) {
 	key := streams.LeaseKey(resource)
 	st, err := l.lock(ctx, key)
 	if err != nil {
@@ -678,15 +742,15 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 		return nil, errSetMember()
 	}
 	if ok && o.held() && o.rec.Session != "" && sameLease(o.rec.LeaseID, leaseID) {
-		if _, _, live := l.tracker.sessionInfo(o.rec.Session); !live {
+		if _, _, live := l.tracker.sessionIx.sessionInfo(o.rec.Session); !live {
 			return l.releaseInEndedSession(ctx, resource, key, leaseID, o.rec.Session, who)
 		}
 	}
-	ended, err := l.endIf(ctx, resource, key, func(rec *streams.Record) bool {
+	ended, err := l.handover.endIf(ctx, resource, key, func(rec *streams.Record) bool {
 		// A lease of a session that has ended ended with it: it is not
 		// released again (its record, if this instance missed it when the
 		// session ended, is swept).
-		return sameLease(rec.LeaseID, leaseID) && rec.Set == "" && !l.tracker.sessionLeaseEnded(rec)
+		return sameLease(rec.LeaseID, leaseID) && rec.Set == "" && !l.tracker.sessionIx.sessionLeaseEnded(rec)
 	}, endRelease, who, "")
 	if err != nil {
 		return nil, err
@@ -705,12 +769,12 @@ func (l *locks) release(ctx context.Context, resource, leaseID string, who origi
 // session had not ended before it in the stream, as for a grant to a
 // session (validInSession), when the instance follows the bucket; its view
 // of the session may lag. If it had, the lease had ended with it.
-func (l *locks) releaseCounts(ctx context.Context, key, hash string) (bool, error) {
-	if hash == "" || !l.inStreamOrder() {
+func (l *leaseOps) releaseCounts(ctx context.Context, key, hash string) (bool, error) {
+	if hash == "" || !l.sessions.inStreamOrder() {
 		return true, nil
 	}
 	o, _ := l.tracker.get(key)
-	if err := l.validInSession(ctx, o.rev, hash, "", true); isCode(err, streams.CodeLeaseLost) {
+	if err := l.sessions.validInSession(ctx, o.rev, hash, "", true); isCode(err, streams.CodeLeaseLost) {
 		return false, nil
 	} else if err != nil {
 		return false, err
@@ -723,14 +787,14 @@ func (l *locks) releaseCounts(ctx context.Context, key, hash string) (bool, erro
 // which this instance may not have seen (it is then read fresh): the lease
 // ended with it, and what is left of it is ended as its session's end
 // would (the answer is released:false).
-func (l *locks) releaseWhy(ctx context.Context, hash string, who origin) (endReason, origin, error) {
+func (l *leaseOps) releaseWhy(ctx context.Context, hash string, who origin) (endReason, origin, error) {
 	if hash == "" {
 		return endRelease, who, nil
 	}
-	if _, _, live := l.tracker.sessionInfo(hash); live {
+	if _, _, live := l.tracker.sessionIx.sessionInfo(hash); live {
 		return endRelease, who, nil
 	}
-	gone, err := l.sessionGone(ctx, hash)
+	gone, err := l.sessions.sessionGone(ctx, hash)
 	if err != nil || !gone {
 		return endRelease, who, err
 	}
@@ -743,13 +807,13 @@ func (l *locks) releaseWhy(ctx context.Context, hash string, who origin) (endRea
 // session that has ended ended the lease with it: the answer is
 // released:false, as for any lease that has ended, and the record, if it
 // is still there, is ended now (its session's end, as the sweep would).
-func (l *locks) releaseInEndedSession(ctx context.Context, resource, key, leaseID, hash string, who origin) (*streams.ReleaseResponse, error) {
+func (l *leaseOps) releaseInEndedSession(ctx context.Context, resource, key, leaseID, hash string, who origin) (*streams.ReleaseResponse, error) {
 	why, by, err := l.releaseWhy(ctx, hash, who)
 	if err != nil {
 		return nil, err
 	}
 	match := func(rec *streams.Record) bool { return sameLease(rec.LeaseID, leaseID) && rec.Set == "" }
-	ended, err := l.endIf(ctx, resource, key, match, why, by, "")
+	ended, err := l.handover.endIf(ctx, resource, key, match, why, by, "")
 	if err != nil {
 		return nil, err
 	}
@@ -759,7 +823,7 @@ func (l *locks) releaseInEndedSession(ctx context.Context, resource, key, leaseI
 // revoke ends the current lease of resource, whoever holds it. Only an
 // operator may: a sender the NATS server vouched for (on an import) as one
 // on the service's operator list.
-func (l *locks) revoke(ctx context.Context, resource, reason string, who origin) (*streams.RevokeResponse, error) {
+func (l *leaseOps) revoke(ctx context.Context, resource, reason string, who origin) (*streams.RevokeResponse, error) {
 	if !who.operator {
 		l.report.ended(endRevoke, resource, 0, "", "forbidden", who, slog.String("reason", reason))
 		if who.tenant() == "" {
@@ -773,7 +837,7 @@ func (l *locks) revoke(ctx context.Context, resource, reason string, who origin)
 		return nil, err
 	}
 	defer st.unlock()
-	ended, err := l.endIf(ctx, resource, key, func(*streams.Record) bool { return true }, endRevoke, who, reason)
+	ended, err := l.handover.endIf(ctx, resource, key, func(*streams.Record) bool { return true }, endRevoke, who, reason)
 	if err != nil {
 		return nil, err
 	}
@@ -786,7 +850,7 @@ func (l *locks) revoke(ctx context.Context, resource, reason string, who origin)
 
 // status reports the state of resource, read from the stream leader, as
 // who may see it.
-func (l *locks) status(ctx context.Context, resource string, who origin) (*streams.StatusResponse, error) {
+func (l *leaseOps) status(ctx context.Context, resource string, who origin) (*streams.StatusResponse, error) {
 	o, err := l.current(ctx, streams.LeaseKey(resource), true)
 	if err != nil {
 		return nil, err
@@ -800,13 +864,13 @@ func (l *locks) status(ctx context.Context, resource string, who origin) (*strea
 			return nil, err
 		}
 	}
-	if o.held() && !l.tracker.sessionLeaseEnded(o.rec) {
+	if o.held() && !l.tracker.sessionIx.sessionLeaseEnded(o.rec) {
 		resp.Held = true
 		resp.Owner = ownerFor(o.rec, who)
 		resp.Token = o.rec.TokenAt(o.rev)
 		resp.ExpiresAt = o.rec.ExpiresAt
 		resp.HoldUntil = o.rec.HoldUntil
-		resp.InSession, resp.SessionOwner = l.sessionOf(o.rec, who, &resp.ExpiresAt)
+		resp.InSession, resp.SessionOwner = l.sessions.sessionOf(o.rec, who, &resp.ExpiresAt)
 		resp.SetSize, resp.Value = o.rec.SetSize, o.rec.Value
 	}
 	return resp, nil
@@ -814,7 +878,7 @@ func (l *locks) status(ctx context.Context, resource string, who origin) (*strea
 
 // list answers a page of the held leases this instance knows of, as who
 // may see them.
-func (l *locks) list(req *streams.ListRequest, who origin) *streams.ListResponse {
+func (l *leaseOps) list(req *streams.ListRequest, who origin) *streams.ListResponse {
 	limit := req.Limit
 	if limit == 0 {
 		limit = streams.DefaultListLimit
@@ -828,7 +892,7 @@ func (l *locks) list(req *streams.ListRequest, who origin) *streams.ListResponse
 		}
 		info := streams.LeaseInfo{Resource: it.resource, Owner: ownerFor(it.o.rec, who),
 			Token: it.o.rec.TokenAt(it.o.rev), ExpiresAt: it.o.rec.ExpiresAt, Waiters: it.waiters, HoldUntil: it.o.rec.HoldUntil}
-		info.InSession, info.SessionOwner = l.sessionOf(it.o.rec, who, &info.ExpiresAt)
+		info.InSession, info.SessionOwner = l.sessions.sessionOf(it.o.rec, who, &info.ExpiresAt)
 		info.SetSize = it.o.rec.SetSize
 		if sem, k, ok := streams.SplitPermit(it.resource); ok {
 			info.Resource, info.Permit = sem, k

@@ -18,9 +18,25 @@ import (
 // permits carry, so that a semaphore's limit is known from all its
 // permits, whatever their numbers, without reading each.
 
+// nameIndex is what the tracker knows of semaphores by name: the limits
+// their held permits carry, and which of them are idle.
+type nameIndex struct {
+	// t is the tracker whose mu guards the index.
+	t *tracker
+	// sems counts the held permits of each semaphore by the limit they
+	// carry.
+	sems map[string]map[int]int
+	// idleSems lists the semaphores whose last permit this instance saw
+	// end (or whose name record it saw with none held), oldest first: once
+	// idle for the retry window, their name records are retired
+	// (Service.retireIdle), so the bucket and this view keep a record only
+	// for the names used lately.
+	idleSems fifo[string]
+}
+
 // indexPermit moves the count of a permit key from the limit of old (if
 // held) to that of rec (if held). The caller holds t.mu.
-func (t *tracker) indexPermit(key string, old, rec *streams.Record) {
+func (ix *nameIndex) indexPermit(key string, old, rec *streams.Record) {
 	enc := resourceOf(key)
 	if !strings.Contains(enc, "=23") { // '#': only permits have one
 		return
@@ -39,20 +55,20 @@ func (t *tracker) indexPermit(key string, old, rec *streams.Record) {
 	if from == to {
 		return
 	}
-	m := t.sems[sem]
+	m := ix.sems[sem]
 	if from != 0 && m != nil {
 		if m[from]--; m[from] <= 0 {
 			delete(m, from)
 		}
 		if len(m) == 0 && to == 0 {
-			delete(t.sems, sem)
-			t.idleSems.push(sem, time.Since(t.epoch))
+			delete(ix.sems, sem)
+			ix.idleSems.push(sem, time.Since(ix.t.epoch))
 		}
 	}
 	if to != 0 {
-		if m = t.sems[sem]; m == nil {
+		if m = ix.sems[sem]; m == nil {
 			m = make(map[int]int, 1)
-			t.sems[sem] = m
+			ix.sems[sem] = m
 		}
 		m[to]++
 	}
@@ -61,11 +77,11 @@ func (t *tracker) indexPermit(key string, old, rec *streams.Record) {
 // permitLimit returns the limit the held permits of semaphore sem carry,
 // as this instance knows them (the one most of them carry, should two
 // ever disagree), or 0 when none is held.
-func (t *tracker) permitLimit(sem string) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+func (ix *nameIndex) permitLimit(sem string) int {
+	ix.t.mu.Lock()
+	defer ix.t.mu.Unlock()
 	best, n := 0, 0
-	for limit, count := range t.sems[sem] {
+	for limit, count := range ix.sems[sem] {
 		if count > n || count == n && limit < best {
 			best, n = limit, count
 		}
@@ -75,8 +91,8 @@ func (t *tracker) permitLimit(sem string) int {
 
 // semaphoreLimit returns the limit of semaphore sem as this instance
 // knows it: that of its held permits, else that of its waiters, else 0.
-func (l *locks) semaphoreLimit(sem string) int {
-	if n := l.tracker.permitLimit(sem); n != 0 {
+func (l *nameOps) semaphoreLimit(sem string) int {
+	if n := l.tracker.nameIx.permitLimit(sem); n != 0 {
 		return n
 	}
 	if w, ok := l.tracker.head(streams.EncodeResource(streams.PermitQueue(sem))); ok {
@@ -92,7 +108,7 @@ type nameUse struct {
 }
 
 // useOf returns what name is used as, as this instance knows it.
-func (l *locks) useOf(name string) nameUse {
+func (l *nameOps) useOf(name string) nameUse {
 	var u nameUse
 	if o, ok := l.tracker.get(streams.LeaseKey(name)); ok && o.held() {
 		u.election, u.lock = o.rec.Value != "", o.rec.Value == ""
@@ -119,7 +135,7 @@ func (u nameUse) String() string {
 // sameKind refuses a request that asks for name as another kind than it
 // is used as: a lock (election: with a value) or a semaphore of limit
 // limit. A name nobody holds or waits on may become anything.
-func (l *locks) sameKind(name string, k kind, limit int, value string) error {
+func (l *nameOps) sameKind(name string, k kind, limit int, value string) error {
 	u := l.useOf(name)
 	var clash bool
 	switch k {
@@ -141,19 +157,19 @@ func quoteName(name string) string { return fmt.Sprintf("%q", name) }
 // when none of its permits is held as this instance knows it (a record
 // learnt from the bucket, not just written with a permit). The caller
 // holds t.mu.
-func (t *tracker) noteNameRecord(key string, at time.Duration) {
+func (ix *nameIndex) noteNameRecord(key string, at time.Duration) {
 	name := decodedResource(resourceOf(key))
-	if len(t.sems[name]) == 0 {
-		t.idleSems.push(name, at)
+	if len(ix.sems[name]) == 0 {
+		ix.idleSems.push(name, at)
 	}
 }
 
 // idleSemaphores pops up to n of the semaphores listed idle more than the
 // retry window before now.
-func (t *tracker) idleSemaphores(now time.Time, n int) []string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+func (ix *nameIndex) idleSemaphores(now time.Time, n int) []string {
+	ix.t.mu.Lock()
+	defer ix.t.mu.Unlock()
 	var out []string
-	t.idleSems.expire(t, now.Sub(t.epoch), n, func(_ *tracker, sem string, _ time.Duration) { out = append(out, sem) })
+	ix.idleSems.expire(ix.t, now.Sub(ix.t.epoch), n, func(_ *tracker, sem string, _ time.Duration) { out = append(out, sem) })
 	return out
 }

@@ -34,6 +34,13 @@ import (
 // retires the records of semaphores idle for the retry window the same
 // way (Service.retireIdle).
 
+// nameOps keeps a name one thing at a time (the name rule, and what
+// this instance knows of each name: name_index.go) and the waiter caps
+// (caps.go).
+type nameOps struct {
+	*engineDeps
+}
+
 // nameAction is what the name rule asks of a grant (decideName).
 type nameAction int
 
@@ -75,7 +82,7 @@ func mayRetire(permits []entry) bool {
 // what the grant's commit must find at that key: o itself, or the delete
 // that retired a name record. A refusal is an *opError; again asks to
 // decide on fresh reads (the view may lag, or the retirement lost a race).
-func (l *locks) claimName(ctx context.Context, name string, o observation, limit int, fresh bool) (_ observation, again bool, _ error) {
+func (l *nameOps) claimName(ctx context.Context, name string, o observation, limit int, fresh bool) (_ observation, again bool, _ error) {
 	switch decideName(o.entry, limit) {
 	case nameGrant:
 		return o, false, nil
@@ -101,7 +108,7 @@ func (l *locks) claimName(ctx context.Context, name string, o observation, limit
 // deleted, in commits that check each permit's revision as read (the last
 // of them deletes the record by compare-and-set on o's revision). With
 // fresh, the permits are read from the stream leader.
-func (l *locks) retireName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, error) {
+func (l *nameOps) retireName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, error) {
 	keys := make([]string, o.sem)
 	revs := make([]uint64, o.sem)
 	for k := 1; k <= o.sem; k++ {

@@ -96,7 +96,7 @@ func TestANameRecordIsRetiredOnlyWhenItsPermitsAreFree(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return s.locks.acquire(ctx, c.grant)
+		return s.locks.leases.acquire(ctx, c.grant)
 	}
 	p1, err := sem(a, "p1", 2)
 	if err != nil {
@@ -111,11 +111,11 @@ func TestANameRecordIsRetiredOnlyWhenItsPermitsAreFree(t *testing.T) {
 	if _, err := sem(b, "p3", 3); !isCode(err, streams.CodeInvalidRequest) {
 		t.Fatalf("limit 3 while a permit of limit 2 is held: %v; want invalid_request", err)
 	}
-	if resp, err := a.locks.release(ctx, streams.PermitResource(name, p1.Permit), p1.LeaseID, origin{}); err != nil || !resp.Released {
+	if resp, err := a.locks.leases.release(ctx, streams.PermitResource(name, p1.Permit), p1.LeaseID, origin{}); err != nil || !resp.Released {
 		t.Fatalf("release of the permit: %+v %v", resp, err)
 	}
 	// b refuses early while its view still holds the permit.
-	waitFor(t, 10*time.Second, func() bool { return b.locks.semaphoreLimit(name) == 0 }, "b sees the permit released")
+	waitFor(t, 10*time.Second, func() bool { return b.locks.names.semaphoreLimit(name) == 0 }, "b sees the permit released")
 	if _, err := sem(b, "p3", 3); err != nil {
 		t.Fatalf("limit 3 once every permit of limit 2 is free: %v", err)
 	}
@@ -153,12 +153,12 @@ func TestASetRetryAfterItsSessionClosedIsNotHeld(t *testing.T) {
 	for _, k := range []string{streams.LeaseKey(resources[0]), streams.LeaseKey(resources[1]), streams.SessionKey(g.session)} {
 		view[k], _ = s.tracker.get(k)
 	}
-	if _, err := s.locks.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
+	if _, err := s.locks.sessions.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
 		t.Fatal(err)
 	}
 	other := &grantReq{resource: resources[0], requestID: "other", owner: "other", key: streams.LeaseKey(resources[0]),
 		hash: requestHash(resources[0], "other", ""), ttl: 30 * time.Second}
-	if _, err := s.locks.acquire(ctx, other); err != nil {
+	if _, err := s.locks.leases.acquire(ctx, other); err != nil {
 		t.Fatal(err)
 	}
 	// The view of a node that has seen none of it: the set and its session
@@ -172,7 +172,7 @@ func TestASetRetryAfterItsSessionClosedIsNotHeld(t *testing.T) {
 	}
 	r := newSetReq(resources, "set-"+g.requestID, g.owner, origin{})
 	r.ttl, r.session, r.secret = 30*time.Second, g.session, g.secret
-	resp, err := s.locks.acquireSet(ctx, r)
+	resp, err := s.locks.sets.acquireSet(ctx, r)
 	if !isCode(err, streams.CodeLeaseLost) {
 		t.Fatalf("a set's retry after its session's close: %+v %v; want lease_lost", resp, err)
 	}
@@ -194,7 +194,7 @@ func TestAnIdleNameRecordIsRetired(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp, err := s.locks.acquire(ctx, c.grant)
+		resp, err := s.locks.leases.acquire(ctx, c.grant)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,7 +203,7 @@ func TestAnIdleNameRecordIsRetired(t *testing.T) {
 	idle, busy := "idle/sem", "busy/sem"
 	p := grant(idle, "p1")
 	grant(busy, "p2")
-	if resp, err := s.locks.release(ctx, streams.PermitResource(idle, p.Permit), p.LeaseID, origin{}); err != nil || !resp.Released {
+	if resp, err := s.locks.leases.release(ctx, streams.PermitResource(idle, p.Permit), p.LeaseID, origin{}); err != nil || !resp.Released {
 		t.Fatalf("release: %+v %v", resp, err)
 	}
 	kv := storeBucket(t, cl)
@@ -212,7 +212,7 @@ func TestAnIdleNameRecordIsRetired(t *testing.T) {
 		return err != nil
 	}, "the idle semaphore's name record is retired")
 	o, _ := s.tracker.get(streams.LeaseKey(busy))
-	if _, err := s.locks.retireName(ctx, busy, o, 0, false); !isCode(err, streams.CodeInvalidRequest) {
+	if _, err := s.locks.names.retireName(ctx, busy, o, 0, false); !isCode(err, streams.CodeInvalidRequest) {
 		t.Fatalf("retiring the name record of a semaphore whose permit is held: %v; want it refused", err)
 	}
 	if n, ok := streams.ParseNameRecord(lastValue(t, cl, streams.LeaseKey(busy))); !ok || n != 2 {

@@ -134,7 +134,7 @@ func (j *semJoins) settleQueued(joins []*semJoin, queued []*observation) {
 // holder may write with its own (enqueueBulk). When the holder of
 // the lock granted it meanwhile, lockToGrant returns that grant and no
 // lock; when the holder queued it, the key locked and its waiter record.
-func (l *locks) lockToGrant(ctx context.Context, g *grantReq, w *waiter, joinable bool) (*keyLock, *streams.LeaseResponse, *observation, error) {
+func (l *semOps) lockToGrant(ctx context.Context, g *grantReq, w *waiter, joinable bool) (*keyLock, *streams.LeaseResponse, *observation, error) {
 	if !joinable || g.limit == 0 && w == nil || g.session != "" {
 		st, err := l.lock(ctx, g.key)
 		return st, nil, nil, err
@@ -158,7 +158,7 @@ func (l *locks) lockToGrant(ctx context.Context, g *grantReq, w *waiter, joinabl
 // limit, holding no permit of the semaphore as this instance knows it,
 // not ended). It returns them and the permits (and their observations)
 // they are to get.
-func (l *locks) joinPermits(g *grantReq, free []int, frees []observation, mine int) ([]*semJoin, []int, []observation) {
+func (l *semOps) joinPermits(g *grantReq, free []int, frees []observation, mine int) ([]*semJoin, []int, []observation) {
 	if len(free) < 2 || g.session != "" {
 		return nil, nil, nil
 	}
@@ -192,7 +192,7 @@ func (l *locks) joinPermits(g *grantReq, free []int, frees []observation, mine i
 // (observed in obs) to joins, in one atomic batch, and tells each joined
 // acquire its grant. If the batch fails, the joined acquires decide on
 // their own, and g is granted on its own (grant).
-func (l *locks) grantBulk(ctx context.Context, g *grantReq, k int, o observation, joins []*semJoin, ks []int, obs []observation) (*streams.LeaseResponse, error) {
+func (l *semOps) grantBulk(ctx context.Context, g *grantReq, k int, o observation, joins []*semJoin, ks []int, obs []observation) (*streams.LeaseResponse, error) {
 	reqs := []*grantReq{g.permit(k)}
 	seen := []observation{o}
 	for i, sj := range joins {
@@ -212,7 +212,7 @@ func (l *locks) grantBulk(ctx context.Context, g *grantReq, k int, o observation
 	if _, err := l.store.batch(ctx, "grant", msgs); err != nil {
 		l.joins.settle(joins, grants)
 		if errors.Is(err, errConflict) || errors.Is(err, errDuplicate) {
-			return l.grant(ctx, g.permit(k), o, observation{})
+			return l.leases.grant(ctx, g.permit(k), o, observation{})
 		}
 		for _, r := range reqs {
 			l.tracker.forget(r.key)
@@ -252,17 +252,17 @@ func (w *waiter) enqueueBulk(ctx context.Context) error {
 	if o, ok := l.tracker.get(w.wkey); ok && o.held() {
 		return w.enqueue(ctx)
 	}
-	joins := l.joins.take(w.g.key, maxJoinedRecords-1, func(sj *semJoin) bool {
+	joins := l.sems.joins.take(w.g.key, maxJoinedRecords-1, func(sj *semJoin) bool {
 		o, ok := l.tracker.get(streams.WaitKey(sj.g.resource, sj.g.hash))
 		return sj.w != nil && sj.g.limit == w.g.limit && sj.g.sem == w.g.sem && sj.g.session == "" &&
-			(!ok || !o.held()) && l.heldPermit(sj.g.sem, sj.g.limit, sj.g.requestID, sj.g.tenant) == 0
+			(!ok || !o.held()) && l.sems.heldPermit(sj.g.sem, sj.g.limit, sj.g.requestID, sj.g.tenant) == 0
 	})
 	if len(joins) == 0 {
 		return w.enqueue(ctx)
 	}
 	ws, recs, seen, joins := w.joinedRecords(joins)
 	for _, x := range ws {
-		defer l.tracker.unreserveWaits(x.wkey)
+		defer l.tracker.caps.unreserveWaits(x.wkey)
 	}
 	if len(ws) < 2 {
 		return w.enqueue(ctx) // the caps: w's own answer, or none joined
@@ -273,7 +273,7 @@ func (w *waiter) enqueueBulk(ctx context.Context) error {
 	}
 	queued := make([]*observation, len(joins))
 	if _, err := l.store.batch(ctx, "enqueue", msgs); err != nil {
-		l.joins.settleQueued(joins, queued)
+		l.sems.joins.settleQueued(joins, queued)
 		if errors.Is(err, errConflict) {
 			return w.enqueue(ctx)
 		}
@@ -290,7 +290,7 @@ func (w *waiter) enqueueBulk(ctx context.Context) error {
 		}
 		queued[i-1] = &o
 	}
-	l.joins.settleQueued(joins, queued)
+	l.sems.joins.settleQueued(joins, queued)
 	return w.newPlace(ctx)
 }
 
@@ -305,7 +305,7 @@ func (w *waiter) joinedRecords(joins []*semJoin) ([]*waiter, []*streams.Record, 
 	o, _ := w.l.tracker.get(w.wkey)
 	rec, err := w.record(o)
 	if err != nil {
-		w.l.joins.settleQueued(joins, make([]*observation, len(joins)))
+		w.l.sems.joins.settleQueued(joins, make([]*observation, len(joins)))
 		return nil, nil, nil, nil
 	}
 	recs, seen = append(recs, rec), append(seen, o)
@@ -319,6 +319,6 @@ func (w *waiter) joinedRecords(joins []*semJoin) ([]*waiter, []*streams.Record, 
 		}
 		ws, recs, seen, in = append(ws, sj.w), append(recs, rec), append(seen, o), append(in, sj)
 	}
-	w.l.joins.settleQueued(out, make([]*observation, len(out)))
+	w.l.sems.joins.settleQueued(out, make([]*observation, len(out)))
 	return ws, recs, seen, in
 }

@@ -58,9 +58,9 @@ func TestPermitsAreGrantedInBulk(t *testing.T) {
 		}()
 	}
 	waitFor(t, 20*time.Second, func() bool {
-		s.locks.joins.mu.Lock()
-		defer s.locks.joins.mu.Unlock()
-		return len(s.locks.joins.byKey[queue]) == callers
+		s.locks.sems.joins.mu.Lock()
+		defer s.locks.sems.joins.mu.Unlock()
+		return len(s.locks.sems.joins.byKey[queue]) == callers
 	}, "every acquire waits for the semaphore's lock")
 	st.unlock()
 	permits := map[int]bool{}
@@ -84,9 +84,9 @@ func TestPermitsAreGrantedInBulk(t *testing.T) {
 	if grants, puts := commitCount(s, "grant")-grantsBefore, commitCount(s, "put")-putsBefore; grants != 1 || puts != 0 {
 		t.Fatalf("%d batches of grants and %d single writes; want the five grants in one batch", grants, puts)
 	}
-	s.locks.joins.mu.Lock()
-	defer s.locks.joins.mu.Unlock()
-	if left := len(s.locks.joins.byKey[queue]); left != 0 {
+	s.locks.sems.joins.mu.Lock()
+	defer s.locks.sems.joins.mu.Unlock()
+	if left := len(s.locks.sems.joins.byKey[queue]); left != 0 {
 		t.Fatalf("pending acquires left: %d", left)
 	}
 }
@@ -128,9 +128,9 @@ func TestWaitsAreQueuedInBulk(t *testing.T) {
 		}()
 	}
 	waitFor(t, 20*time.Second, func() bool {
-		s.locks.joins.mu.Lock()
-		defer s.locks.joins.mu.Unlock()
-		return len(s.locks.joins.byKey[queue]) == waiting
+		s.locks.sems.joins.mu.Lock()
+		defer s.locks.sems.joins.mu.Unlock()
+		return len(s.locks.sems.joins.byKey[queue]) == waiting
 	}, "every waiting acquire waits for the semaphore's lock")
 	st.unlock()
 	waitFor(t, 20*time.Second, func() bool {

@@ -23,6 +23,20 @@ import (
 // Every holder and waiter must agree on N: each permit's record and each
 // waiter's carries it, and a request naming another N is invalid_request.
 
+// semOps decides the requests on a semaphore's permits, and grants the
+// acquires that joined one in bulk (sem_bulk.go).
+type semOps struct {
+	*engineDeps
+	// the roles it reaches (see locks)
+	leases   *leaseOps
+	sessions *sessionOps
+	handover *handoverOps
+	names    *nameOps
+	// joins are the acquires of permits waiting for their semaphore's
+	// lock, which its holder may grant in its commit (sem_bulk.go).
+	joins semJoins
+}
+
 // queueOf returns the encoded resource whose queue serves lease key key:
 // its own, or for a permit, its semaphore's.
 func queueOf(key string) string {
@@ -52,11 +66,11 @@ func permitKey(sem string, k int) string { return streams.LeaseKey(streams.Permi
 // the request's permit if it holds one, grant a free permit if the
 // waiters ahead leave one, or refuse. The caller holds the queue key's
 // lock.
-func (l *locks) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
-	if err := l.sameKind(g.sem, kindSemaphore, g.limit, ""); err != nil {
+func (l *semOps) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.LeaseResponse, error) {
+	if err := l.names.sameKind(g.sem, kindSemaphore, g.limit, ""); err != nil {
 		return nil, err
 	}
-	return commitLoop(ctx, l, g.session, fresh, engineSteps[permitsRead, struct{}, *streams.LeaseResponse]{
+	return commitLoop(ctx, l.engineDeps, g.session, fresh, engineSteps[permitsRead, struct{}, *streams.LeaseResponse]{
 		read: func(ctx context.Context, fresh bool) (permitsRead, bool, error) {
 			return l.readPermits(ctx, g, fresh)
 		},
@@ -64,7 +78,7 @@ func (l *locks) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.L
 			return l.decidePermit(g, p)
 		},
 		prove: func(ctx context.Context, p permitsRead) (*streams.LeaseResponse, outcome, error) {
-			resp, out, err := settled(l.sameRequest(ctx, g.permit(p.mine), p.held))
+			resp, out, err := settled(l.leases.sameRequest(ctx, g.permit(p.mine), p.held))
 			if out == conflicted {
 				return nil, out, nil
 			}
@@ -78,7 +92,7 @@ func (l *locks) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.L
 
 // decidePermit is the verdict on g's grant of a permit from the permits
 // read in p: prove a retry of g (it holds a permit), refuse, or write.
-func (l *locks) decidePermit(g *grantReq, p permitsRead) verdict[*streams.LeaseResponse, struct{}] {
+func (l *semOps) decidePermit(g *grantReq, p permitsRead) verdict[*streams.LeaseResponse, struct{}] {
 	if p.mine != 0 {
 		return verdict[*streams.LeaseResponse, struct{}]{kind: proveRetry}
 	}
@@ -91,14 +105,14 @@ func (l *locks) decidePermit(g *grantReq, p permitsRead) verdict[*streams.LeaseR
 // commitPermit grants g the first free permit read in p, with the
 // pending acquires of the semaphore that its other free permits can
 // serve taken into the same write (sem_bulk.go).
-func (l *locks) commitPermit(ctx context.Context, g *grantReq, p permitsRead) (*streams.LeaseResponse, outcome, error) {
+func (l *semOps) commitPermit(ctx context.Context, g *grantReq, p permitsRead) (*streams.LeaseResponse, outcome, error) {
 	k := p.free[0]
 	var resp *streams.LeaseResponse
 	var err error
 	if joins, ks, obs := l.joinPermits(g, p.free, p.frees, 0); len(joins) > 0 {
 		resp, err = l.grantBulk(ctx, g, k, p.frees[0], joins, ks, obs)
 	} else {
-		resp, err = l.grant(ctx, g.permit(k), p.frees[0], p.sess)
+		resp, err = l.leases.grant(ctx, g.permit(k), p.frees[0], p.sess)
 	}
 	if isConflict(err) {
 		return nil, conflicted, nil
@@ -122,9 +136,9 @@ type permitsRead struct {
 // g's session (if any), its semaphore's name under the name rule
 // (claimName, which sets g.nameRev) and its permits. again asks to
 // decide on fresh reads.
-func (l *locks) readPermits(ctx context.Context, g *grantReq, fresh bool) (p permitsRead, again bool, err error) {
+func (l *semOps) readPermits(ctx context.Context, g *grantReq, fresh bool) (p permitsRead, again bool, err error) {
 	if g.session != "" {
-		if p.sess, err = l.session(ctx, g, fresh); err != nil {
+		if p.sess, err = l.sessions.session(ctx, g, fresh); err != nil {
 			return p, false, err
 		}
 	}
@@ -132,7 +146,7 @@ func (l *locks) readPermits(ctx context.Context, g *grantReq, fresh bool) (p per
 	if err != nil {
 		return p, false, err
 	}
-	if name, again, err = l.claimName(ctx, g.sem, name, g.limit, fresh); again || err != nil {
+	if name, again, err = l.names.claimName(ctx, g.sem, name, g.limit, fresh); again || err != nil {
 		return p, again, err
 	}
 	g.nameRev = name.rev
@@ -158,7 +172,7 @@ func (l *locks) readPermits(ctx context.Context, g *grantReq, fresh bool) (p per
 
 // mayGrantPermit refuses g's grant when no permit is free for it (free:
 // the free permits), or the fleet's guard or g's session's cap forbids it.
-func (l *locks) mayGrantPermit(g *grantReq, free []int) error {
+func (l *semOps) mayGrantPermit(g *grantReq, free []int) error {
 	if len(free) == 0 {
 		return newOpError(streams.CodeLocked, "all %d permits of semaphore %q are held", g.limit, g.sem)
 	}
@@ -169,7 +183,7 @@ func (l *locks) mayGrantPermit(g *grantReq, free []int) error {
 		return err
 	}
 	if g.session != "" {
-		return l.sessionRoom(g.session)
+		return l.sessions.sessionRoom(g.session)
 	}
 	return nil
 }
@@ -200,7 +214,7 @@ func (g *grantReq) permit(k int) *grantReq {
 // revision, or, when the stream no longer holds that write (the lease was
 // renewed since) or seq is 0 (an atomic batch's duplicate does not say),
 // every permit.
-func (l *locks) permitsOf(ctx context.Context, g *grantReq, seq uint64) ([]*grantReq, error) {
+func (l *semOps) permitsOf(ctx context.Context, g *grantReq, seq uint64) ([]*grantReq, error) {
 	if seq != 0 {
 		key, err := l.store.keyAt(ctx, seq)
 		if err != nil {
@@ -222,7 +236,7 @@ func (l *locks) permitsOf(ctx context.Context, g *grantReq, seq uint64) ([]*gran
 
 // heldPermit returns the permit of semaphore sem of limit n that the
 // request of tenant holds, as the tracker knows it, or 0.
-func (l *locks) heldPermit(sem string, limit int, requestID, tenant string) int {
+func (l *semOps) heldPermit(sem string, limit int, requestID, tenant string) int {
 	for k := 1; k <= limit; k++ {
 		if o, ok := l.tracker.get(permitKey(sem, k)); ok && o.held() && o.rec.RequestID == requestID && o.rec.Tenant == tenant {
 			return k
@@ -236,15 +250,15 @@ func (l *locks) heldPermit(sem string, limit int, requestID, tenant string) int 
 // semaphore's own limit: a cancel naming another limit than the
 // semaphore's is refused before any, and the permits are looked for in
 // this instance's view, or at the one permit the request's grant wrote.
-func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID, owner string, who origin) (*streams.CancelResponse, error) {
-	if n := l.semaphoreLimit(sem); n != 0 && n != limit {
+func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID, owner string, who origin) (*streams.CancelResponse, error) {
+	if n := l.names.semaphoreLimit(sem); n != 0 && n != limit {
 		return nil, newOpError(streams.CodeInvalidRequest, "%s is a semaphore of limit %d; this request says %d", quoteName(sem), n, limit)
 	}
 	queue := streams.PermitQueue(sem)
 	key := streams.LeaseKey(queue)
 	g := &grantReq{resource: queue, key: key, requestID: requestID, owner: owner, who: who, tenant: who.tenant(),
 		hash: requestHash(queue, requestID, who.tenant()), sem: sem, limit: limit}
-	if other, err := l.otherWaiter(ctx, streams.WaitKey(queue, g.hash), owner); other || err != nil {
+	if other, err := l.handover.otherWaiter(ctx, streams.WaitKey(queue, g.hash), owner); other || err != nil {
 		return &streams.CancelResponse{Resource: sem}, err
 	}
 	st, err := l.lock(ctx, key)
@@ -276,7 +290,7 @@ func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID,
 		break
 	}
 	if granted {
-		if err := l.proveCancel(ctx, g.hash, streams.WaitKey(queue, g.hash), owner); err != nil {
+		if err := l.handover.proveCancel(ctx, g.hash, streams.WaitKey(queue, g.hash), owner); err != nil {
 			return nil, err
 		}
 	}
@@ -284,7 +298,7 @@ func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID,
 	if err != nil {
 		return nil, err
 	}
-	dequeued, err := l.dequeue(ctx, queue, streams.WaitKey(queue, g.hash), owner)
+	dequeued, err := l.handover.dequeue(ctx, queue, streams.WaitKey(queue, g.hash), owner)
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +312,7 @@ func (l *locks) cancelSem(ctx context.Context, sem string, limit int, requestID,
 // did not say), on a fresh read of the permit that write took. The
 // caller has written the request's tombstone and holds the queue key's
 // lock.
-func (l *locks) endCancelledPermit(ctx context.Context, g *grantReq, granted bool, seq uint64) (bool, error) {
+func (l *semOps) endCancelledPermit(ctx context.Context, g *grantReq, granted bool, seq uint64) (bool, error) {
 	k := l.heldPermit(g.sem, g.limit, g.requestID, g.tenant)
 	if k == 0 && granted {
 		var err error
@@ -315,7 +329,7 @@ func (l *locks) endCancelledPermit(ctx context.Context, g *grantReq, granted boo
 		return false, err
 	}
 	defer st.unlock()
-	e, err := l.endIf(ctx, res, key, func(rec *streams.Record) bool {
+	e, err := l.handover.endIf(ctx, res, key, func(rec *streams.Record) bool {
 		return rec.RequestID == g.requestID && rec.Tenant == g.tenant && rec.Owner == g.owner
 	}, endCancel, g.who, "")
 	return e != nil, err
@@ -327,12 +341,12 @@ func (l *locks) endCancelledPermit(ctx context.Context, g *grantReq, granted boo
 // since) every permit is read, but only of a semaphore this instance
 // knows, of the limit g names: a cancel of a name never acquired reads
 // nothing more.
-func (l *locks) grantedPermit(ctx context.Context, g *grantReq, seq uint64) (int, error) {
+func (l *semOps) grantedPermit(ctx context.Context, g *grantReq, seq uint64) (int, error) {
 	candidates, err := l.permitsOf(ctx, g, seq)
 	if err != nil {
 		return 0, err
 	}
-	if len(candidates) > 1 && l.semaphoreLimit(g.sem) != g.limit {
+	if len(candidates) > 1 && l.names.semaphoreLimit(g.sem) != g.limit {
 		return 0, nil
 	}
 	for _, c := range candidates {
@@ -350,7 +364,7 @@ func (l *locks) grantedPermit(ctx context.Context, g *grantReq, seq uint64) (int
 
 // semaphoreStatus reports the permits of semaphore sem of limit n as this
 // instance knows them, as who may see them.
-func (l *locks) semaphoreStatus(sem string, limit int, who origin) (*streams.SemaphoreStatus, error) {
+func (l *semOps) semaphoreStatus(sem string, limit int, who origin) (*streams.SemaphoreStatus, error) {
 	resp := &streams.SemaphoreStatus{Resource: sem, Limit: limit, Permits: []streams.PermitInfo{}}
 	resp.Waiters, _ = l.tracker.waiterCounts(streams.EncodeResource(streams.PermitQueue(sem)), "")
 	now := time.Now()

@@ -5,13 +5,22 @@
 //
 // The package has two halves. The lock logic (locks.go, handover.go,
 // waiter.go, store.go, tracker.go, keylocks.go, records.go) decides every
-// request by compare-and-set on the bucket. The transport (endpoints.go,
-// gate.go, workers.go, deadline.go, waiting.go, wake.go, follow.go)
-// receives requests, admits them, runs them and replies: request.go
-// decodes each request, and endpoints.go holds each operation's handler,
-// which hands the decoded request to the lock logic. service.go wires the
-// two and runs them, with the background sweep (sweep.go); stream.go
-// watches the bucket's stream.
+// request by compare-and-set on the bucket. It is locks, a set of roles
+// that each hold one kind of request and reach the others through fields:
+// leaseOps (one lease: locks.go), sessionOps (sessions.go), setOps (lock
+// sets: sets.go, sets_wait.go), semOps (semaphores: semaphores.go,
+// sem_bulk.go), handoverOps (the end of a lease and its hand-over to a
+// waiter: handover.go, waiter.go) and nameOps (the name rule and the
+// waiter caps: name_rule.go, name_index.go, caps.go); engineDeps holds
+// what they share. The tracker (tracker.go) is the instance's view of the
+// bucket: observations and their expiry, with its indexes (sessionIndex,
+// setIndex, nameIndex, instanceIndex, waitCaps) in types of their own.
+// The transport (endpoints.go, gate.go, workers.go, deadline.go,
+// waiting.go, wake.go, follow.go) receives requests, admits them, runs
+// them and replies: request.go decodes each request, and endpoints.go
+// holds each operation's handler, which hands the decoded request to the
+// lock logic. service.go wires the two and runs them, with the background
+// sweep (sweep.go); stream.go watches the bucket's stream.
 //
 // Every grant — of a lock, a permit of a semaphore, a lock set — runs in
 // one engine (engine.go). Each primitive supplies a read step, which
@@ -125,7 +134,7 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 		done:       make(chan struct{}),
 	}
 	s.tracker.announce = announcer(nc, cfg.Prefix)
-	s.tracker.self, s.tracker.wakeRoot, s.tracker.liveness = id, cfg.Prefix+".wake.", cfg.WaiterLiveness
+	s.tracker.instances.self, s.tracker.instances.wakeRoot, s.tracker.instances.liveness = id, cfg.Prefix+".wake.", cfg.WaiterLiveness
 	s.wakes = &wakes{nc: nc, prefix: cfg.Prefix + ".wake." + id + ".", log: log, sent: m.wakes.Inc, recheckEvery: cfg.WaiterLiveness / 3,
 		waiting: make(map[string]chan *streams.LeaseResponse)}
 	s.workers = newWorkers(s.done)
@@ -273,9 +282,9 @@ func (s *Service) wire(b *streams.Bucket) error {
 	s.follow = &follower{nc: s.nc, kv: b.KV, store: s.storeNC, bucket: b.Config().Bucket, tracker: s.tracker, decode: decode, log: s.log,
 		gauge: func(on bool) { s.metrics.following.Set(boolGauge(on)) },
 		id:    s.id, epoch: time.Now(), peerSeen: make(chan struct{}, 1), linger: s.peerLinger}
-	s.locks = &locks{cfg: s.cfg, log: s.log, store: s.store, tracker: s.tracker, keys: newKeyLocks(s.cfg.MaxPerKey),
+	s.locks = newLocks(&engineDeps{cfg: s.cfg, log: s.log, store: s.store, tracker: s.tracker, keys: newKeyLocks(s.cfg.MaxPerKey),
 		report: s.report, wakes: s.wakes, guard: s.guard, following: s.Following, synced: &s.follow.synced,
-		delivered: s.follow.delivered.Load, seen: &s.follow.deliveries}
+		delivered: s.follow.delivered.Load, seen: &s.follow.deliveries})
 	return nil
 }
 

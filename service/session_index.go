@@ -25,6 +25,22 @@ import (
 // its leases to the instance that ended it.
 const sessionTakeover = 2 * time.Second
 
+// sessionIndex is what the tracker knows of sessions: the members of each
+// and the count of live sessions by tenant.
+type sessionIndex struct {
+	// t is the tracker whose mu guards the index.
+	t *tracker
+	// sessions indexes the lease and waiter keys of each session (by its
+	// key hash); tenantSessions counts the live sessions of each tenant,
+	// nSessions all of them.
+	sessions       map[string]*sessionMembers
+	tenantSessions map[string]int
+	nSessions      int
+	// orphans holds the sessions whose members the tracker knows but whose
+	// records it did not find once synced: their members are due at once.
+	orphans map[string]struct{}
+}
+
 // sessionMembers is the index of one session: its lease and waiter keys.
 type sessionMembers struct {
 	leases, waits map[string]struct{}
@@ -41,7 +57,7 @@ func sessionHashOf(key string) string { return strings.TrimPrefix(key, streams.S
 // indexSessionMember moves key (a lease or waiter key) in the session
 // index from the session of old (if any) to the session of rec (if any).
 // The caller holds t.mu.
-func (t *tracker) indexSessionMember(key string, old, rec *streams.Record) {
+func (ix *sessionIndex) indexSessionMember(key string, old, rec *streams.Record) {
 	var from, to string
 	if old != nil {
 		from = old.Session
@@ -53,24 +69,24 @@ func (t *tracker) indexSessionMember(key string, old, rec *streams.Record) {
 		return
 	}
 	waiter := strings.HasPrefix(key, streams.WaitKeyPrefix)
-	if m := t.sessions[from]; from != "" && m != nil {
+	if m := ix.sessions[from]; from != "" && m != nil {
 		if waiter {
 			delete(m.waits, key)
 		} else {
 			delete(m.leases, key)
 		}
 		if m.size() == 0 {
-			delete(t.sessions, from)
-			delete(t.orphans, from)
+			delete(ix.sessions, from)
+			delete(ix.orphans, from)
 		}
 	}
 	if to == "" {
 		return
 	}
-	m := t.sessions[to]
+	m := ix.sessions[to]
 	if m == nil {
 		m = &sessionMembers{leases: map[string]struct{}{}, waits: map[string]struct{}{}}
-		t.sessions[to] = m
+		ix.sessions[to] = m
 	}
 	if waiter {
 		m.waits[key] = struct{}{}
@@ -82,44 +98,44 @@ func (t *tracker) indexSessionMember(key string, old, rec *streams.Record) {
 // countTenantSession moves a session key's count from the tenant that
 // held it (if wasHeld) to the tenant of e (if held), and when the session
 // ended, makes its members due. The caller holds t.mu.
-func (t *tracker) sessionChanged(key string, wasHeld bool, wasTenant string, e entry, now time.Time) {
-	delete(t.orphans, sessionHashOf(key))
+func (ix *sessionIndex) sessionChanged(key string, wasHeld bool, wasTenant string, e entry, now time.Time) {
+	delete(ix.orphans, sessionHashOf(key))
 	if wasHeld && e.held() && e.rec.Tenant == wasTenant {
 		return // a keepalive
 	}
 	if wasHeld {
-		if t.tenantSessions[wasTenant]--; t.tenantSessions[wasTenant] <= 0 {
-			delete(t.tenantSessions, wasTenant)
+		if ix.tenantSessions[wasTenant]--; ix.tenantSessions[wasTenant] <= 0 {
+			delete(ix.tenantSessions, wasTenant)
 		}
-		t.nSessions--
+		ix.nSessions--
 	}
 	if e.held() {
-		t.tenantSessions[e.rec.Tenant]++
-		t.nSessions++
+		ix.tenantSessions[e.rec.Tenant]++
+		ix.nSessions++
 		return
 	}
 	if wasHeld {
-		t.membersDue(sessionHashOf(key), now.Add(sessionTakeover))
+		ix.membersDue(sessionHashOf(key), now.Add(sessionTakeover))
 	}
 }
 
 // membersDue makes the leases and waiter records of session hash due at
 // at. The caller holds t.mu.
-func (t *tracker) membersDue(hash string, at time.Time) {
-	m := t.sessions[hash]
+func (ix *sessionIndex) membersDue(hash string, at time.Time) {
+	m := ix.sessions[hash]
 	if m == nil {
 		return
 	}
-	d := at.Sub(t.epoch)
+	d := at.Sub(ix.t.epoch)
 	for _, keys := range []map[string]struct{}{m.leases, m.waits} {
 		for key := range keys {
-			o, ok := t.keys[key]
+			o, ok := ix.t.keys[key]
 			if !ok || !o.held() || (o.due != 0 && o.due <= d) {
 				continue
 			}
 			o.due = d
-			t.keys[key] = o
-			t.due.push(dueItem{at: d, key: o.key, rev: o.rev})
+			ix.t.keys[key] = o
+			ix.t.due.push(dueItem{at: d, key: o.key, rev: o.rev})
 		}
 	}
 }
@@ -127,14 +143,14 @@ func (t *tracker) membersDue(hash string, at time.Time) {
 // orphansDue makes due the leases and waits of every session the tracker
 // does not know, once its watcher has delivered every record: their
 // session's record is gone, and expire ends them on a fresh read that
-// proves it (see locks.sessionGone).
-func (t *tracker) orphansDue(now time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for hash := range t.sessions {
-		if _, known := t.lookup(streams.SessionKey(hash)); !known {
-			t.orphans[hash] = struct{}{}
-			t.membersDue(hash, now)
+// proves it (see sessionOps.sessionGone).
+func (ix *sessionIndex) orphansDue(now time.Time) {
+	ix.t.mu.Lock()
+	defer ix.t.mu.Unlock()
+	for hash := range ix.sessions {
+		if _, known := ix.t.lookup(streams.SessionKey(hash)); !known {
+			ix.orphans[hash] = struct{}{}
+			ix.membersDue(hash, now)
 		}
 	}
 }
@@ -142,11 +158,11 @@ func (t *tracker) orphansDue(now time.Time) {
 // orphanedLocked reports whether rec, a lease or waiter record, belongs
 // to a session the tracker suspects gone (see orphansDue). The caller
 // holds t.mu.
-func (t *tracker) orphanedLocked(rec *streams.Record) bool {
+func (ix *sessionIndex) orphanedLocked(rec *streams.Record) bool {
 	if rec == nil || rec.Session == "" {
 		return false
 	}
-	_, ok := t.orphans[rec.Session]
+	_, ok := ix.orphans[rec.Session]
 	return ok
 }
 
@@ -154,8 +170,8 @@ func (t *tracker) orphanedLocked(rec *streams.Record) bool {
 // ended, and when it saw that. A session it does not know (never seen, or
 // forgotten after the retry window) is not known to have ended: whoever
 // must decide reads its record. The caller holds t.mu.
-func (t *tracker) sessionEndedLocked(hash string) (time.Time, bool) {
-	o, known := t.lookup(streams.SessionKey(hash))
+func (ix *sessionIndex) sessionEndedLocked(hash string) (time.Time, bool) {
+	o, known := ix.t.lookup(streams.SessionKey(hash))
 	if !known || o.held() || o.foreign {
 		return time.Time{}, false
 	}
@@ -164,21 +180,21 @@ func (t *tracker) sessionEndedLocked(hash string) (time.Time, bool) {
 
 // sessionLeaseEnded reports whether rec, a lease or waiter record, belongs
 // to a session the tracker knows to have ended.
-func (t *tracker) sessionLeaseEnded(rec *streams.Record) bool {
+func (ix *sessionIndex) sessionLeaseEnded(rec *streams.Record) bool {
 	if rec == nil || rec.Session == "" {
 		return false
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, ended := t.sessionEndedLocked(rec.Session)
+	ix.t.mu.Lock()
+	defer ix.t.mu.Unlock()
+	_, ended := ix.sessionEndedLocked(rec.Session)
 	return ended
 }
 
 // members returns the lease and waiter keys of session hash.
-func (t *tracker) members(hash string) (leases, waits []string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	m := t.sessions[hash]
+func (ix *sessionIndex) members(hash string) (leases, waits []string) {
+	ix.t.mu.Lock()
+	defer ix.t.mu.Unlock()
+	m := ix.sessions[hash]
 	if m == nil {
 		return nil, nil
 	}
@@ -192,10 +208,10 @@ func (t *tracker) members(hash string) (leases, waits []string) {
 }
 
 // memberCount returns the number of leases and waits of session hash.
-func (t *tracker) memberCount(hash string) (leases, total int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	m := t.sessions[hash]
+func (ix *sessionIndex) memberCount(hash string) (leases, total int) {
+	ix.t.mu.Lock()
+	defer ix.t.mu.Unlock()
+	m := ix.sessions[hash]
 	if m == nil {
 		return 0, 0
 	}
@@ -204,18 +220,18 @@ func (t *tracker) memberCount(hash string) (leases, total int) {
 
 // tenantSessionCount returns the number of sessions of tenant, and of all
 // tenants.
-func (t *tracker) sessionCounts(tenant string) (ofTenant, all int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.tenantSessions[tenant], t.nSessions
+func (ix *sessionIndex) sessionCounts(tenant string) (ofTenant, all int) {
+	ix.t.mu.Lock()
+	defer ix.t.mu.Unlock()
+	return ix.tenantSessions[tenant], ix.nSessions
 }
 
 // sessionInfo returns the owner and expiry of session hash as the
 // tracker knows it, and whether it knows it live.
-func (t *tracker) sessionInfo(hash string) (owner, expires string, ok bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if o, ok := t.keys[streams.SessionKey(hash)]; ok && o.held() {
+func (ix *sessionIndex) sessionInfo(hash string) (owner, expires string, ok bool) {
+	ix.t.mu.Lock()
+	defer ix.t.mu.Unlock()
+	if o, ok := ix.t.keys[streams.SessionKey(hash)]; ok && o.held() {
 		return o.rec.Owner, o.rec.ExpiresAt, true
 	}
 	return "", "", false

@@ -21,7 +21,7 @@ func twoFollowing(t *testing.T) (a, b *Service, cl *devcluster.Cluster) {
 	cl = startCluster(t)
 	a, _ = startInstance(t, cl, DefaultConfig(), 0)
 	b, _ = startInstance(t, cl, DefaultConfig(), 0)
-	waitFor(t, 30*time.Second, func() bool { return a.locks.inStreamOrder() && b.locks.inStreamOrder() },
+	waitFor(t, 30*time.Second, func() bool { return a.locks.sessions.inStreamOrder() && b.locks.sessions.inStreamOrder() },
 		"both instances follow the bucket with a synced watcher")
 	return a, b, cl
 }
@@ -32,7 +32,7 @@ func twoFollowing(t *testing.T) (a, b *Service, cl *devcluster.Cluster) {
 func following(t *testing.T, cl *devcluster.Cluster) *Service {
 	t.Helper()
 	s, _ := startInstance(t, cl, DefaultConfig(), 10*time.Minute)
-	waitFor(t, 30*time.Second, s.locks.inStreamOrder, "the instance follows the bucket")
+	waitFor(t, 30*time.Second, s.locks.sessions.inStreamOrder, "the instance follows the bucket")
 	return s
 }
 
@@ -40,7 +40,7 @@ func following(t *testing.T, cl *devcluster.Cluster) *Service {
 // in it.
 func openIn(t *testing.T, s *Service, requestID, res string) *grantReq {
 	t.Helper()
-	resp, err := s.locks.openSession(t.Context(), newSessionReq(requestID, "owner", 30*time.Second, origin{}))
+	resp, err := s.locks.sessions.openSession(t.Context(), newSessionReq(requestID, "owner", 30*time.Second, origin{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func openIn(t *testing.T, s *Service, requestID, res string) *grantReq {
 // fresh reads, and returns the lease and the session as it was read.
 func grantIn(ctx context.Context, t *testing.T, s *Service, g *grantReq) (*streams.LeaseResponse, observation) {
 	t.Helper()
-	sess, err := s.locks.session(ctx, g, true)
+	sess, err := s.locks.sessions.session(ctx, g, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func grantIn(ctx context.Context, t *testing.T, s *Service, g *grantReq) (*strea
 	if err != nil {
 		t.Fatal(err)
 	}
-	lease, err := s.locks.grant(ctx, g, free, sess)
+	lease, err := s.locks.leases.grant(ctx, g, free, sess)
 	if err != nil || lease.Token == 0 {
 		t.Fatalf("grant in a live session: %v %v", lease, err)
 	}
@@ -132,14 +132,14 @@ func TestAGrantAfterItsSessionEndedIsNeverAnswered(t *testing.T) {
 
 	before := openIn(t, a, "counted", "order/before")
 	grantIn(ctx, t, a, before)
-	if _, err := b.locks.closeSession(ctx, before.session+before.secret, origin{}); err != nil {
+	if _, err := b.locks.sessions.closeSession(ctx, before.session+before.secret, origin{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, func() bool { o, _ := b.locks.current(ctx, before.key, true); return !o.held() },
 		"the grant made before the close is ended by it")
 
 	orphan := openIn(t, a, "orphaned", "order/after")
-	sess, err := a.locks.session(ctx, orphan, true) // the session as the acquire saw it: live
+	sess, err := a.locks.sessions.session(ctx, orphan, true) // the session as the acquire saw it: live
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,11 +147,11 @@ func TestAGrantAfterItsSessionEndedIsNeverAnswered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed, err := b.locks.closeSession(ctx, orphan.session+orphan.secret, origin{})
+	closed, err := b.locks.sessions.closeSession(ctx, orphan.session+orphan.secret, origin{})
 	if err != nil || !closed.Closed {
 		t.Fatalf("close: %+v %v", closed, err)
 	}
-	resp, err := a.locks.grant(ctx, orphan, free, sess)
+	resp, err := a.locks.leases.grant(ctx, orphan, free, sess)
 	if !isCode(err, streams.CodeLeaseLost) || resp != nil {
 		t.Fatalf("a grant written after its session's close answered %+v, %v; want lease_lost and no lease", resp, err)
 	}
@@ -179,7 +179,7 @@ func TestAnOrphanIsEndedOnSight(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	g := openIn(t, a, "dies", "order/died")
-	if _, err := a.locks.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
+	if _, err := a.locks.sessions.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
@@ -194,7 +194,7 @@ func TestAnOrphanIsEndedOnSight(t *testing.T) {
 	}, "the orphan written after its session's close is ended")
 	// And a retry of the request that would have held it is not told it
 	// does: its session has ended.
-	if _, err := a.locks.session(ctx, g, true); !isCode(err, streams.CodeLeaseLost) {
+	if _, err := a.locks.sessions.session(ctx, g, true); !isCode(err, streams.CodeLeaseLost) {
 		t.Fatalf("the ended session as a retry sees it: %v", err)
 	}
 }
@@ -216,7 +216,7 @@ func TestAReleaseInASessionEndedUnseenIsNotReleasedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.tracker.forget(streams.SessionKey(g.session))
-	resp, err := s.locks.release(ctx, g.resource, lease.LeaseID, origin{})
+	resp, err := s.locks.leases.release(ctx, g.resource, lease.LeaseID, origin{})
 	if err != nil || resp.Released {
 		t.Fatalf("release of a lease whose session ended: %+v %v; want released:false", resp, err)
 	}
@@ -238,7 +238,7 @@ func TestAReleaseAfterItsSessionEndedIsNotAReleaseInStreamOrder(t *testing.T) {
 	g := openIn(t, s, "lagging", "order/lagging")
 	lease, sess := grantIn(ctx, t, s, g)
 	endBehindItsBack(ctx, t, s, cl, g.session, &sess)
-	resp, err := s.locks.release(ctx, g.resource, lease.LeaseID, origin{})
+	resp, err := s.locks.leases.release(ctx, g.resource, lease.LeaseID, origin{})
 	if err != nil || resp.Released {
 		t.Fatalf("release after the session's end: %+v %v; want released:false", resp, err)
 	}
@@ -253,7 +253,7 @@ func setIn(ctx context.Context, t *testing.T, s *Service, g *grantReq, resources
 	t.Helper()
 	r := newSetReq(resources, "set-"+g.requestID, g.owner, origin{})
 	r.ttl, r.session, r.secret = 30*time.Second, g.session, g.secret
-	resp, err := s.locks.acquireSet(ctx, r)
+	resp, err := s.locks.sets.acquireSet(ctx, r)
 	if err != nil || resp.LeaseID == "" {
 		t.Fatalf("set in a live session: %+v %v", resp, err)
 	}
@@ -272,7 +272,7 @@ func TestASetReleaseAfterItsSessionEndedIsNotARelease(t *testing.T) {
 	for _, lagging := range []bool{true, false} {
 		name := map[bool]string{true: "lagging", false: "unseen"}[lagging]
 		g := openIn(t, s, "set-"+name, "order/set-"+name+"/a")
-		sess, err := s.locks.session(ctx, g, true)
+		sess, err := s.locks.sessions.session(ctx, g, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -283,7 +283,7 @@ func TestASetReleaseAfterItsSessionEndedIsNotARelease(t *testing.T) {
 			view = nil
 		}
 		endBehindItsBack(ctx, t, s, cl, g.session, view)
-		resp, err := s.locks.releaseSet(ctx, resources, set.LeaseID, origin{})
+		resp, err := s.locks.sets.releaseSet(ctx, resources, set.LeaseID, origin{})
 		if err != nil || resp.Released {
 			t.Fatalf("%s: release of a set after its session's end: %+v %v; want released:false", name, resp, err)
 		}
@@ -328,7 +328,7 @@ func TestADueKeyOfAnOrphanSetEndsTheSetWhole(t *testing.T) {
 	if !ok || !o.held() {
 		t.Fatalf("the set's first key: %+v %v", o, ok)
 	}
-	s.locks.expire(ctx, dueItem{key: key, rev: o.rev})
+	s.locks.handover.expire(ctx, dueItem{key: key, rev: o.rev})
 	for _, res := range resources {
 		if cur, _ := s.locks.current(ctx, streams.LeaseKey(res), true); cur.held() {
 			t.Fatalf("%s of the orphan set is still held after its key %s came due: %+v", res, key, cur.rec)
@@ -362,12 +362,12 @@ func TestARetryAfterItsSessionClosedIsNotHeld(t *testing.T) {
 			t.Fatal(err)
 		}
 		end, _ := lastWrite(t, cl, streams.SessionKey(g.session))
-		if s.locks.inStreamOrder() {
+		if s.locks.sessions.inStreamOrder() {
 			waitFor(t, 10*time.Second, func() bool { return s.locks.delivered() >= end }, "the watcher delivered the session's end")
 		}
 		s.tracker.observe(g.key, held.entry) // the view of a node behind
 		s.tracker.observe(streams.SessionKey(g.session), sess.entry)
-		resp, err := s.locks.acquire(ctx, g)
+		resp, err := s.locks.leases.acquire(ctx, g)
 		if !isCode(err, streams.CodeLeaseLost) || resp != nil {
 			t.Fatalf("%s: a retry after its session ended answered %+v, %v; want lease_lost", name, resp, err)
 		}
@@ -408,15 +408,15 @@ func TestAGrantIsJudgedAtItsOwnRevision(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.locks.closeSession(ctx, later.session+later.secret, origin{}); err != nil {
+	if _, err := b.locks.sessions.closeSession(ctx, later.session+later.secret, origin{}); err != nil {
 		t.Fatal(err)
 	}
 	end, _ := lastWrite(t, cl, streams.SessionKey(later.session))
 	waitFor(t, 10*time.Second, func() bool { return a.locks.delivered() >= end }, "the watcher delivered the session's end")
-	if err := a.locks.validInSession(ctx, seq, later.session, later.secret, true); err != nil {
+	if err := a.locks.sessions.validInSession(ctx, seq, later.session, later.secret, true); err != nil {
 		t.Fatalf("a grant at %d of a session ended at %d: %v; want it counted", seq, end, err)
 	}
-	if err := a.locks.validInSession(ctx, end+1, later.session, later.secret, true); !isCode(err, streams.CodeLeaseLost) {
+	if err := a.locks.sessions.validInSession(ctx, end+1, later.session, later.secret, true); !isCode(err, streams.CodeLeaseLost) {
 		t.Fatalf("a grant after its session's end at %d: %v; want lease_lost", end, err)
 	}
 }
@@ -435,7 +435,7 @@ func TestASessionEndNeverEndsASetInPart(t *testing.T) {
 	resources := []string{"order/whole/a", "order/whole/b", "order/whole/c"}
 	setIn(ctx, t, a, g, resources...)
 	a.tracker.forget(streams.LeaseKey(resources[2]))
-	if _, err := a.locks.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
+	if _, err := a.locks.sessions.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, func() bool {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -79,23 +78,17 @@ const (
 // are retried after a pause (conflictPause). The gate is always the last
 // lock taken (after the session's key and a lease key), so it cannot
 // deadlock.
-func (l *locks) sessionGate(ctx context.Context, hash string) (*keyLock, error) {
+func (l *sessionOps) sessionGate(ctx context.Context, hash string) (*keyLock, error) {
 	return l.keys.lock(ctx, "gate."+hash)
 }
 
-// conflictPause waits a moment before a write that lost to a write still
-// being proposed is decided again: about the time a commit takes now
-// (half to twice the recent mean, at least half a millisecond), so that
-// the write it lost to has committed, and the retries of contending
-// instances spread out.
-func (l *locks) conflictPause(ctx context.Context) {
-	base := max(l.store.commitMean(), time.Millisecond)
-	t := time.NewTimer(base/2 + time.Duration(rand.Int64N(int64(3*base/2))))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
+// sessionOps opens, keeps alive and ends sessions, ends their members
+// with them, and decides whether a grant made in a session counts.
+type sessionOps struct {
+	*engineDeps
+	// the roles it reaches (see locks)
+	sets     *setOps
+	handover *handoverOps
 }
 
 // sessionReq is a validated session.open.
@@ -142,7 +135,7 @@ func sessionEnded(requestID string) *opError {
 // openSession opens the session of r, or answers a retry of the same open
 // with the same session while it lives (as a keepalive), and lease_lost
 // once it has ended.
-func (l *locks) openSession(ctx context.Context, r *sessionReq) (*streams.SessionResponse, error) {
+func (l *sessionOps) openSession(ctx context.Context, r *sessionReq) (*streams.SessionResponse, error) {
 	st, err := l.lock(ctx, r.key)
 	if err != nil {
 		return nil, err
@@ -170,7 +163,7 @@ func (l *locks) openSession(ctx context.Context, r *sessionReq) (*streams.Sessio
 // openOn opens the session r on its key's observation o: the same open
 // retried if o holds it, else a new session. It returns errConflict if
 // the key was written meanwhile.
-func (l *locks) openOn(ctx context.Context, r *sessionReq, o observation) (*streams.SessionResponse, error) {
+func (l *sessionOps) openOn(ctx context.Context, r *sessionReq, o observation) (*streams.SessionResponse, error) {
 	switch {
 	case o.foreign:
 		return nil, newOpError(streams.CodeUnavailable, "the session's key holds a value jetlock did not write; it is removed once it has stood for the longest TTL")
@@ -188,7 +181,7 @@ func (l *locks) openOn(ctx context.Context, r *sessionReq, o observation) (*stre
 	case o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window):
 		return nil, sessionEnded(r.requestID)
 	}
-	if n, _ := l.tracker.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
+	if n, _ := l.tracker.sessionIx.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
 		return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n)
 	}
 	now := l.cfg.Clock.Now()
@@ -218,7 +211,7 @@ func (l *locks) openOn(ctx context.Context, r *sessionReq, o observation) (*stre
 // duplicate of an earlier write at seq (an earlier attempt of the same
 // open): that session, kept alive, while it is the key's record; once the
 // key has moved past it, lease_lost.
-func (l *locks) earlierOpen(ctx context.Context, r *sessionReq, seq uint64) (*streams.SessionResponse, error) {
+func (l *sessionOps) earlierOpen(ctx context.Context, r *sessionReq, seq uint64) (*streams.SessionResponse, error) {
 	for attempt := 0; attempt < sessionAttempts; attempt++ {
 		o, err := l.current(ctx, r.key, true)
 		if err != nil {
@@ -251,7 +244,7 @@ func (l *locks) earlierOpen(ctx context.Context, r *sessionReq, seq uint64) (*st
 // fresh when the tracker does not show it held by who; a negative answer
 // rests on a read proven by a conditional write. The caller holds the
 // session key's lock.
-func (l *locks) ownedSession(ctx context.Context, key, secret string, who origin, fresh bool) (observation, bool, error) {
+func (l *sessionOps) ownedSession(ctx context.Context, key, secret string, who origin, fresh bool) (observation, bool, error) {
 	for attempt := 0; attempt < sessionAttempts; attempt++ {
 		o, err := l.current(ctx, key, fresh)
 		if err != nil {
@@ -277,7 +270,7 @@ func (l *locks) ownedSession(ctx context.Context, key, secret string, who origin
 
 // notOwned logs, at debug level, what a negative answer about session key
 // rested on: rare, and the first thing to read when a caller disputes it.
-func (l *locks) notOwned(key string, o observation, secret string, who origin) {
+func (l *sessionOps) notOwned(key string, o observation, secret string, who origin) {
 	if !l.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
@@ -289,7 +282,7 @@ func (l *locks) notOwned(key string, o observation, secret string, who origin) {
 }
 
 // lockSession splits the session id id and locks its session's key.
-func (l *locks) lockSession(ctx context.Context, id string) (hash, key, secret string, st *keyLock, err error) {
+func (l *sessionOps) lockSession(ctx context.Context, id string) (hash, key, secret string, st *keyLock, err error) {
 	if hash, secret, err = streams.SplitSessionID(id); err != nil {
 		return "", "", "", nil, err
 	}
@@ -301,7 +294,7 @@ func (l *locks) lockSession(ctx context.Context, id string) (hash, key, secret s
 }
 
 // keepalive extends the session id by ttl (zero: its TTL so far).
-func (l *locks) keepalive(ctx context.Context, id string, ttl time.Duration, who origin) (*streams.KeepaliveResponse, error) {
+func (l *sessionOps) keepalive(ctx context.Context, id string, ttl time.Duration, who origin) (*streams.KeepaliveResponse, error) {
 	hash, key, secret, st, err := l.lockSession(ctx, id)
 	if err != nil {
 		return nil, err
@@ -335,7 +328,7 @@ func (l *locks) keepalive(ctx context.Context, id string, ttl time.Duration, who
 		if err != nil {
 			return nil, err
 		}
-		leases, _ := l.tracker.memberCount(hash)
+		leases, _ := l.tracker.sessionIx.memberCount(hash)
 		l.report.keptAlive(leases)
 		return &streams.KeepaliveResponse{SessionID: id, TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt, Leases: leases}, nil
 	}
@@ -345,7 +338,7 @@ func (l *locks) keepalive(ctx context.Context, id string, ttl time.Duration, who
 // closeSession ends the session id: every lease it holds and every wait
 // it made end with it. Closing a session that has ended already (or is
 // not the caller's) answers closed:false.
-func (l *locks) closeSession(ctx context.Context, id string, who origin) (*streams.SessionCloseResponse, error) {
+func (l *sessionOps) closeSession(ctx context.Context, id string, who origin) (*streams.SessionCloseResponse, error) {
 	_, key, secret, st, err := l.lockSession(ctx, id)
 	if err != nil {
 		return nil, err
@@ -379,7 +372,7 @@ func (l *locks) closeSession(ctx context.Context, id string, who origin) (*strea
 // delete of its record (errConflict: it moved on, decide again), then the
 // end of its leases and waits. It returns the number of leases the session
 // held. The caller holds the session key's lock.
-func (l *locks) endSession(ctx context.Context, key string, o observation, why endReason, who origin) (int, error) {
+func (l *sessionOps) endSession(ctx context.Context, key string, o observation, why endReason, who origin) (int, error) {
 	hash := sessionHashOf(key)
 	end := &streams.EndMark{RequestID: o.rec.RequestID, Tenant: o.rec.Tenant, EndedAt: streams.FormatTime(l.cfg.Clock.Now()), Why: string(why)}
 	gate, err := l.sessionGate(ctx, hash)
@@ -407,7 +400,7 @@ func (l *locks) endSession(ctx context.Context, key string, o observation, why e
 
 // awaitDelivered waits, within ctx and OpTimeout, until the watcher has
 // delivered revision seq, when the instance follows the bucket.
-func (l *locks) awaitDelivered(ctx context.Context, seq uint64) {
+func (l *sessionOps) awaitDelivered(ctx context.Context, seq uint64) {
 	if !l.following() || l.delivered == nil {
 		return
 	}
@@ -418,7 +411,7 @@ func (l *locks) awaitDelivered(ctx context.Context, seq uint64) {
 
 // waitDelivered waits, within ctx and OpTimeout, until the watcher has
 // delivered revision seq, and reports whether it has.
-func (l *locks) waitDelivered(ctx context.Context, seq uint64) bool {
+func (l *sessionOps) waitDelivered(ctx context.Context, seq uint64) bool {
 	if l.delivered() >= seq {
 		return true
 	}
@@ -439,7 +432,7 @@ func (l *locks) waitDelivered(ctx context.Context, seq uint64) bool {
 // plain compare-and-set write, its validity decided by its place in the
 // stream (see validInSession): while the instance follows the bucket and
 // its watcher has delivered every record once.
-func (l *locks) inStreamOrder() bool {
+func (l *sessionOps) inStreamOrder() bool {
 	return l.delivered != nil && l.synced != nil && l.synced.Load() && l.following()
 }
 
@@ -459,7 +452,7 @@ func (l *locks) inStreamOrder() bool {
 // When the watcher has not delivered rev within OpTimeout the answer is
 // unavailable and the grant stays: a retry of the same request decides
 // it again.
-func (l *locks) validInSession(ctx context.Context, rev uint64, hash, secret string, plain bool) error {
+func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secret string, plain bool) error {
 	if !plain && !l.inStreamOrder() {
 		return nil // committed with a check of the session record, or a lone instance's view
 	}
@@ -495,7 +488,7 @@ func (l *locks) validInSession(ctx context.Context, rev uint64, hash, secret str
 // deliveries is a fast path that does not show a session whose records
 // its watcher skipped (one opened and kept alive while the watcher's
 // consumer was made again, see deliveries), whose grant it would end.
-func (l *locks) notLiveAt(ctx context.Context, hash, secret string, rev uint64) error {
+func (l *sessionOps) notLiveAt(ctx context.Context, hash, secret string, rev uint64) error {
 	key := streams.SessionKey(hash)
 	for attempt := 0; attempt < sessionAttempts; attempt++ {
 		o, err := l.current(ctx, key, true)
@@ -520,8 +513,8 @@ func (l *locks) notLiveAt(ctx context.Context, hash, secret string, rev uint64) 
 // endOrphan ends the lease observed in o at key, a grant to a session that
 // validInSession refused: by compare-and-set on its revision (if anyone
 // took it over meanwhile, it is already ended), waking the next waiter.
-func (l *locks) endOrphan(ctx context.Context, key string, o observation) {
-	if err := l.remove(ctx, key, o, endSessionExpiry, ""); err != nil {
+func (l *sessionOps) endOrphan(ctx context.Context, key string, o observation) {
+	if err := l.handover.remove(ctx, key, o, endSessionExpiry, ""); err != nil {
 		l.log.Debug("end a grant to an ended session", "key", key, "err", err)
 	}
 }
@@ -531,8 +524,8 @@ func (l *locks) endOrphan(ctx context.Context, key string, o observation) {
 // handed over one by one; the others are deleted in atomic batches of up
 // to sessionBatch keys. At most sessionParallel writes are in flight, so
 // a session of many leases never holds up other work for long.
-func (l *locks) endMembers(ctx context.Context, hash string, why endReason) int {
-	leases, waits := l.tracker.members(hash)
+func (l *sessionOps) endMembers(ctx context.Context, hash string, why endReason) int {
+	leases, waits := l.tracker.sessionIx.members(hash)
 	sem := make(chan struct{}, sessionParallel)
 	var wg sync.WaitGroup
 	run := func(f func()) {
@@ -586,21 +579,21 @@ func (l *locks) endMembers(ctx context.Context, hash string, why endReason) int 
 // them) and partial is not set. Such a set is left to the sweep
 // (expireSetKey), which ends the keys it knows only once the set has been
 // given setExpiryPatience to show whole.
-func (l *locks) endSessionSet(ctx context.Context, id string, keys []string, hash string, why endReason, partial bool) bool {
-	for _, k := range l.tracker.setKeys(id) {
+func (l *sessionOps) endSessionSet(ctx context.Context, id string, keys []string, hash string, why endReason, partial bool) bool {
+	for _, k := range l.tracker.setIx.setKeys(id) {
 		if !slices.Contains(keys, k) {
 			keys = append(keys, k)
 		}
 	}
 	slices.Sort(keys)
-	unlock, err := l.lockAll(ctx, keys)
+	unlock, err := l.sets.lockAll(ctx, keys)
 	if err != nil {
 		return false
 	}
 	defer unlock()
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		obs, err := l.readAll(ctx, keys, fresh)
+		obs, err := l.sets.readAll(ctx, keys, fresh)
 		if err != nil {
 			return false
 		}
@@ -619,7 +612,7 @@ func (l *locks) endSessionSet(ctx context.Context, id string, keys []string, has
 			l.log.Debug("a set of an ended session not known whole", "session", hash, "known", n, "size", size)
 			return false
 		}
-		if _, err := l.endSetKeys(ctx, keys, obs, match, why, origin{}, ""); !errors.Is(err, errConflict) {
+		if _, err := l.sets.endSetKeys(ctx, keys, obs, match, why, origin{}, ""); !errors.Is(err, errConflict) {
 			return err == nil
 		}
 		fresh = true
@@ -629,10 +622,10 @@ func (l *locks) endSessionSet(ctx context.Context, id string, keys []string, has
 
 // endSessionLease ends the lease at key if it is still the ended session
 // hash's, handing the resource to the next waiter.
-func (l *locks) endSessionLease(ctx context.Context, key, hash string, why endReason) {
+func (l *sessionOps) endSessionLease(ctx context.Context, key, hash string, why endReason) {
 	st, err := l.lock(ctx, key)
 	if err != nil {
-		return // the sweep ends it (tracker.membersDue)
+		return // the sweep ends it (sessionIndex.membersDue)
 	}
 	defer st.unlock()
 	res := decodedResource(resourceOf(key))
@@ -642,7 +635,7 @@ func (l *locks) endSessionLease(ctx context.Context, key, hash string, why endRe
 		if err != nil || !o.held() || o.rec.Session != hash {
 			return
 		}
-		err = l.end(ctx, res, key, o, why, "")
+		err = l.handover.end(ctx, res, key, o, why, "")
 		if errors.Is(err, errConflict) {
 			fresh = true
 			continue
@@ -657,7 +650,7 @@ func (l *locks) endSessionLease(ctx context.Context, key, hash string, why endRe
 // removeSessionLeases deletes the leases at keys that are still the ended
 // session hash's, in one atomic batch (one commit for them all); if any
 // moved on meanwhile, the batch fails whole and each is ended on its own.
-func (l *locks) removeSessionLeases(ctx context.Context, keys []string, hash string, why endReason) {
+func (l *sessionOps) removeSessionLeases(ctx context.Context, keys []string, hash string, why endReason) {
 	type member struct {
 		key string
 		o   observation
@@ -691,13 +684,13 @@ func (l *locks) removeSessionLeases(ctx context.Context, keys []string, hash str
 		l.tracker.observe(m.key, entry{rev: msgs[i].seq, end: m.end})
 		res := decodedResource(resourceOf(m.key))
 		l.report.ended(why, res, m.o.rec.TokenAt(m.o.rev), m.o.rec.Owner, "ended", origin{})
-		l.wakeHead(queueOf(m.key)) // a waiter that queued meanwhile
+		l.handover.wakeHead(queueOf(m.key)) // a waiter that queued meanwhile
 	}
 }
 
 // endSessionWait removes the waiter record at wkey if it is still the
 // ended session hash's, and tells its waiting request at once.
-func (l *locks) endSessionWait(ctx context.Context, wkey, hash string) {
+func (l *sessionOps) endSessionWait(ctx context.Context, wkey, hash string) {
 	o, ok := l.tracker.get(wkey)
 	if !ok || !o.held() || o.rec.Session != hash {
 		return
@@ -708,7 +701,7 @@ func (l *locks) endSessionWait(ctx context.Context, wkey, hash string) {
 		return
 	}
 	defer st.unlock()
-	if _, err := l.dequeue(ctx, decodedResource(enc), wkey, o.rec.Owner); err != nil {
+	if _, err := l.handover.dequeue(ctx, decodedResource(enc), wkey, o.rec.Owner); err != nil {
 		l.log.Debug("end a wait of an ended session", "key", wkey, "err", err)
 	}
 }
@@ -716,7 +709,7 @@ func (l *locks) endSessionWait(ctx context.Context, wkey, hash string) {
 // expireSession ends the session observed in o, whose revision has stood
 // for its TTL plus grace: by compare-and-set on that revision, so a
 // keepalive that landed meanwhile wins. The caller holds the key's lock.
-func (l *locks) expireSession(ctx context.Context, key string, o observation) error {
+func (l *sessionOps) expireSession(ctx context.Context, key string, o observation) error {
 	_, err := l.endSession(ctx, key, o, endSessionExpiry, origin{})
 	return err
 }
@@ -725,7 +718,7 @@ func (l *locks) expireSession(ctx context.Context, key string, o observation) er
 // from the tracker, or read fresh when the tracker does not show it live
 // (or fresh is set). A session that has ended, is expiring, or is not the
 // caller's is lease_lost, on a read proven by a conditional write.
-func (l *locks) session(ctx context.Context, g *grantReq, fresh bool) (observation, error) {
+func (l *sessionOps) session(ctx context.Context, g *grantReq, fresh bool) (observation, error) {
 	key := streams.SessionKey(g.session)
 	for attempt := 0; attempt < sessionAttempts; attempt++ {
 		o, err := l.current(ctx, key, fresh)
@@ -758,7 +751,7 @@ func (l *locks) session(ctx context.Context, g *grantReq, fresh bool) (observati
 // leader answers from a prefix of the stream, in which that delete is
 // committed too, and an ended session never lives again (a new open of
 // the same request id makes a new secret).
-func (l *locks) confirmSession(ctx context.Context, hash string, o observation) error {
+func (l *sessionOps) confirmSession(ctx context.Context, hash string, o observation) error {
 	if o.rev != 0 && !o.held() && !o.foreign {
 		return nil
 	}
@@ -778,11 +771,11 @@ func (l *locks) confirmSession(ctx context.Context, hash string, o observation) 
 // that session's owner as who may see it (as the lease's owner). For a
 // lease of a session it sets *expires to the session's expiry (the
 // lease's own is its hold limit), when the tracker knows the session.
-func (l *locks) sessionOf(rec *streams.Record, who origin, expires *string) (bool, string) {
+func (l *sessionOps) sessionOf(rec *streams.Record, who origin, expires *string) (bool, string) {
 	if rec.Session == "" {
 		return false, ""
 	}
-	owner, until, ok := l.tracker.sessionInfo(rec.Session)
+	owner, until, ok := l.tracker.sessionIx.sessionInfo(rec.Session)
 	if ok && until < *expires {
 		*expires = until // both RFC 3339 in UTC with milliseconds
 	}
@@ -797,7 +790,7 @@ func (l *locks) sessionOf(rec *streams.Record, who origin, expires *string) (boo
 // the bucket after the retry window, as when the instance that ended it
 // died before ending the lease and no instance followed the bucket then)
 // is nobody's.
-func (l *locks) sessionGone(ctx context.Context, hash string) (bool, error) {
+func (l *sessionOps) sessionGone(ctx context.Context, hash string) (bool, error) {
 	o, err := l.current(ctx, streams.SessionKey(hash), true)
 	if err != nil {
 		return false, err
@@ -807,8 +800,8 @@ func (l *locks) sessionGone(ctx context.Context, hash string) (bool, error) {
 
 // sessionRoom refuses a new lease or wait of session hash when it holds
 // MaxPerSession already.
-func (l *locks) sessionRoom(hash string) error {
-	if _, n := l.tracker.memberCount(hash); n >= l.cfg.MaxPerSession {
+func (l *sessionOps) sessionRoom(hash string) error {
+	if _, n := l.tracker.sessionIx.memberCount(hash); n >= l.cfg.MaxPerSession {
 		return newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, the cap", n)
 	}
 	return nil
@@ -818,7 +811,7 @@ func (l *locks) sessionRoom(hash string) error {
 // commits with: that the session record is still at the revision the
 // tracker (or a fresh read) has. A session that has ended is errDuplicate:
 // its waiter can never be granted.
-func (l *locks) sessionCheck(ctx context.Context, hash string) (check, error) {
+func (l *sessionOps) sessionCheck(ctx context.Context, hash string) (check, error) {
 	key := streams.SessionKey(hash)
 	o, known := l.tracker.get(key)
 	if !known {

@@ -6,9 +6,18 @@ import "github.com/jetlock/jetlock/streams"
 // holds, by the lease id they share, so that a set is ended whole (its
 // expiry, its revoke) by one atomic batch of its keys.
 
+// setIndex is what the tracker knows of lock sets.
+type setIndex struct {
+	// t is the tracker whose mu guards the index.
+	t *tracker
+	// setLeases indexes the lease keys of each lock set's lease, by its
+	// lease id.
+	setLeases map[string]map[string]struct{}
+}
+
 // indexSetMember moves the lease key key in the set index from the set
 // lease of old (if any) to that of rec (if any). The caller holds t.mu.
-func (t *tracker) indexSetMember(key string, old, rec *streams.Record) {
+func (ix *setIndex) indexSetMember(key string, old, rec *streams.Record) {
 	var from, to string
 	if old != nil && old.Set != "" {
 		from = old.LeaseID
@@ -19,30 +28,30 @@ func (t *tracker) indexSetMember(key string, old, rec *streams.Record) {
 	if from == to {
 		return
 	}
-	if m := t.setLeases[from]; from != "" && m != nil {
+	if m := ix.setLeases[from]; from != "" && m != nil {
 		delete(m, key)
 		if len(m) == 0 {
-			delete(t.setLeases, from)
+			delete(ix.setLeases, from)
 		}
 	}
 	if to == "" {
 		return
 	}
-	m := t.setLeases[to]
+	m := ix.setLeases[to]
 	if m == nil {
 		m = make(map[string]struct{}, rec.SetSize)
-		t.setLeases[to] = m
+		ix.setLeases[to] = m
 	}
 	m[key] = struct{}{}
 }
 
 // setKeys returns the lease keys that hold the set lease leaseID, as the
 // tracker knows them.
-func (t *tracker) setKeys(leaseID string) []string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	keys := make([]string, 0, len(t.setLeases[leaseID]))
-	for k := range t.setLeases[leaseID] {
+func (ix *setIndex) setKeys(leaseID string) []string {
+	ix.t.mu.Lock()
+	defer ix.t.mu.Unlock()
+	keys := make([]string, 0, len(ix.setLeases[leaseID]))
+	for k := range ix.setLeases[leaseID] {
 		keys = append(keys, k)
 	}
 	return keys

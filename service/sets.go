@@ -31,6 +31,17 @@ import (
 // held (mayClaim). Ending a lease whose head waiter waits for a set wakes
 // it rather than handing it the one key.
 
+// setOps decides the requests on lock sets: acquire, renew, release,
+// expiry and cancel, and the waits of sets (sets_wait.go).
+type setOps struct {
+	*engineDeps
+	// the roles it reaches (see locks)
+	leases   *leaseOps
+	sessions *sessionOps
+	handover *handoverOps
+	names    *nameOps
+}
+
 // setReq is one validated request naming a set.
 type setReq struct {
 	resources []string // sorted
@@ -84,7 +95,7 @@ func (r *setReq) grantReq(i int) *grantReq {
 // lockAll locks keys in sorted order (every set does, and other requests
 // hold one key at a time, so no two requests wait for each other in a
 // cycle) and returns the function that unlocks them.
-func (l *locks) lockAll(ctx context.Context, keys []string) (func(), error) {
+func (l *setOps) lockAll(ctx context.Context, keys []string) (func(), error) {
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
@@ -106,7 +117,7 @@ func (l *locks) lockAll(ctx context.Context, keys []string) (func(), error) {
 }
 
 // readAll returns what is known of every key of r.
-func (l *locks) readAll(ctx context.Context, keys []string, fresh bool) ([]observation, error) {
+func (l *setOps) readAll(ctx context.Context, keys []string, fresh bool) ([]observation, error) {
 	obs := make([]observation, len(keys))
 	for i, k := range keys {
 		o, err := l.current(ctx, k, fresh)
@@ -119,7 +130,7 @@ func (l *locks) readAll(ctx context.Context, keys []string, fresh bool) ([]obser
 }
 
 // acquireSet decides an acquire of a set that does not wait.
-func (l *locks) acquireSet(ctx context.Context, r *setReq) (*streams.SetLeaseResponse, error) {
+func (l *setOps) acquireSet(ctx context.Context, r *setReq) (*streams.SetLeaseResponse, error) {
 	unlock, err := l.lockAll(ctx, r.keys)
 	if err != nil {
 		return nil, err
@@ -132,7 +143,7 @@ func (l *locks) acquireSet(ctx context.Context, r *setReq) (*streams.SetLeaseRes
 // return the request's existing lease, or refuse. queued holds the
 // revisions of r's waiter records (nil when it has none); a grant removes
 // them in the same commit. The caller holds every key's lock.
-func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint64) (*streams.SetLeaseResponse, error) {
+func (l *setOps) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint64) (*streams.SetLeaseResponse, error) {
 	for _, k := range r.keys {
 		if l.tracker.hasEnded(k, r.requestID, r.tenant) {
 			return nil, leaseEnded(r.requestID)
@@ -145,7 +156,7 @@ func (l *locks) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint
 			return nil, err
 		}
 	}
-	return commitLoop(ctx, l, r.session, fresh, engineSteps[setSnap, struct{}, *streams.SetLeaseResponse]{
+	return commitLoop(ctx, l.engineDeps, r.session, fresh, engineSteps[setSnap, struct{}, *streams.SetLeaseResponse]{
 		read: func(ctx context.Context, fresh bool) (setSnap, bool, error) {
 			return l.readSet(ctx, r, fresh)
 		},
@@ -183,7 +194,7 @@ type setSnap struct {
 // still holds its lease: renewed, or in a session answered held only once
 // proven, as a single lease's is (setHeldInSession). errConflict asks to
 // decide again on fresh reads.
-func (l *locks) proveSet(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
+func (l *setOps) proveSet(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
 	if r.session == "" {
 		return l.renewRetried(ctx, r, obs)
 	}
@@ -194,9 +205,9 @@ func (l *locks) proveSet(ctx context.Context, r *setReq, obs []observation) (*st
 // (if any) and every key of the set, each under the name rule (claimName,
 // whose retirement of a name record replaces the key's observation with
 // its delete). again asks to decide on fresh reads.
-func (l *locks) readSet(ctx context.Context, r *setReq, fresh bool) (s setSnap, again bool, err error) {
+func (l *setOps) readSet(ctx context.Context, r *setReq, fresh bool) (s setSnap, again bool, err error) {
 	if r.session != "" {
-		if s.sess, err = l.session(ctx, r.grantReq(0), fresh); err != nil {
+		if s.sess, err = l.sessions.session(ctx, r.grantReq(0), fresh); err != nil {
 			return s, false, err
 		}
 	}
@@ -207,7 +218,7 @@ func (l *locks) readSet(ctx context.Context, r *setReq, fresh bool) (s setSnap, 
 		if o.sem == 0 {
 			continue
 		}
-		if s.obs[i], again, err = l.claimName(ctx, r.resources[i], o, 0, fresh); again || err != nil {
+		if s.obs[i], again, err = l.names.claimName(ctx, r.resources[i], o, 0, fresh); again || err != nil {
 			return s, again, err
 		}
 	}
@@ -226,7 +237,7 @@ func (l *locks) readSet(ctx context.Context, r *setReq, fresh bool) (s setSnap, 
 // every key): anything else falls through to the full decision on fresh
 // reads.
 // The caller holds every key's lock.
-func (l *locks) stillBlocked(ctx context.Context, r *setReq) error {
+func (l *setOps) stillBlocked(ctx context.Context, r *setReq) error {
 	obs := make([]observation, len(r.keys))
 	probe := -1
 	now := time.Now()
@@ -257,7 +268,7 @@ func (l *locks) stillBlocked(ctx context.Context, r *setReq) error {
 // decideSet is the verdict on set r from the observations obs of its
 // keys: prove a retry (every key holds r's lease), refuse, decide on a
 // fresh read first, or write the set's grant.
-func (l *locks) decideSet(r *setReq, obs []observation, fresh bool) verdict[*streams.SetLeaseResponse, struct{}] {
+func (l *setOps) decideSet(r *setReq, obs []observation, fresh bool) verdict[*streams.SetLeaseResponse, struct{}] {
 	type v = verdict[*streams.SetLeaseResponse, struct{}]
 	refuse := func(err error) v { return answer[*streams.SetLeaseResponse, struct{}](nil, err) }
 	now := time.Now()
@@ -300,12 +311,12 @@ func (l *locks) decideSet(r *setReq, obs []observation, fresh bool) verdict[*str
 		return refuse(l.setLocked(r, obs, false))
 	}
 	for i, o := range obs {
-		if ok, ahead := l.mayClaim(resourceOf(r.keys[i]), r.hashes[i], o); !ok {
+		if ok, ahead := l.handover.mayClaim(resourceOf(r.keys[i]), r.hashes[i], o); !ok {
 			return refuse(newOpError(streams.CodeLocked, "resource %q is free but reserved for the %d waiters ahead", r.resources[i], ahead))
 		}
 	}
 	if r.session != "" {
-		if _, n := l.tracker.memberCount(r.session); n+len(r.keys) > l.cfg.MaxPerSession {
+		if _, n := l.tracker.sessionIx.memberCount(r.session); n+len(r.keys) > l.cfg.MaxPerSession {
 			return refuse(newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, and the set needs %d more: the cap is %d", n, len(r.keys), l.cfg.MaxPerSession))
 		}
 	}
@@ -318,7 +329,7 @@ func (l *locks) decideSet(r *setReq, obs []observation, fresh bool) verdict[*str
 // setLocked is the "locked" answer to r: every resource of the set that is
 // held, and by whom as r's caller may see it (all of them when the set's
 // keys hold r's own request for another owner or session).
-func (l *locks) setLocked(r *setReq, obs []observation, all bool) *opError {
+func (l *setOps) setLocked(r *setReq, obs []observation, all bool) *opError {
 	oe := &opError{code: streams.CodeLocked, msg: "resources of the set are held by other leases"}
 	now := time.Now()
 	for i, o := range obs {
@@ -342,11 +353,11 @@ func (l *locks) setLocked(r *setReq, obs []observation, all bool) *opError {
 // batch. A set of a session is answered once its place in the stream is
 // confirmed (validSet), or, on a lone instance, the batch also checks r's
 // session (observed in sess).
-func (l *locks) grantSet(ctx context.Context, r *setReq, obs []observation, queued []uint64, sess observation) (*streams.SetLeaseResponse, error) {
-	plain := r.session == "" || l.inStreamOrder()
+func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, queued []uint64, sess observation) (*streams.SetLeaseResponse, error) {
+	plain := r.session == "" || l.sessions.inStreamOrder()
 	msgs, rec := l.setGrantMsgs(r, obs, queued, sess, plain)
 	if !plain {
-		gate, err := l.sessionGate(ctx, r.session)
+		gate, err := l.sessions.sessionGate(ctx, r.session)
 		if err != nil {
 			return nil, err
 		}
@@ -386,12 +397,12 @@ func (l *locks) grantSet(ctx context.Context, r *setReq, obs []observation, queu
 // lease of r's session that every key holds (observed in obs) counts, and
 // ends it whole when its session has ended. The caller holds every key's
 // lock.
-func (l *locks) validSet(ctx context.Context, r *setReq, obs []observation, plain bool) error {
+func (l *setOps) validSet(ctx context.Context, r *setReq, obs []observation, plain bool) error {
 	var rev uint64
 	for _, o := range obs {
 		rev = max(rev, o.rev)
 	}
-	err := l.validInSession(ctx, rev, r.session, r.secret, plain)
+	err := l.sessions.validInSession(ctx, rev, r.session, r.secret, plain)
 	if isCode(err, streams.CodeLeaseLost) {
 		match := make([]bool, len(obs))
 		for i := range match {
@@ -409,11 +420,11 @@ func (l *locks) validSet(ctx context.Context, r *setReq, obs []observation, plai
 // stream is confirmed (validSet) and every key and the session are proven
 // current (heldInSession), the set's lease; lease_lost when the session
 // has ended. On errConflict the caller decides again on fresh reads.
-func (l *locks) setHeldInSession(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
+func (l *setOps) setHeldInSession(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
 	if err := l.validSet(ctx, r, obs, false); err != nil {
 		return nil, err
 	}
-	sess, err := l.heldInSession(ctx, r.grantReq(0), r.keys, obs)
+	sess, err := l.leases.heldInSession(ctx, r.grantReq(0), r.keys, obs)
 	if err != nil {
 		return nil, err
 	}
@@ -424,7 +435,7 @@ func (l *locks) setHeldInSession(ctx context.Context, r *setReq, obs []observati
 // revisions obs (see grantSet), and the lease record it writes on every
 // key; unless plain, the batch checks that r's session observed in sess
 // has not moved on.
-func (l *locks) setGrantMsgs(r *setReq, obs []observation, queued []uint64, sess observation, plain bool) ([]*batchMsg, *streams.Record) {
+func (l *setOps) setGrantMsgs(r *setReq, obs []observation, queued []uint64, sess observation, plain bool) ([]*batchMsg, *streams.Record) {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, r.requestID, r.owner, r.tenant, r.ttl, l.holdLimit(now, r.maxHold))
 	rec.Set, rec.SetSize = r.set, len(r.keys)
@@ -471,7 +482,7 @@ func straddles(r *setReq, obs []observation) bool {
 // duplicate (an earlier attempt of the request was granted, or it was
 // cancelled): the same lease while every key still holds it, else
 // lease_lost, never a second lease.
-func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record) (*streams.SetLeaseResponse, error) {
+func (l *setOps) earlierSet(ctx context.Context, r *setReq, sess *streams.Record) (*streams.SetLeaseResponse, error) {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		obs, err := l.readAll(ctx, r.keys, true)
 		if err != nil {
@@ -508,7 +519,7 @@ func (l *locks) earlierSet(ctx context.Context, r *setReq, sess *streams.Record)
 // observed in obs: the same lease, renewed, because the caller counts its
 // deadline from this request (a set of a session is kept by its
 // session's keepalives instead).
-func (l *locks) renewRetried(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
+func (l *setOps) renewRetried(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
 	resp, err := l.extendSet(ctx, r.resources, r.keys, obs, r.ttl)
 	if errors.Is(err, errHoldOver) {
 		return nil, newOpError(streams.CodeLeaseLost, "request_id %q holds a set that has been held for its max hold", r.requestID)
@@ -536,7 +547,7 @@ func setResponse(resources []string, obs []observation, sess *streams.Record) *s
 // leaseID of the sorted resources, deciding on fresh reads before a
 // negative answer (proven by a conditional write on the first key that
 // does not). The caller holds every key's lock.
-func (l *locks) heldSet(ctx context.Context, resources, keys []string, leaseID string) ([]observation, []bool, error) {
+func (l *setOps) heldSet(ctx context.Context, resources, keys []string, leaseID string) ([]observation, []bool, error) {
 	set := setHash(resources)
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
@@ -607,7 +618,7 @@ func setKeysOf(resources []string) []string {
 
 // renewSet extends the set lease leaseID of the sorted resources by ttl,
 // every key in one atomic batch.
-func (l *locks) renewSet(ctx context.Context, resources []string, leaseID string, ttl time.Duration, who origin) (*streams.SetLeaseResponse, error) {
+func (l *setOps) renewSet(ctx context.Context, resources []string, leaseID string, ttl time.Duration, who origin) (*streams.SetLeaseResponse, error) {
 	keys := setKeysOf(resources)
 	unlock, err := l.lockAll(ctx, keys)
 	if err != nil {
@@ -644,7 +655,7 @@ func (l *locks) renewSet(ctx context.Context, resources []string, leaseID string
 // compare-and-set on the revisions observed. As extend, it never reaches
 // past the lease's hold limit (errHoldOver). The caller holds every
 // key's lock.
-func (l *locks) extendSet(ctx context.Context, resources, keys []string, obs []observation, ttl time.Duration) (*streams.SetLeaseResponse, error) {
+func (l *setOps) extendSet(ctx context.Context, resources, keys []string, obs []observation, ttl time.Duration) (*streams.SetLeaseResponse, error) {
 	now := l.cfg.Clock.Now()
 	until := holdUntil(obs[0].rec)
 	if !until.IsZero() && until.Sub(now) < time.Millisecond {
@@ -678,7 +689,7 @@ func (l *locks) extendSet(ctx context.Context, resources, keys []string, obs []o
 
 // releaseSet ends the set lease leaseID of the sorted resources, every
 // key in one atomic batch.
-func (l *locks) releaseSet(ctx context.Context, resources []string, leaseID string, who origin) (*streams.SetReleaseResponse, error) {
+func (l *setOps) releaseSet(ctx context.Context, resources []string, leaseID string, who origin) (*streams.SetReleaseResponse, error) {
 	keys := setKeysOf(resources)
 	unlock, err := l.lockAll(ctx, keys)
 	if err != nil {
@@ -691,7 +702,7 @@ func (l *locks) releaseSet(ctx context.Context, resources []string, leaseID stri
 			return nil, err
 		}
 		hash := setSession(obs, match)
-		why, by, err := l.releaseWhy(ctx, hash, who)
+		why, by, err := l.leases.releaseWhy(ctx, hash, who)
 		if err != nil {
 			return nil, err
 		}
@@ -704,7 +715,7 @@ func (l *locks) releaseSet(ctx context.Context, resources []string, leaseID stri
 		}
 		released := n > 0 && why == endRelease
 		if released {
-			if released, err = l.releaseCounts(ctx, keys[slices.Index(match, true)], hash); err != nil {
+			if released, err = l.leases.releaseCounts(ctx, keys[slices.Index(match, true)], hash); err != nil {
 				return nil, err
 			}
 		}
@@ -727,7 +738,7 @@ func setSession(obs []observation, match []bool) string {
 // endSetKeys ends, in one atomic batch of delete markers, the keys whose
 // match is set (observed in obs), and wakes each one's head waiter. It
 // returns the number it ended. The caller holds every key's lock.
-func (l *locks) endSetKeys(ctx context.Context, keys []string, obs []observation, match []bool, why endReason, who origin, reason string) (int, error) {
+func (l *setOps) endSetKeys(ctx context.Context, keys []string, obs []observation, match []bool, why endReason, who origin, reason string) (int, error) {
 	var idx []int
 	var ends []*streams.EndMark
 	var msgs []*batchMsg
@@ -755,7 +766,7 @@ func (l *locks) endSetKeys(ctx context.Context, keys []string, obs []observation
 		l.tracker.observe(keys[i], entry{rev: msgs[j].seq, end: ends[j]})
 		res := decodedResource(resourceOf(keys[i]))
 		l.report.ended(why, res, obs[i].rec.TokenAt(obs[i].rev), obs[i].rec.Owner, "ended", who)
-		l.wakeHead(resourceOf(keys[i]))
+		l.handover.wakeHead(resourceOf(keys[i]))
 	}
 	return len(msgs), nil
 }
@@ -764,8 +775,8 @@ func (l *locks) endSetKeys(ctx context.Context, keys []string, obs []observation
 // revision has stood for its TTL plus grace: every key that holds the same
 // lease from the same write (a set's renewals write every key at once) in
 // one atomic batch, so a set ends whole.
-func (l *locks) expireSet(ctx context.Context, it dueItem, o observation) {
-	keys := l.tracker.setKeys(o.rec.LeaseID)
+func (l *setOps) expireSet(ctx context.Context, it dueItem, o observation) {
+	keys := l.tracker.setIx.setKeys(o.rec.LeaseID)
 	if !slices.Contains(keys, it.key) {
 		keys = append(keys, it.key)
 	}
@@ -796,7 +807,7 @@ func (l *locks) expireSet(ctx context.Context, it dueItem, o observation) {
 		return
 	}
 	why := endExpiry
-	if o.rec.Session != "" && l.tracker.sessionLeaseEnded(o.rec) {
+	if o.rec.Session != "" && l.tracker.sessionIx.sessionLeaseEnded(o.rec) {
 		why = endSessionExpiry
 	}
 	if _, err := l.endSetKeys(ctx, keys, obs, match, why, origin{}, ""); err != nil {
@@ -813,9 +824,9 @@ func (l *locks) expireSet(ctx context.Context, it dueItem, o observation) {
 // expireSetKey handles the due item of a key of the set lease observed in
 // o: the set ends whole, under the locks of all its keys (expireSet), once
 // it has expired; a set of a session whose record is gone (an orphan the
-// tracker made due, tracker.orphansDue) ends as its session's end would
+// tracker made due, sessionIndex.orphansDue) ends as its session's end would
 // have ended it (endSessionSet).
-func (l *locks) expireSetKey(ctx context.Context, it dueItem, o observation) {
+func (l *setOps) expireSetKey(ctx context.Context, it dueItem, o observation) {
 	if l.tracker.expired(o, time.Now()) {
 		l.expireSet(ctx, it, o)
 		return
@@ -824,7 +835,7 @@ func (l *locks) expireSetKey(ctx context.Context, it dueItem, o observation) {
 		l.tracker.retryAt(it, l.tracker.deadline(&o)) // came due early
 		return
 	}
-	gone, err := l.sessionGone(ctx, o.rec.Session)
+	gone, err := l.sessions.sessionGone(ctx, o.rec.Session)
 	switch {
 	case err != nil:
 		l.tracker.retryAt(it, time.Now().Add(time.Second))
@@ -836,7 +847,7 @@ func (l *locks) expireSetKey(ctx context.Context, it dueItem, o observation) {
 		// session's end was seen, to show whole.
 		end, ok := l.tracker.get(streams.SessionKey(o.rec.Session))
 		partial := !ok || time.Since(end.seen) >= setExpiryPatience // !ok: its end is past the retry window
-		if !l.endSessionSet(ctx, o.rec.LeaseID, []string{it.key}, o.rec.Session, endSessionExpiry, partial) {
+		if !l.sessions.endSessionSet(ctx, o.rec.LeaseID, []string{it.key}, o.rec.Session, endSessionExpiry, partial) {
 			l.tracker.retryAt(it, time.Now().Add(time.Second))
 		}
 	}
@@ -852,7 +863,7 @@ const setExpiryPatience = 10 * time.Second
 // the set (its size) is among them. When some key seems to hold a later
 // renewal, or fewer keys than the set's size are known, it decides on
 // fresh reads of every key (err: they failed).
-func (l *locks) expiredSet(ctx context.Context, keys []string, o observation) ([]observation, []bool, bool, error) {
+func (l *setOps) expiredSet(ctx context.Context, keys []string, o observation) ([]observation, []bool, bool, error) {
 	obs := make([]observation, len(keys))
 	match := make([]bool, len(keys))
 	decide := func() (n int, later bool) {
@@ -886,10 +897,10 @@ func (l *locks) expiredSet(ctx context.Context, keys []string, o observation) ([
 // cancelSet makes sure the set request holds nothing and waits for
 // nothing: a tombstone per key (so no later grant of the request can
 // commit), the end of its lease, and the removal of its places.
-func (l *locks) cancelSet(ctx context.Context, resources []string, requestID, owner string, who origin) (*streams.SetCancelResponse, error) {
+func (l *setOps) cancelSet(ctx context.Context, resources []string, requestID, owner string, who origin) (*streams.SetCancelResponse, error) {
 	r := newSetReq(resources, requestID, owner, who)
 	for i, res := range resources {
-		if other, err := l.otherWaiter(ctx, streams.WaitKey(res, r.hashes[i]), owner); other || err != nil {
+		if other, err := l.handover.otherWaiter(ctx, streams.WaitKey(res, r.hashes[i]), owner); other || err != nil {
 			return &streams.SetCancelResponse{Resources: resources}, err
 		}
 	}
@@ -902,14 +913,14 @@ func (l *locks) cancelSet(ctx context.Context, resources []string, requestID, ow
 	anyDup := false
 	for i, k := range r.keys {
 		var dup bool
-		if obs[i], dup, err = l.tombstone(ctx, k, r.hashes[i]); err != nil {
+		if obs[i], dup, err = l.handover.tombstone(ctx, k, r.hashes[i]); err != nil {
 			return nil, err
 		}
 		anyDup = anyDup || dup
 	}
 	if anyDup {
 		// A set's waiter looks for the tombstone of its first resource.
-		if err := l.proveCancel(ctx, r.hashes[0], streams.WaitKey(resources[0], r.hashes[0]), owner); err != nil {
+		if err := l.handover.proveCancel(ctx, r.hashes[0], streams.WaitKey(resources[0], r.hashes[0]), owner); err != nil {
 			return nil, err
 		}
 	}
@@ -925,7 +936,7 @@ func (l *locks) cancelSet(ctx context.Context, resources []string, requestID, ow
 	}
 	dequeued := false
 	for i, res := range resources {
-		d, err := l.dequeue(ctx, res, streams.WaitKey(res, r.hashes[i]), owner)
+		d, err := l.handover.dequeue(ctx, res, streams.WaitKey(res, r.hashes[i]), owner)
 		if err != nil {
 			return nil, err
 		}

@@ -27,7 +27,7 @@ func TestSetGrantCrashAtEveryStep(t *testing.T) {
 	defer cancel()
 	r := newSetReq([]string{"cr/a", "cr/b", "cr/c"}, "req", "", origin{})
 	r.ttl = 30 * time.Second
-	obs, err := s.locks.readAll(ctx, r.keys, true)
+	obs, err := s.locks.sets.readAll(ctx, r.keys, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestSetGrantCrashAtEveryStep(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		msgs, _ := s.locks.setGrantMsgs(r, obs, nil, observation{}, true)
+		msgs, _ := s.locks.sets.setGrantMsgs(r, obs, nil, observation{}, true)
 		id := nuid.Next()
 		for i, m := range msgs[:sent] {
 			m.Header.Set(batchIDHeader, id)
@@ -55,7 +55,7 @@ func TestSetGrantCrashAtEveryStep(t *testing.T) {
 	}
 	for sent := 1; sent < len(r.keys); sent++ {
 		crash(sent)
-		now, err := s.locks.readAll(ctx, r.keys, true)
+		now, err := s.locks.sets.readAll(ctx, r.keys, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestSetGrantCrashAtEveryStep(t *testing.T) {
 	var granted []observation
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		granted, err = s.locks.readAll(ctx, r.keys, true)
+		granted, err = s.locks.sets.readAll(ctx, r.keys, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func TestSetGrantCrashAtEveryStep(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	resp, err := s.locks.acquireSet(ctx, r)
+	resp, err := s.locks.sets.acquireSet(ctx, r)
 	if err != nil {
 		t.Fatalf("the retry after the crash: %v", err)
 	}

@@ -13,7 +13,7 @@ import (
 // decisions of its steps. Its methods run in the request's own goroutine,
 // one at a time.
 type setWaiter struct {
-	l     *locks
+	l     *setOps
 	r     *setReq
 	wkeys []string
 	wake  string
@@ -26,7 +26,7 @@ type setWaiter struct {
 	ttl time.Duration
 }
 
-func (l *locks) newSetWaiter(r *setReq) *setWaiter {
+func (l *setOps) newSetWaiter(r *setReq) *setWaiter {
 	w := &setWaiter{l: l, r: r, wake: l.wakes.subject(r.hash), places: make([]uint64, len(r.keys)), ttl: r.ttl}
 	for i, res := range r.resources {
 		w.wkeys = append(w.wkeys, streams.WaitKey(res, r.hashes[i]))
@@ -121,7 +121,7 @@ func (w *setWaiter) enqueue(ctx context.Context) error {
 	l, r := w.l, w.r
 	cfg := l.cfg
 	fresh := false
-	defer l.tracker.unreserveWaits(w.wkeys...)
+	defer l.tracker.caps.unreserveWaits(w.wkeys...)
 attempts:
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		obs, err := l.readAll(ctx, w.wkeys, fresh)
@@ -215,7 +215,7 @@ func (w *setWaiter) placed(ctx context.Context, recs []*streams.Record, msgs []*
 // from the i-th on, would pass their caps. Places reserved stay so until
 // enqueue ends.
 func (w *setWaiter) room(i int) error {
-	return w.l.reserveOrRefuse(w.wkeys[i], w.r.resources[i], w.r.tenant, len(w.wkeys)-i)
+	return w.l.names.reserveOrRefuse(w.wkeys[i], w.r.resources[i], w.r.tenant, len(w.wkeys)-i)
 }
 
 // removePlaces deletes the set's own places, best effort, in one atomic
@@ -255,7 +255,7 @@ func (w *setWaiter) leave(ctx context.Context, last error) (any, error) {
 		w.removePlaces(ctx)
 		for _, k := range w.r.keys {
 			if o, ok := w.l.tracker.get(k); ok && !o.held() {
-				w.l.wakeHead(resourceOf(k))
+				w.l.handover.wakeHead(resourceOf(k))
 			}
 		}
 	}

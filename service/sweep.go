@@ -18,7 +18,7 @@ type sweeper struct{ *Service }
 
 // sweep ends, every SweepInterval, the leases (and stale waiter records,
 // and foreign values) whose revision has stood unchanged for their TTL
-// plus grace since this instance first saw it (locks.expire). Due times
+// plus grace since this instance first saw it (handoverOps.expire). Due times
 // come from the tracker's heap, so a sweep costs in proportion to what
 // expires.
 func (s sweeper) sweep(ctx context.Context) {
@@ -46,7 +46,7 @@ func (s sweeper) sweep(ctx context.Context) {
 				defer func() { <-sem; wg.Done() }()
 				ectx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
 				defer cancel()
-				s.locks.expire(ectx, it)
+				s.locks.handover.expire(ectx, it)
 			}(it)
 		}
 	}
@@ -55,26 +55,26 @@ func (s sweeper) sweep(ctx context.Context) {
 // retireIdle retires the name records of the semaphores that have had no
 // permit held, as this instance knows it, for the retry window (nor a
 // waiter): the same proof as a grant of another kind makes
-// (locks.retireName), so a permit held after all refuses it and one
+// (nameOps.retireName), so a permit held after all refuses it and one
 // granted meanwhile fails it. Every instance may try; the compare-and-set
 // lets one succeed.
 func (s sweeper) retireIdle(ctx context.Context) {
-	for _, name := range s.tracker.idleSemaphores(time.Now(), 64) {
+	for _, name := range s.tracker.nameIx.idleSemaphores(time.Now(), 64) {
 		key := streams.LeaseKey(name)
 		o, ok := s.tracker.get(key)
-		if !ok || o.sem == 0 || s.tracker.permitLimit(name) != 0 {
+		if !ok || o.sem == 0 || s.tracker.nameIx.permitLimit(name) != 0 {
 			continue
 		}
 		if _, waited := s.tracker.head(streams.EncodeResource(streams.PermitQueue(name))); waited {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		_, err := s.locks.retireName(rctx, name, o, 0, false)
+		_, err := s.locks.names.retireName(rctx, name, o, 0, false)
 		if errors.Is(err, errConflict) {
 			// A permit's delete marker the view knows may have left the
 			// bucket (it lives for the retry window): once more, on reads.
 			if o, err = s.locks.current(rctx, key, true); err == nil && o.sem != 0 {
-				_, err = s.locks.retireName(rctx, name, o, 0, true)
+				_, err = s.locks.names.retireName(rctx, name, o, 0, true)
 			}
 		}
 		if err != nil {

@@ -28,6 +28,15 @@ import (
 // later, leaves it in place, and the item is put back at the new deadline
 // when it comes up. The heap then holds an item per lease and per lease
 // released before its deadline, not one per renewal.
+//
+// The tracker itself holds the observations, their expiry, the waiter
+// queues and the retry memory (tracker.go). What it indexes besides is in
+// types of its own, each kept under the tracker's mu and reached through
+// its fields: sessionIx (the members of each session: session_index.go),
+// setIx (the keys of each lock set: set_index.go), nameIx (semaphores by
+// name: name_index.go), instances (the other instances and their waiter
+// records: instances.go) and caps (the places being written, for the
+// waiter caps: caps.go).
 type tracker struct {
 	grace, foreignTTL time.Duration
 
@@ -51,12 +60,6 @@ type tracker struct {
 	// keysPeak and deletedPeak are the most keys and deleted held since
 	// those maps were made (see shrink.go).
 	keysPeak, deletedPeak mapPeak
-	// idleSems lists the semaphores whose last permit this instance saw
-	// end (or whose name record it saw with none held), oldest first: once
-	// idle for the retry window, their name records are retired
-	// (Service.retireIdle), so the bucket and this view keep a record only
-	// for the names used lately.
-	idleSems fifo[string]
 
 	// held indexes the resources (decoded names) whose lease keys hold a
 	// lease, in order, for list. It is brought up to date only when a list
@@ -80,38 +83,13 @@ type tracker struct {
 	nWaiters     int
 	// left is when a waiter last left each queue (monotonic reading).
 	left map[string]time.Time
-	// pending holds the places this instance is writing, by waiter key,
-	// and counts them by queue and tenant, for the caps (caps.go).
-	pending       map[string]pendingWait
-	pendingRes    map[string]int
-	pendingTenant map[string]int
 
-	// sessions indexes the lease and waiter keys of each session (by its
-	// key hash); tenantSessions counts the live sessions of each tenant,
-	// nSessions all of them. See session_index.go.
-	sessions       map[string]*sessionMembers
-	tenantSessions map[string]int
-	nSessions      int
-	// orphans holds the sessions whose members the tracker knows but whose
-	// records it did not find once synced: their members are due at once.
-	orphans map[string]struct{}
-	// setLeases indexes the lease keys of each lock set's lease, by its
-	// lease id (see set_index.go).
-	setLeases map[string]map[string]struct{}
-	// sems counts the held permits of each semaphore by the limit they
-	// carry (see name_index.go).
-	sems map[string]map[int]int
-
-	// heardAt is when each other instance was last heard (since epoch),
-	// and instWaits the waiter records of each instance; self is this
-	// instance's id, wakeRoot the root of wake subjects ("<prefix>.wake."),
-	// liveness the waiter liveness window (see instances.go). Without a
-	// wakeRoot, waiter records live by their own revision alone.
-	heardAt   map[string]time.Duration
-	instWaits map[string]*instanceWaits
-	self      string
-	wakeRoot  string
-	liveness  time.Duration
+	// The indexes of what it holds, each kept under mu (see their files).
+	sessionIx *sessionIndex
+	setIx     *setIndex
+	nameIx    *nameIndex
+	instances *instanceIndex
+	caps      *waitCaps
 
 	// announce, if set, is given the election events of each change the
 	// tracker takes in (see elections.go), outside its lock.
@@ -220,6 +198,8 @@ type dueItem struct {
 
 func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 	t := &tracker{grace: grace, foreignTTL: foreignTTL, window: retryWindow, seed: maphash.MakeSeed(), epoch: time.Now()}
+	t.sessionIx, t.setIx, t.nameIx = &sessionIndex{t: t}, &setIndex{t: t}, &nameIndex{t: t}
+	t.instances, t.caps = &instanceIndex{t: t}, &waitCaps{t: t}
 	t.resetLocked()
 	return t
 }
@@ -227,19 +207,19 @@ func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 // resetLocked forgets everything; the caller holds t.mu (or owns t).
 func (t *tracker) resetLocked() {
 	t.keys, t.deleted = make(map[string]observation), make(map[uint64]deletedKey)
-	t.due, t.gone, t.marks, t.idleSems = nil, nil, nil, nil
+	t.due, t.gone, t.marks, t.nameIx.idleSems = nil, nil, nil, nil
 	t.ended.reset()
 	t.held, t.heldChanges, t.heldStale, t.nHeld = btree.NewOrderedG[string](32), make(map[string]bool), false, 0
 	t.waiters = make(map[string]map[string]waiterInfo)
 	t.tenantWaits, t.tenantLeases = make(map[string]int), make(map[string]int)
 	t.left = make(map[string]time.Time)
-	t.pending, t.pendingRes, t.pendingTenant = make(map[string]pendingWait), make(map[string]int), make(map[string]int)
+	t.caps.pending, t.caps.pendingRes, t.caps.pendingTenant = make(map[string]pendingWait), make(map[string]int), make(map[string]int)
 	t.nWaiters = 0
-	t.sessions, t.tenantSessions, t.nSessions = make(map[string]*sessionMembers), make(map[string]int), 0
-	t.orphans = make(map[string]struct{})
-	t.setLeases = make(map[string]map[string]struct{})
-	t.sems = make(map[string]map[int]int)
-	t.heardAt, t.instWaits = make(map[string]time.Duration), make(map[string]*instanceWaits)
+	t.sessionIx.sessions, t.sessionIx.tenantSessions, t.sessionIx.nSessions = make(map[string]*sessionMembers), make(map[string]int), 0
+	t.sessionIx.orphans = make(map[string]struct{})
+	t.setIx.setLeases = make(map[string]map[string]struct{})
+	t.nameIx.sems = make(map[string]map[int]int)
+	t.instances.heardAt, t.instances.instWaits = make(map[string]time.Duration), make(map[string]*instanceWaits)
 }
 
 // reset forgets every observation, keeping the highest revision seen: after
@@ -317,7 +297,7 @@ func (t *tracker) place(o *observation, due time.Duration, now time.Time) {
 	case e.sem != 0:
 		t.keys[key] = *o // a semaphore's name record (name_rule.go)
 		delete(t.deleted, id)
-		t.noteNameRecord(key, at)
+		t.nameIx.noteNameRecord(key, at)
 	case e.end != nil:
 		t.keys[key] = *o
 		delete(t.deleted, id)
@@ -337,10 +317,10 @@ func (t *tracker) place(o *observation, due time.Duration, now time.Time) {
 func (t *tracker) reindex(key string, e entry, wasHeld bool, wasTenant string, wasRec *streams.Record, wasRev uint64, now time.Time, evs *[]streams.ElectionEvent) {
 	switch {
 	case isSessionKey(key):
-		t.sessionChanged(key, wasHeld, wasTenant, e, now)
+		t.sessionIx.sessionChanged(key, wasHeld, wasTenant, e, now)
 	case strings.HasPrefix(key, streams.WaitKeyPrefix):
 		t.indexWaiter(key, e)
-		t.indexSessionMember(key, wasRec, e.rec)
+		t.sessionIx.indexSessionMember(key, wasRec, e.rec)
 	default:
 		if wasHeld != e.held() {
 			// The list index changes only when a lease begins or ends,
@@ -348,9 +328,9 @@ func (t *tracker) reindex(key string, e entry, wasHeld bool, wasTenant string, w
 			t.indexLease(key, e.held())
 		}
 		t.countTenantLease(wasHeld, wasTenant, e)
-		t.indexSessionMember(key, wasRec, e.rec)
-		t.indexSetMember(key, wasRec, e.rec)
-		t.indexPermit(key, wasRec, e.rec)
+		t.sessionIx.indexSessionMember(key, wasRec, e.rec)
+		t.setIx.indexSetMember(key, wasRec, e.rec)
+		t.nameIx.indexPermit(key, wasRec, e.rec)
 		*evs = electionEvents(key, wasRec, wasRev, e)
 	}
 }
@@ -506,14 +486,14 @@ func sessionLeaseHold(rec *streams.Record) time.Duration {
 // deadlineLocked is deadline; the caller holds t.mu.
 func (t *tracker) deadlineLocked(o *observation) time.Time {
 	d := t.ownDeadline(o)
-	if id := t.instanceDeadlineLocked(o); !id.IsZero() && id.Before(d) {
+	if id := t.instances.instanceDeadlineLocked(o); !id.IsZero() && id.Before(d) {
 		d = id
 	}
-	if t.orphanedLocked(o.rec) {
+	if t.sessionIx.orphanedLocked(o.rec) {
 		return o.seen
 	}
 	if o.rec != nil && o.rec.Session != "" {
-		if end, ended := t.sessionEndedLocked(o.rec.Session); ended && end.Add(sessionTakeover).Before(d) {
+		if end, ended := t.sessionIx.sessionEndedLocked(o.rec.Session); ended && end.Add(sessionTakeover).Before(d) {
 			d = end.Add(sessionTakeover)
 		}
 	}
@@ -586,7 +566,7 @@ func (t *tracker) indexWaiter(key string, e entry) {
 		wake = e.rec.Wake
 	}
 	if old.wake != wake {
-		t.indexInstanceWait(key, old.wake, wake)
+		t.instances.indexInstanceWait(key, old.wake, wake)
 	}
 	if had {
 		delete(q, hash)
@@ -608,7 +588,7 @@ func (t *tracker) indexWaiter(key string, e entry) {
 		q = make(map[string]waiterInfo)
 		t.waiters[enc] = q
 	}
-	t.unpendLocked(key) // counted as a record now
+	t.caps.unpendLocked(key) // counted as a record now
 	q[hash] = waiterInfo{hash: hash, ticket: e.rec.TokenAt(e.rev), rev: e.rev, owner: e.rec.Owner, tenant: e.rec.Tenant, requestID: e.rec.RequestID,
 		wake: e.rec.Wake, leaseTTL: time.Duration(e.rec.LeaseTTLms) * time.Millisecond, maxHold: time.Duration(e.rec.MaxHoldMs) * time.Millisecond,
 		session: e.rec.Session, set: e.rec.Set, setSize: e.rec.SetSize, limit: e.rec.Limit, value: e.rec.Value}
@@ -771,20 +751,20 @@ func (t *tracker) forget(key string) {
 		case isSessionKey(key):
 			if o.held() {
 				// Not an end: the outcome of a write is unknown.
-				if t.tenantSessions[o.rec.Tenant]--; t.tenantSessions[o.rec.Tenant] <= 0 {
-					delete(t.tenantSessions, o.rec.Tenant)
+				if t.sessionIx.tenantSessions[o.rec.Tenant]--; t.sessionIx.tenantSessions[o.rec.Tenant] <= 0 {
+					delete(t.sessionIx.tenantSessions, o.rec.Tenant)
 				}
-				t.nSessions--
+				t.sessionIx.nSessions--
 			}
 		case strings.HasPrefix(key, streams.WaitKeyPrefix):
 			t.indexWaiter(key, entry{})
-			t.indexSessionMember(key, o.rec, nil)
+			t.sessionIx.indexSessionMember(key, o.rec, nil)
 		case o.held():
 			t.indexLease(key, false)
 			t.countTenantLease(true, o.rec.Tenant, entry{})
-			t.indexSessionMember(key, o.rec, nil)
-			t.indexSetMember(key, o.rec, nil)
-			t.indexPermit(key, o.rec, nil)
+			t.sessionIx.indexSessionMember(key, o.rec, nil)
+			t.setIx.indexSetMember(key, o.rec, nil)
+			t.nameIx.indexPermit(key, o.rec, nil)
 		}
 		delete(t.keys, key)
 	}
@@ -798,7 +778,7 @@ func (t *tracker) expired(o observation, now time.Time) bool {
 	if !o.held() && !o.foreign {
 		return false
 	}
-	return !now.Before(t.ownDeadline(&o)) || t.sessionLeaseEnded(o.rec) || t.instanceGone(&o, now)
+	return !now.Before(t.ownDeadline(&o)) || t.sessionIx.sessionLeaseEnded(o.rec) || t.instanceGone(&o, now)
 }
 
 // instanceGone reports whether o is a waiter record whose instance has
@@ -809,7 +789,7 @@ func (t *tracker) instanceGone(o *observation, now time.Time) bool {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	d := t.instanceDeadlineLocked(o)
+	d := t.instances.instanceDeadlineLocked(o)
 	return !d.IsZero() && !now.Before(d)
 }
 
@@ -824,7 +804,7 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	defer t.mu.Unlock()
 	t.forgetGone(now, limit)
 	t.forgetEnded(now, limit)
-	t.instancesDue(now)
+	t.instances.instancesDue(now)
 	t.shrink()
 	var out []dueItem
 	for since := now.Sub(t.epoch); len(t.due) > 0 && len(out) < limit && t.due[0].at <= since; {

@@ -73,7 +73,7 @@ func dropWakes(t *testing.T, s *Service, res, requestID string) chan *streams.Le
 // queued comes after every waiter.
 func TestClaimOrderFollowsTickets(t *testing.T) {
 	const res = time.Hour // no real time passes in this test
-	s := &locks{tracker: newTracker(0, time.Hour, time.Minute), cfg: Config{Reservation: res}}
+	s := newLocks(&engineDeps{tracker: newTracker(0, time.Hour, time.Minute), cfg: Config{Reservation: res}})
 	enc := streams.EncodeResource("r")
 	queue := func(hash string, ticket uint64) {
 		s.tracker.observe(streams.WaitKeyPrefix+enc+"."+hash, entry{rev: ticket, rec: &streams.Record{RequestID: hash, TTLms: 60000}})
@@ -82,7 +82,7 @@ func TestClaimOrderFollowsTickets(t *testing.T) {
 	queue("w2", 11)
 	queue("w3", 12)
 	claims := func(hash string, freeFor time.Duration) (bool, int) {
-		return s.mayClaim(enc, hash, observation{seen: time.Now().Add(-freeFor)})
+		return s.handover.mayClaim(enc, hash, observation{seen: time.Now().Add(-freeFor)})
 	}
 	for _, c := range []struct {
 		hash    string

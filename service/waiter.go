@@ -29,7 +29,7 @@ import (
 // the decisions of each of its steps. Its methods run in the request's own
 // goroutine, one at a time.
 type waiter struct {
-	l    *locks
+	l    *handoverOps
 	g    *grantReq
 	wkey string
 	wake string // its wake subject
@@ -42,7 +42,7 @@ type waiter struct {
 	ttl time.Duration
 }
 
-func (l *locks) newWaiter(g *grantReq) *waiter {
+func (l *handoverOps) newWaiter(g *grantReq) *waiter {
 	return &waiter{l: l, g: g, wkey: streams.WaitKey(g.resource, g.hash), wake: l.wakes.subject(g.hash), ttl: g.ttl}
 }
 
@@ -77,7 +77,7 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	g.ttl = w.ttl
 	// Not yet queued, it may be granted or queued with another acquire's
 	// commit while it waits for the lock (sem_bulk.go).
-	st, granted, queued, err := w.l.lockToGrant(ctx, &g, w, w.queued.rev == 0)
+	st, granted, queued, err := w.l.sems.lockToGrant(ctx, &g, w, w.queued.rev == 0)
 	if granted != nil {
 		w.ttl = min(w.g.ttl, w.l.cfg.HandoverTTL)
 		return granted, true, nil
@@ -107,7 +107,7 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 			fresh = true
 		}
 	}
-	resp, err = w.l.tryGrant(ctx, &g, fresh)
+	resp, err = w.l.leases.tryGrant(ctx, &g, fresh)
 	w.ttl = min(w.g.ttl, w.l.cfg.HandoverTTL)
 	return w.afterTry(ctx, resp, err)
 }
@@ -219,7 +219,7 @@ func (w *waiter) cancelled(ctx context.Context) (bool, error) {
 func (w *waiter) enqueue(ctx context.Context) error {
 	mine := w.queued.rev
 	fresh := false
-	defer w.l.tracker.unreserveWaits(w.wkey)
+	defer w.l.tracker.caps.unreserveWaits(w.wkey)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := w.l.current(ctx, w.wkey, fresh)
 		if err != nil {
@@ -276,7 +276,7 @@ func (w *waiter) newPlace(ctx context.Context) error {
 // entry: the same ticket if o is this request's record, else a new place
 // if the caps allow one; that place stays reserved until the tracker
 // takes in its record or the caller ends the reservation
-// (tracker.unreserveWaits).
+// (waitCaps.unreserveWaits).
 func (w *waiter) record(o observation) (*streams.Record, error) {
 	cfg := w.l.cfg
 	now := cfg.Clock.Now()
@@ -292,11 +292,11 @@ func (w *waiter) record(o observation) (*streams.Record, error) {
 		rec.GrantedAt = o.rec.GrantedAt
 	} else {
 		if w.g.session != "" {
-			if err := w.l.sessionRoom(w.g.session); err != nil {
+			if err := w.l.sessions.sessionRoom(w.g.session); err != nil {
 				return nil, err
 			}
 		}
-		if err := w.l.reserveOrRefuse(w.wkey, w.g.resource, w.g.tenant, 1); err != nil {
+		if err := w.l.names.reserveOrRefuse(w.wkey, w.g.resource, w.g.tenant, 1); err != nil {
 			return nil, err
 		}
 	}
@@ -350,7 +350,7 @@ func (w *waiter) leave(ctx context.Context, last error) (*streams.LeaseResponse,
 		if !removed && err == nil {
 			key, k := w.g.key, 0
 			if w.g.limit != 0 {
-				k = w.l.heldPermit(w.g.sem, w.g.limit, w.g.requestID, w.g.tenant)
+				k = w.l.sems.heldPermit(w.g.sem, w.g.limit, w.g.requestID, w.g.tenant)
 				key = permitKey(w.g.sem, k)
 			}
 			if o, err := w.l.current(ctx, key, true); err == nil && o.held() && w.g.mine(o.rec) && o.rec.Owner == w.g.owner {
@@ -373,7 +373,7 @@ func (w *waiter) leave(ctx context.Context, last error) (*streams.LeaseResponse,
 // deleteRecord deletes whatever record is at key (a waiter record) by
 // compare-and-set, and reports whether there was one. The caller holds
 // the lease key's lock.
-func (l *locks) deleteRecord(ctx context.Context, key string) (bool, error) {
+func (l *handoverOps) deleteRecord(ctx context.Context, key string) (bool, error) {
 	fresh := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := l.current(ctx, key, fresh)
@@ -415,7 +415,7 @@ func (l *locks) deleteRecord(ctx context.Context, key string) (bool, error) {
 // while its record lives (its instance refreshes it), or the sets would
 // starve behind single waiters. Its record leaves the queue when its
 // instance dies, and the waiters behind it claim then.
-func (l *locks) mayClaim(enc, hash string, o observation) (bool, int) {
+func (l *handoverOps) mayClaim(enc, hash string, o observation) (bool, int) {
 	ahead, sets, left := l.tracker.ahead(enc, hash)
 	if ahead == 0 {
 		return true, 0
@@ -447,7 +447,7 @@ func (l *locks) mayClaim(enc, hash string, o observation) (bool, int) {
 // tenant's request of the same id has another hash, so another tombstone
 // and waiter key; another owner's lease or wait of the same id is left
 // alone (see otherWaiter).
-func (l *locks) cancel(ctx context.Context, resource, requestID, owner string, who origin) (*streams.CancelResponse, error) {
+func (l *handoverOps) cancel(ctx context.Context, resource, requestID, owner string, who origin) (*streams.CancelResponse, error) {
 	key := streams.LeaseKey(resource)
 	tenant := who.tenant()
 	hash := requestHash(resource, requestID, tenant)
@@ -495,7 +495,7 @@ func (l *locks) cancel(ctx context.Context, resource, requestID, owner string, w
 // owner needs no such check: its grant's message id is the tombstone's,
 // so the tombstone is not written, and the lease is ended only when its
 // owner is the cancel's.
-func (l *locks) otherWaiter(ctx context.Context, wkey, owner string) (bool, error) {
+func (l *handoverOps) otherWaiter(ctx context.Context, wkey, owner string) (bool, error) {
 	o, err := l.current(ctx, wkey, true)
 	if err != nil {
 		return false, err
@@ -508,7 +508,7 @@ func (l *locks) otherWaiter(ctx context.Context, wkey, owner string) (bool, erro
 // write with the grant's message id exists already (the request was
 // granted, or cancelled before) the tombstone is not written (dup) and the
 // read is proven by a confirming write instead.
-func (l *locks) tombstone(ctx context.Context, key, hash string) (observation, bool, error) {
+func (l *handoverOps) tombstone(ctx context.Context, key, hash string) (observation, bool, error) {
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		o, err := l.current(ctx, key, true)
 		if err != nil {
@@ -540,7 +540,7 @@ func (l *locks) tombstone(ctx context.Context, key, hash string) (observation, b
 // record gone, looks for the tombstone to know it was cancelled rather
 // than dropped for lack of refreshes. Without such a waiter it writes
 // nothing.
-func (l *locks) proveCancel(ctx context.Context, hash, wkey, owner string) error {
+func (l *handoverOps) proveCancel(ctx context.Context, hash, wkey, owner string) error {
 	o, err := l.current(ctx, wkey, true)
 	if err != nil || !o.held() || o.rec.Owner != owner {
 		return err
@@ -553,7 +553,7 @@ func (l *locks) proveCancel(ctx context.Context, hash, wkey, owner string) error
 // woken. A record missed by a stale read is harmless: its request can no
 // longer be granted (the tombstone), and it finds the tombstone when it
 // next refreshes its record.
-func (l *locks) dequeue(ctx context.Context, resource, wkey, owner string) (bool, error) {
+func (l *handoverOps) dequeue(ctx context.Context, resource, wkey, owner string) (bool, error) {
 	var wake string
 	if o, err := l.current(ctx, wkey, true); err != nil {
 		return false, err

@@ -48,7 +48,7 @@ func TestAResumedWatcherShowsASessionOnlyAtItsLastWrite(t *testing.T) {
 	g := openIn(t, s, "gap", "gap/res")
 	opened, _ := lastWrite(t, cl, streams.SessionKey(g.session))
 	granted := grantInGap(ctx, t, s, g)
-	if _, err := s.locks.keepalive(ctx, g.session+g.secret, 0, origin{}); err != nil {
+	if _, err := s.locks.sessions.keepalive(ctx, g.session+g.secret, 0, origin{}); err != nil {
 		t.Fatal(err)
 	}
 	kept, _ := lastWrite(t, cl, streams.SessionKey(g.session))
@@ -92,7 +92,7 @@ func TestAResumedWatcherShowsASessionOnlyAtItsLastWrite(t *testing.T) {
 	if live, known := f.deliveries.liveAt(g.session, g.secret, granted); !live || !known {
 		t.Fatalf("after the keepalive's delivery: live %v known %v; want live", live, known)
 	}
-	if err := s.locks.notLiveAt(ctx, g.session, g.secret, granted); err != nil {
+	if err := s.locks.sessions.notLiveAt(ctx, g.session, g.secret, granted); err != nil {
 		t.Fatalf("the proof on the stream leader of a live session: %v; want the grant counted", err)
 	}
 }
@@ -139,10 +139,10 @@ func TestAWatcherGapHidesASessionFromTheView(t *testing.T) {
 	g := openIn(t, s, "gap", "gap/res")
 	opened, _ := lastWrite(t, cl, streams.SessionKey(g.session))
 	granted := grantInGap(ctx, t, s, g)
-	if _, err := s.locks.keepalive(ctx, g.session+g.secret, 0, origin{}); err != nil {
+	if _, err := s.locks.sessions.keepalive(ctx, g.session+g.secret, 0, origin{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.locks.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
+	if _, err := s.locks.sessions.closeSession(ctx, g.session+g.secret, origin{}); err != nil {
 		t.Fatal(err)
 	}
 	ended, _ := lastWrite(t, cl, streams.SessionKey(g.session))
