@@ -231,7 +231,13 @@ func (e *env) restart(ctx context.Context, ph *phase, wl *load.Workload, x *Rest
 	case <-time.After(settle):
 	case <-ctx.Done():
 	}
-	x.NoGrantWindowMs = msOf(ph.grants.LongestGap(at, time.Now()))
+	// The load sends nothing after the phase's end: a window past it is
+	// the end of the run, not of this restart.
+	to := time.Now()
+	if end := ph.start.Add(e.cfg.duration); to.After(end) {
+		to = end
+	}
+	x.NoGrantWindowMs = msOf(ph.grants.LongestGap(at, to))
 	x.Errors = subCounts(phaseErrors(ph), errs0)
 	x.LeasesLost = wl.Losses().Sub(lost0).Leases()
 }
