@@ -239,11 +239,7 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 		return err
 	}
 	scannedIn, scannedTo := time.Since(start), last
-	filters := make([]string, len(watchedPrefixes))
-	for i, p := range watchedPrefixes {
-		filters[i] = p + ">"
-	}
-	w, err := f.kv.WatchFiltered(ctx, filters, jetstream.ResumeFromRevision(last+1))
+	w, err := watchAfter(ctx, f.kv, last)
 	if err != nil {
 		return err
 	}
@@ -278,6 +274,19 @@ func (f *follower) watch(ctx context.Context, synced func()) error {
 	}
 }
 
+// watchAfter watches every write to kv after revision rev. Its consumer
+// follows every key; deliver drops what lies outside watchedPrefixes
+// (today nothing does). A consumer filtered on the stream's whole subject
+// reads the stream in order; one with several filters (WatchFiltered)
+// makes the server look up, for each message it delivers while it is
+// behind, every subject of the message block in its subject tree, under
+// the block's lock: after a node's restart, such a consumer catching up on
+// the stream leader held the leader's CPU and its writes for many seconds,
+// and nothing was granted meanwhile (docs/capacity.md, appendix I).
+func watchAfter(ctx context.Context, kv jetstream.KeyValue, rev uint64) (jetstream.KeyWatcher, error) {
+	return kv.Watch(ctx, ">", jetstream.ResumeFromRevision(rev+1))
+}
+
 // deliver feeds one record the watcher delivered to the view. During the
 // initial delivery (the records read by scanBucket, then the writes
 // committed before the watcher started, in revision order) the records
@@ -288,9 +297,13 @@ func (f *follower) deliver(key string, rev uint64, deleted bool, value []byte, i
 	if isSessionKey(key) {
 		f.deliveries.session(key, f.decode(key, rev, deleted, value))
 	}
-	if o, ok := f.tracker.get(key); !ok || o.rev < rev {
-		f.tracker.observe(key, f.decode(key, rev, deleted, value))
-	} // else: this instance's own write, already observed
+	// A key outside watchedPrefixes (put by hand) is no record of the
+	// service's: nothing to observe, but its revision is delivered.
+	if hasAnyPrefix(key, watchedPrefixes) {
+		if o, ok := f.tracker.get(key); !ok || o.rev < rev {
+			f.tracker.observe(key, f.decode(key, rev, deleted, value))
+		} // else: this instance's own write, already observed
+	}
 	if !initial {
 		f.delivered.Store(rev)
 		f.deliveries.delivered(rev)

@@ -11,12 +11,6 @@ import (
 	"github.com/jetlock/jetlock/streams"
 )
 
-// watchedKeys are the filters of the follower's watcher (follower.watch),
-// made anew for each call: WatchFiltered prefixes them in place.
-func watchedKeys() []string {
-	return []string{streams.LeaseKeyPrefix + ">", streams.WaitKeyPrefix + ">", streams.SessionKeyPrefix + ">"}
-}
-
 // grantInGap writes a lease of g's session, as a grant that commits in
 // stream order does, and returns its revision.
 func grantInGap(ctx context.Context, t *testing.T, s *Service, g *grantReq) uint64 {
@@ -62,7 +56,7 @@ func TestAResumedWatcherShowsASessionOnlyAtItsLastWrite(t *testing.T) {
 	f.deliveries.restart()
 	f.deliveries.caughtUp()
 	f.deliveries.delivered(opened - 1)
-	w, err := storeBucket(t, cl).WatchFiltered(ctx, watchedKeys(), jetstream.ResumeFromRevision(opened))
+	w, err := watchAfter(ctx, storeBucket(t, cl), opened-1)
 	if err != nil {
 		t.Fatal(err)
 	}
