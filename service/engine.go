@@ -6,8 +6,8 @@ import (
 )
 
 // The engine: every grant (a lock, a permit of a semaphore, a lock set)
-// and the renewal of a lease is made by one commit loop (commitLoop) from
-// three steps that its primitive supplies. The read step gathers a snapshot (the records,
+// the renewal of a lease and the open of a session is made by one commit
+// loop (commitLoop) from three steps that its primitive supplies. The read step gathers a snapshot (the records,
 // the session's record, the name rule's record), on the instance's view
 // or fresh from the stream leader. The decide step is a function of that
 // snapshot, the view and the clock, and does no I/O: it returns a verdict
