@@ -612,23 +612,33 @@ func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Rec
 // as a duplicate of an earlier write at seq (an earlier attempt of the same
 // request_id, or its cancel tombstone; 0 when an atomic batch does not
 // say): the same lease if it is still current, otherwise lease_lost, never
-// a second lease.
+// a second lease. It runs on the commit loop, every read fresh, as a
+// request in no session whatever g's (at most maxAttempts times): a
+// retry's proof that finds the lease moved on reads again.
 func (l *leaseOps) earlierGrant(ctx context.Context, g *grantReq, seq uint64) (*streams.LeaseResponse, error) {
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		held, o, err := l.grantAt(ctx, g, seq)
-		if err != nil {
-			return nil, err
-		}
-		if held == nil {
-			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", g.requestID)
-		}
-		resp, err := l.sameRequest(ctx, held, o)
-		if errors.Is(err, errConflict) {
-			continue
-		}
-		return resp, err
-	}
-	return nil, tooManyConflicts()
+	return commitLoop(ctx, l.engineDeps, "", true, engineSteps[earlierSnap, struct{}, *streams.LeaseResponse]{
+		read: func(ctx context.Context, _ bool) (s earlierSnap, _ bool, err error) {
+			s.held, s.o, err = l.grantAt(ctx, g, seq)
+			return s, false, err
+		},
+		decide: func(s earlierSnap, _ bool) verdict[*streams.LeaseResponse, struct{}] {
+			if s.held == nil {
+				return answer[*streams.LeaseResponse, struct{}](nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", g.requestID))
+			}
+			return verdict[*streams.LeaseResponse, struct{}]{kind: proveRetry}
+		},
+		prove: func(ctx context.Context, s earlierSnap) (*streams.LeaseResponse, outcome, error) {
+			return settled(l.sameRequest(ctx, s.held, s.o))
+		},
+	})
+}
+
+// earlierSnap is what earlierGrant's answer rests on: the request
+// narrowed to the key of its earlier lease (nil: none is current) and
+// what was read there (grantAt).
+type earlierSnap struct {
+	held *grantReq
+	o    observation
 }
 
 // grantAt finds, on fresh reads, the current lease of g's request that was
