@@ -5,15 +5,18 @@ import (
 	"errors"
 )
 
-// The engine: every grant (a lock, a permit of a semaphore, a lock set)
-// the renewal of a lease and the open of a session is made by one commit
-// loop (commitLoop) from three steps that its primitive supplies. The read step gathers a snapshot (the records,
+// The engine: every grant (a lock, a permit of a semaphore, a lock set),
+// the answer to a grant's duplicate (earlierGrant), the renewal of a
+// lease, the open of a session and the lookup of a grant's session is
+// made by one commit loop (commitLoop) from three steps that its
+// primitive supplies. The read step gathers a snapshot (the records,
 // the session's record, the name rule's record), on the instance's view
 // or fresh from the stream leader. The decide step is a function of that
 // snapshot, the view and the clock, and does no I/O: it returns a verdict
 // value — answer now (a response or a refusal), decide again on fresh
-// reads, prove and answer a retry of the same request, or write a plan.
-// The commit step writes the plan and reports, as a value, whether the
+// reads, prove and answer a retry of the same request, or write a plan
+// (a grant, a renewal, or the conditional write that proves the fresh
+// read a refusal rests on). The commit step writes the plan and reports, as a value, whether the
 // write committed, lost a race (conflict), found the snapshot moved on
 // under a write not counted as a race (stale) or was a duplicate of an
 // earlier write of the request. The loop owns what is common: the bound

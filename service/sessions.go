@@ -735,29 +735,33 @@ func (l *sessionOps) expireSession(ctx context.Context, key string, o observatio
 // session returns the live session g is made in, as g's caller holds it:
 // from the tracker, or read fresh when the tracker does not show it live
 // (or fresh is set). A session that has ended, is expiring, or is not the
-// caller's is lease_lost, on a read proven by a conditional write.
+// caller's is lease_lost, on a read proven by a conditional write
+// (confirmSession, the commit step: a proof that finds the record moved
+// on pauses and reads again, stale). It runs on the commit loop, at most
+// attempts(g.session) times.
 func (l *sessionOps) session(ctx context.Context, g *grantReq, fresh bool) (observation, error) {
 	key := streams.SessionKey(g.session)
-	for attempt := 0; attempt < sessionAttempts; attempt++ {
-		o, err := l.current(ctx, key, fresh)
-		if err != nil {
-			return observation{}, err
-		}
-		if holds(o, g.secret, g.who) && !l.tracker.expired(o, time.Now()) {
-			return o, nil
-		}
-		if !fresh {
-			fresh = true
-			continue
-		}
-		if err := l.confirmSession(ctx, g.session, o); errors.Is(err, errConflict) {
-			continue
-		} else if err != nil {
-			return observation{}, err
-		}
-		return observation{}, errNoSession()
-	}
-	return observation{}, tooManyConflicts()
+	return commitLoop(ctx, l.engineDeps, g.session, fresh, engineSteps[observation, struct{}, observation]{
+		read: func(ctx context.Context, fresh bool) (observation, bool, error) {
+			o, err := l.current(ctx, key, fresh)
+			return o, false, err
+		},
+		decide: func(o observation, fresh bool) verdict[observation, struct{}] {
+			switch {
+			case holds(o, g.secret, g.who) && !l.tracker.expired(o, time.Now()):
+				return answer[observation, struct{}](o, nil)
+			case !fresh:
+				return verdict[observation, struct{}]{kind: readAgain}
+			}
+			return verdict[observation, struct{}]{kind: writePlan} // prove it gone
+		},
+		commit: func(ctx context.Context, o observation, _ struct{}) (observation, outcome, error) {
+			if _, out, err := quiet(settled(struct{}{}, l.confirmSession(ctx, g.session, o))); out != committed || err != nil {
+				return observation{}, out, err
+			}
+			return observation{}, committed, errNoSession()
+		},
+	})
 }
 
 // confirmSession proves the fresh read o of session hash's record before a
