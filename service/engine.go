@@ -5,16 +5,20 @@ import (
 	"errors"
 )
 
-// The engine: every grant (a lock, a permit of a semaphore, a lock set)
-// is made by one commit loop (commitLoop) from three steps that its
+// The engine: every grant (a lock, a permit of a semaphore, a lock set),
+// the answer to a grant's duplicate (earlierGrant), the renewal of a
+// lease, the open of a session and the lookup of a grant's session is
+// made by one commit loop (commitLoop) from three steps that its
 // primitive supplies. The read step gathers a snapshot (the records,
 // the session's record, the name rule's record), on the instance's view
 // or fresh from the stream leader. The decide step is a function of that
 // snapshot, the view and the clock, and does no I/O: it returns a verdict
 // value — answer now (a response or a refusal), decide again on fresh
-// reads, prove and answer a retry of the same request, or write a plan.
-// The commit step writes the plan and reports, as a value, whether the
-// write committed, lost a race (conflict) or was a duplicate of an
+// reads, prove and answer a retry of the same request, or write a plan
+// (a grant, a renewal, or the conditional write that proves the fresh
+// read a refusal rests on). The commit step writes the plan and reports, as a value, whether the
+// write committed, lost a race (conflict), found the snapshot moved on
+// under a write not counted as a race (stale) or was a duplicate of an
 // earlier write of the request. The loop owns what is common: the bound
 // of attempts, the switch to fresh reads, the conflict's report and
 // pause, and the answer when every attempt lost a race.
@@ -54,6 +58,10 @@ const (
 	committed  outcome = iota // written (or answered); the response stands
 	conflicted                // lost a race with another writer: decide again
 	duplicated                // an earlier write of the request was found
+	// stale: the snapshot was not current (a write or proof that is not
+	// counted as a lost race found its key moved on): decide again on
+	// fresh reads, with neither the conflict's report nor its pause.
+	stale
 )
 
 // engineSteps is one primitive's part of the commit loop, over its
@@ -100,7 +108,7 @@ func commitLoop[S, P, R any](ctx context.Context, l *engineDeps, session string,
 			fresh = true
 			continue
 		case proveRetry:
-			if resp, out, err = s.prove(ctx, snap); out == conflicted {
+			if resp, out, err = s.prove(ctx, snap); out == conflicted || out == stale {
 				fresh = true
 				continue
 			}
@@ -113,6 +121,9 @@ func commitLoop[S, P, R any](ctx context.Context, l *engineDeps, session string,
 			if s.pause {
 				l.conflictPause(ctx)
 			}
+			fresh = true
+			continue
+		case stale:
 			fresh = true
 			continue
 		case duplicated:
@@ -131,6 +142,15 @@ func settled[R any](resp R, err error) (R, outcome, error) {
 		return zero, conflicted, nil
 	}
 	return resp, committed, err
+}
+
+// quiet makes a conflict of a write that is not counted as a lost race
+// (it is not reported, nor paused after) stale.
+func quiet[R any](resp R, out outcome, err error) (R, outcome, error) {
+	if out == conflicted {
+		out = stale
+	}
+	return resp, out, err
 }
 
 // isConflict reports whether err is a lost compare-and-set.

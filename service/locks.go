@@ -612,23 +612,33 @@ func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Rec
 // as a duplicate of an earlier write at seq (an earlier attempt of the same
 // request_id, or its cancel tombstone; 0 when an atomic batch does not
 // say): the same lease if it is still current, otherwise lease_lost, never
-// a second lease.
+// a second lease. It runs on the commit loop, every read fresh, as a
+// request in no session whatever g's (at most maxAttempts times): a
+// retry's proof that finds the lease moved on reads again.
 func (l *leaseOps) earlierGrant(ctx context.Context, g *grantReq, seq uint64) (*streams.LeaseResponse, error) {
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		held, o, err := l.grantAt(ctx, g, seq)
-		if err != nil {
-			return nil, err
-		}
-		if held == nil {
-			return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", g.requestID)
-		}
-		resp, err := l.sameRequest(ctx, held, o)
-		if errors.Is(err, errConflict) {
-			continue
-		}
-		return resp, err
-	}
-	return nil, tooManyConflicts()
+	return commitLoop(ctx, l.engineDeps, "", true, engineSteps[earlierSnap, struct{}, *streams.LeaseResponse]{
+		read: func(ctx context.Context, _ bool) (s earlierSnap, _ bool, err error) {
+			s.held, s.o, err = l.grantAt(ctx, g, seq)
+			return s, false, err
+		},
+		decide: func(s earlierSnap, _ bool) verdict[*streams.LeaseResponse, struct{}] {
+			if s.held == nil {
+				return answer[*streams.LeaseResponse, struct{}](nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", g.requestID))
+			}
+			return verdict[*streams.LeaseResponse, struct{}]{kind: proveRetry}
+		},
+		prove: func(ctx context.Context, s earlierSnap) (*streams.LeaseResponse, outcome, error) {
+			return settled(l.sameRequest(ctx, s.held, s.o))
+		},
+	})
+}
+
+// earlierSnap is what earlierGrant's answer rests on: the request
+// narrowed to the key of its earlier lease (nil: none is current) and
+// what was read there (grantAt).
+type earlierSnap struct {
+	held *grantReq
+	o    observation
 }
 
 // grantAt finds, on fresh reads, the current lease of g's request that was
@@ -658,74 +668,103 @@ func (l *leaseOps) grantAt(ctx context.Context, g *grantReq, seq uint64) (*grant
 }
 
 // renew extends the lease leaseID of resource by ttl, and sets its value
-// to value unless that is empty.
+// to value unless that is empty: on the commit loop, with no session
+// (so at most maxAttempts times).
 func (l *leaseOps) renew(ctx context.Context, resource, leaseID string, ttl time.Duration, value string, who origin) (*streams.LeaseResponse, error) {
-	key := streams.LeaseKey(resource)
-	st, err := l.lock(ctx, key)
+	r := &renewReq{resource: resource, key: streams.LeaseKey(resource), leaseID: leaseID, ttl: ttl, value: value, who: who}
+	st, err := l.lock(ctx, r.key)
 	if err != nil {
 		return nil, err
 	}
 	defer st.unlock()
-	fresh := false
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		o, err := l.current(ctx, key, fresh)
-		if err != nil {
-			return nil, err
-		}
-		if !o.held() || !sameLease(o.rec.LeaseID, leaseID) {
-			if !fresh {
-				fresh = true
-				continue
-			}
-			if err := l.confirmNegative(ctx, key, o); err != nil {
-				if errors.Is(err, errConflict) {
-					continue
-				}
-				return nil, err
-			}
-			l.report.renewRefused(resource, "not_current", who)
-			return nil, newOpError(streams.CodeLeaseLost, "lease is no longer current")
-		}
-		if o.rec.Set != "" {
-			return nil, errSetMember()
-		}
-		resp, err := l.renewHeld(ctx, resource, key, o, ttl, value, who)
-		if errors.Is(err, errConflict) {
-			fresh = true
-			continue
-		}
-		return resp, err
-	}
-	return nil, tooManyConflicts()
+	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[observation, renewPlan, *streams.LeaseResponse]{
+		read: func(ctx context.Context, fresh bool) (observation, bool, error) {
+			o, err := l.current(ctx, r.key, fresh)
+			return o, false, err
+		},
+		decide: func(o observation, fresh bool) verdict[*streams.LeaseResponse, renewPlan] {
+			return decideRenew(r, o, fresh)
+		},
+		commit: func(ctx context.Context, _ observation, p renewPlan) (*streams.LeaseResponse, outcome, error) {
+			return l.commitRenew(ctx, r, p)
+		},
+	})
 }
 
-// renewHeld renews the lease o of key, which the caller holds: a new
-// expiry (and value, if given), or a session's lease's new value. It
-// returns errConflict if the key was written meanwhile.
-func (l *leaseOps) renewHeld(ctx context.Context, resource, key string, o observation, ttl time.Duration, value string, who origin) (*streams.LeaseResponse, error) {
-	if value != "" {
+// renewReq is one validated renew.
+type renewReq struct {
+	resource, key, leaseID string
+	ttl                    time.Duration
+	value                  string
+	who                    origin
+}
+
+// renewAct is what a renew writes.
+type renewAct uint8
+
+const (
+	renewExtend   renewAct = iota // a new expiry (and value, if given)
+	renewProclaim                 // a session's lease's new value only
+	renewRefute                   // prove the lease gone, then refuse
+)
+
+// renewPlan is a renew's plan: what to write, over the lease observed
+// in o (carrying the new value, if given).
+type renewPlan struct {
+	act renewAct
+	o   observation
+}
+
+// decideRenew is the verdict on renew r from the key's observation o:
+// refuse (a lease not current is refused only on a fresh read, proven by
+// the commit), decide on a fresh read, or renew the lease.
+func decideRenew(r *renewReq, o observation, fresh bool) verdict[*streams.LeaseResponse, renewPlan] {
+	type v = verdict[*streams.LeaseResponse, renewPlan]
+	if !o.held() || !sameLease(o.rec.LeaseID, r.leaseID) {
+		if !fresh {
+			return v{kind: readAgain}
+		}
+		return v{kind: writePlan, plan: renewPlan{act: renewRefute, o: o}}
+	}
+	if o.rec.Set != "" {
+		return answer[*streams.LeaseResponse, renewPlan](nil, errSetMember())
+	}
+	if r.value != "" {
 		rec := *o.rec
-		rec.Value = value
+		rec.Value = r.value
 		o.rec = &rec
 	}
-	if o.rec.Session != "" {
-		if value == "" {
-			return nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease")
+	if o.rec.Session == "" {
+		return v{kind: writePlan, plan: renewPlan{act: renewExtend, o: o}}
+	}
+	if r.value == "" {
+		return answer[*streams.LeaseResponse, renewPlan](nil, newOpError(streams.CodeInvalidRequest, "the lease belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the lease"))
+	}
+	// A new value for a lease of a session (an election's leader held in
+	// a session proclaims): the value only, its expiry stays the
+	// session's.
+	return v{kind: writePlan, plan: renewPlan{act: renewProclaim, o: o}}
+}
+
+// commitRenew writes renew r's plan p. A lost race of the renewal is
+// counted as a conflict; the proclaim's and the proof's are not (stale).
+func (l *leaseOps) commitRenew(ctx context.Context, r *renewReq, p renewPlan) (*streams.LeaseResponse, outcome, error) {
+	switch p.act {
+	case renewRefute:
+		if _, out, err := quiet(settled(struct{}{}, l.confirmNegative(ctx, r.key, p.o))); out != committed || err != nil {
+			return nil, out, err
 		}
-		// A new value for a lease of a session (an election's leader
-		// held in a session proclaims): the value only, its expiry
-		// stays the session's.
-		return l.proclaim(ctx, resource, key, o)
+		l.report.renewRefused(r.resource, "not_current", r.who)
+		return nil, committed, newOpError(streams.CodeLeaseLost, "lease is no longer current")
+	case renewProclaim:
+		return quiet(settled(l.proclaim(ctx, r.resource, r.key, p.o)))
 	}
-	resp, err := l.extend(ctx, resource, key, o, ttl)
-	switch {
-	case errors.Is(err, errConflict):
-		l.report.conflict()
-	case errors.Is(err, errHoldOver):
-		l.report.renewRefused(resource, "max_hold", who)
-		return nil, newOpError(streams.CodeLeaseLost, "lease has been held for its max hold (until %s)", o.rec.HoldUntil)
+	resp, err := l.extend(ctx, r.resource, r.key, p.o, r.ttl)
+	if errors.Is(err, errHoldOver) {
+		l.report.renewRefused(r.resource, "max_hold", r.who)
+		return nil, committed, newOpError(streams.CodeLeaseLost, "lease has been held for its max hold (until %s)", p.o.rec.HoldUntil)
 	}
-	return resp, err
+	return settled(resp, err)
 }
 
 // release ends the lease leaseID of resource, handing the resource to the

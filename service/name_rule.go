@@ -87,11 +87,11 @@ func (l *nameOps) claimName(ctx context.Context, name string, o observation, lim
 	case nameGrant:
 		return o, false, nil
 	case nameRetire:
-		o, err := l.retireName(ctx, name, o, limit, fresh)
-		if isConflict(err) {
+		retired, out, err := l.retireName(ctx, name, o, limit, fresh)
+		if out == conflicted {
 			return o, true, nil
 		}
-		return o, false, err
+		return retired, false, err
 	}
 	switch {
 	case !fresh && l.following():
@@ -107,27 +107,47 @@ func (l *nameOps) claimName(ctx context.Context, name string, o observation, lim
 // grant is refused; otherwise every permit is proven free and the record
 // deleted, in commits that check each permit's revision as read (the last
 // of them deletes the record by compare-and-set on o's revision). With
-// fresh, the permits are read from the stream leader.
-func (l *nameOps) retireName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, error) {
-	keys := make([]string, o.sem)
-	revs := make([]uint64, o.sem)
+// fresh, the permits are read from the stream leader. It reports, as an
+// outcome (settled), whether the retirement committed or lost a race
+// (the name record or a permit moved on): the caller then reads again.
+func (l *nameOps) retireName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, outcome, error) {
+	keys, revs, err := l.freePermits(ctx, name, o, limit, fresh)
+	if err == nil {
+		o, err = l.deleteName(ctx, name, o, keys, revs)
+	}
+	return settled(o, err)
+}
+
+// freePermits reads the permits of the semaphore name (its limit o.sem),
+// each one seen held read again fresh, and returns their keys and the
+// revisions read, or refuses the grant of limit while one is held.
+func (l *nameOps) freePermits(ctx context.Context, name string, o observation, limit int, fresh bool) (keys []string, revs []uint64, err error) {
+	keys = make([]string, o.sem)
+	revs = make([]uint64, o.sem)
 	for k := 1; k <= o.sem; k++ {
 		key := permitKey(name, k)
 		p, err := l.current(ctx, key, fresh)
 		if err != nil {
-			return o, err
+			return nil, nil, err
 		}
 		if !mayRetire([]entry{p.entry}) {
 			// Held as this instance knows it: refused only on a read.
 			if p, err = l.current(ctx, key, true); err != nil {
-				return o, err
+				return nil, nil, err
 			}
 		}
 		if !mayRetire([]entry{p.entry}) {
-			return o, errKind(name, nameUse{limit: o.sem}, limit)
+			return nil, nil, errKind(name, nameUse{limit: o.sem}, limit)
 		}
 		keys[k-1], revs[k-1] = key, p.rev
 	}
+	return keys, revs, nil
+}
+
+// deleteName deletes the name record of name, observed in o, by
+// compare-and-set on its revision, in commits that check the permits
+// keys at the revisions revs.
+func (l *nameOps) deleteName(ctx context.Context, name string, o observation, keys []string, revs []uint64) (observation, error) {
 	nameKey := streams.LeaseKey(name)
 	seq, err := l.store.prove(ctx, keys, revs, l.store.deleteMsg(nameKey, o.rev, nil))
 	if err != nil {

@@ -212,7 +212,7 @@ func TestAnIdleNameRecordIsRetired(t *testing.T) {
 		return err != nil
 	}, "the idle semaphore's name record is retired")
 	o, _ := s.tracker.get(streams.LeaseKey(busy))
-	if _, err := s.locks.names.retireName(ctx, busy, o, 0, false); !isCode(err, streams.CodeInvalidRequest) {
+	if _, _, err := s.locks.names.retireName(ctx, busy, o, 0, false); !isCode(err, streams.CodeInvalidRequest) {
 		t.Fatalf("retiring the name record of a semaphore whose permit is held: %v; want it refused", err)
 	}
 	if n, ok := streams.ParseNameRecord(lastValue(t, cl, streams.LeaseKey(busy))); !ok || n != 2 {

@@ -134,7 +134,9 @@ func sessionEnded(requestID string) *opError {
 
 // openSession opens the session of r, or answers a retry of the same open
 // with the same session while it lives (as a keepalive), and lease_lost
-// once it has ended.
+// once it has ended: on the commit loop, as a request in no session (at
+// most maxAttempts times). No conflict of an open is counted or paused
+// after (stale).
 func (l *sessionOps) openSession(ctx context.Context, r *sessionReq) (*streams.SessionResponse, error) {
 	st, err := l.lock(ctx, r.key)
 	if err != nil {
@@ -144,67 +146,83 @@ func (l *sessionOps) openSession(ctx context.Context, r *sessionReq) (*streams.S
 	if l.tracker.hasEnded(r.key, r.requestID, r.tenant) {
 		return nil, sessionEnded(r.requestID)
 	}
-	fresh := false
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		o, err := l.current(ctx, r.key, fresh)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := l.openOn(ctx, r, o)
-		if errors.Is(err, errConflict) {
-			fresh = true
-			continue
-		}
-		return resp, err
-	}
-	return nil, tooManyConflicts()
+	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[observation, openPlan, *streams.SessionResponse]{
+		read: func(ctx context.Context, fresh bool) (observation, bool, error) {
+			o, err := l.current(ctx, r.key, fresh)
+			return o, false, err
+		},
+		decide: func(o observation, _ bool) verdict[*streams.SessionResponse, openPlan] {
+			return l.decideOpen(r, o)
+		},
+		commit: func(ctx context.Context, o observation, p openPlan) (*streams.SessionResponse, outcome, error) {
+			return l.commitOpen(ctx, r, o, p)
+		},
+	})
 }
 
-// openOn opens the session r on its key's observation o: the same open
-// retried if o holds it, else a new session. It returns errConflict if
-// the key was written meanwhile.
-func (l *sessionOps) openOn(ctx context.Context, r *sessionReq, o observation) (*streams.SessionResponse, error) {
+// openPlan is what an open writes.
+type openPlan uint8
+
+const (
+	openNew     openPlan = iota // a new session
+	openRetried                 // the same open, retried: kept alive
+)
+
+// decideOpen is the verdict on the open r from its key's observation o:
+// the same open retried if o holds it, a new session, or a refusal.
+func (l *sessionOps) decideOpen(r *sessionReq, o observation) verdict[*streams.SessionResponse, openPlan] {
+	type v = verdict[*streams.SessionResponse, openPlan]
+	refuse := func(err error) v { return answer[*streams.SessionResponse, openPlan](nil, err) }
 	switch {
 	case o.foreign:
-		return nil, newOpError(streams.CodeUnavailable, "the session's key holds a value jetlock did not write; it is removed once it has stood for the longest TTL")
+		return refuse(newOpError(streams.CodeUnavailable, "the session's key holds a value jetlock did not write; it is removed once it has stood for the longest TTL"))
 	case o.held():
 		// The hash is the tenant's and the request id's: this is the
 		// same open, retried.
 		if o.rec.Owner != r.owner {
-			return nil, newOpError(streams.CodeInvalidRequest, "request_id %q opened a session for another owner", r.requestID)
+			return refuse(newOpError(streams.CodeInvalidRequest, "request_id %q opened a session for another owner", r.requestID))
 		}
-		resp, err := l.extend(ctx, "", r.key, o, r.ttl)
-		if err != nil {
-			return nil, err
-		}
-		return &streams.SessionResponse{SessionID: sessionID(r.hash, o.rec), TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt}, nil
+		return v{kind: writePlan, plan: openRetried}
 	case o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window):
-		return nil, sessionEnded(r.requestID)
+		return refuse(sessionEnded(r.requestID))
 	}
 	if n, _ := l.tracker.sessionIx.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
-		return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n)
+		return refuse(newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n))
+	}
+	return v{kind: writePlan, plan: openNew}
+}
+
+// commitOpen writes the open r's plan p over its key's observation o. A
+// write that lost a race is stale: decided again on fresh reads, as is an
+// earlier open (earlierOpen) whose every attempt lost one.
+func (l *sessionOps) commitOpen(ctx context.Context, r *sessionReq, o observation, p openPlan) (*streams.SessionResponse, outcome, error) {
+	if p == openRetried {
+		resp, err := l.extend(ctx, "", r.key, o, r.ttl)
+		if err != nil {
+			return quiet(settled[*streams.SessionResponse](nil, err))
+		}
+		return &streams.SessionResponse{SessionID: sessionID(r.hash, o.rec), TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt}, committed, nil
 	}
 	now := l.cfg.Clock.Now()
 	rec := &streams.Record{LeaseID: newLeaseID(), Owner: r.owner, Tenant: r.tenant, RequestID: r.requestID, GrantedAt: streams.FormatTime(now)}
 	setExpiry(rec, now, r.ttl, time.Time{})
 	seq, dup, err := l.store.put(ctx, r.key, rec, o.rev, "sess-"+r.hash)
-	if errors.Is(err, errConflict) {
-		return nil, err
-	}
 	if err != nil {
-		l.tracker.forget(r.key)
-		return nil, err
+		if !isConflict(err) {
+			l.tracker.forget(r.key)
+		}
+		return quiet(settled[*streams.SessionResponse](nil, err))
 	}
 	if dup {
 		// Opened before, at seq: the same session if it is still
 		// the key's record, else it has ended. A read can still miss
 		// that write (it committed while this request was deciding):
 		// decide on a read that has seen it.
-		return l.earlierOpen(ctx, r, seq)
+		return quiet(settled(l.earlierOpen(ctx, r, seq)))
 	}
 	l.tracker.observe(r.key, entry{rev: seq, rec: rec})
 	l.report.session("opened", r.owner, r.who)
-	return &streams.SessionResponse{SessionID: sessionID(r.hash, rec), TTLms: rec.TTLms, ExpiresAt: rec.ExpiresAt}, nil
+	return &streams.SessionResponse{SessionID: sessionID(r.hash, rec), TTLms: rec.TTLms, ExpiresAt: rec.ExpiresAt}, committed, nil
 }
 
 // earlierOpen answers an open whose write JetStream reported as a
@@ -717,29 +735,33 @@ func (l *sessionOps) expireSession(ctx context.Context, key string, o observatio
 // session returns the live session g is made in, as g's caller holds it:
 // from the tracker, or read fresh when the tracker does not show it live
 // (or fresh is set). A session that has ended, is expiring, or is not the
-// caller's is lease_lost, on a read proven by a conditional write.
+// caller's is lease_lost, on a read proven by a conditional write
+// (confirmSession, the commit step: a proof that finds the record moved
+// on pauses and reads again, stale). It runs on the commit loop, at most
+// attempts(g.session) times.
 func (l *sessionOps) session(ctx context.Context, g *grantReq, fresh bool) (observation, error) {
 	key := streams.SessionKey(g.session)
-	for attempt := 0; attempt < sessionAttempts; attempt++ {
-		o, err := l.current(ctx, key, fresh)
-		if err != nil {
-			return observation{}, err
-		}
-		if holds(o, g.secret, g.who) && !l.tracker.expired(o, time.Now()) {
-			return o, nil
-		}
-		if !fresh {
-			fresh = true
-			continue
-		}
-		if err := l.confirmSession(ctx, g.session, o); errors.Is(err, errConflict) {
-			continue
-		} else if err != nil {
-			return observation{}, err
-		}
-		return observation{}, errNoSession()
-	}
-	return observation{}, tooManyConflicts()
+	return commitLoop(ctx, l.engineDeps, g.session, fresh, engineSteps[observation, struct{}, observation]{
+		read: func(ctx context.Context, fresh bool) (observation, bool, error) {
+			o, err := l.current(ctx, key, fresh)
+			return o, false, err
+		},
+		decide: func(o observation, fresh bool) verdict[observation, struct{}] {
+			switch {
+			case holds(o, g.secret, g.who) && !l.tracker.expired(o, time.Now()):
+				return answer[observation, struct{}](o, nil)
+			case !fresh:
+				return verdict[observation, struct{}]{kind: readAgain}
+			}
+			return verdict[observation, struct{}]{kind: writePlan} // prove it gone
+		},
+		commit: func(ctx context.Context, o observation, _ struct{}) (observation, outcome, error) {
+			if _, out, err := quiet(settled(struct{}{}, l.confirmSession(ctx, g.session, o))); out != committed || err != nil {
+				return observation{}, out, err
+			}
+			return observation{}, committed, errNoSession()
+		},
+	})
 }
 
 // confirmSession proves the fresh read o of session hash's record before a

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -69,12 +68,14 @@ func (s sweeper) retireIdle(ctx context.Context) {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.OpTimeout)
-		_, err := s.locks.names.retireName(rctx, name, o, 0, false)
-		if errors.Is(err, errConflict) {
+		_, out, err := s.locks.names.retireName(rctx, name, o, 0, false)
+		if out == conflicted {
 			// A permit's delete marker the view knows may have left the
 			// bucket (it lives for the retry window): once more, on reads.
 			if o, err = s.locks.current(rctx, key, true); err == nil && o.sem != 0 {
-				_, err = s.locks.names.retireName(rctx, name, o, 0, true)
+				if _, out, err = s.locks.names.retireName(rctx, name, o, 0, true); out == conflicted {
+					err = errConflict // lost a race again: logged below
+				}
 			}
 		}
 		if err != nil {
