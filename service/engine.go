@@ -16,10 +16,10 @@ import (
 // value — answer now (a response or a refusal), decide again on fresh
 // reads, prove and answer a retry of the same request, or write a plan
 // (a grant, a renewal, or the conditional write that proves the fresh
-// read a refusal rests on). The commit step writes the plan and reports, as a value, whether the
-// write committed, lost a race (conflict), found the snapshot moved on
-// under a write not counted as a race (stale) or was a duplicate of an
-// earlier write of the request. The loop owns what is common: the bound
+// read a refusal rests on). The commit step writes the plan and reports,
+// as a value, whether the write committed, lost a race (conflict), found
+// the snapshot moved on under a write not counted as a race (stale) or
+// was a duplicate of an earlier write of the request. The loop owns what is common: the bound
 // of attempts, the switch to fresh reads, the conflict's report and
 // pause, and the answer when every attempt lost a race.
 
