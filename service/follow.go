@@ -38,10 +38,13 @@ import (
 // its own first sync, two passes together on a busy cluster (a window of
 // many seconds without grants, measured). So peerLinger outlasts any
 // restart: an instance stops following only once its peers have been
-// gone for good.
+// gone for good. An instance that has heard no peer since it started
+// waits only peerStartLinger (a lone deployment goes alone soon after
+// its start, as it always did).
 const (
-	peerInterval = time.Second
-	peerLinger   = 2 * time.Minute
+	peerInterval    = time.Second
+	peerLinger      = 2 * time.Minute
+	peerStartLinger = 5 * time.Second
 
 	followRetry    = 100 * time.Millisecond // first wait before a failed watcher starts again
 	followRetryMax = 2 * time.Second
@@ -70,6 +73,7 @@ type follower struct {
 	id        string
 	epoch     time.Time
 	lastPeer  atomic.Int64 // when another instance was last heard, ns since epoch
+	heardPeer atomic.Bool  // another instance was heard since Run began
 	peerSeen  chan struct{}
 	linger    time.Duration
 	following atomic.Bool
@@ -112,6 +116,7 @@ func (f *follower) onHeartbeat(m *nats.Msg) {
 	}
 	f.tracker.instances.heard(string(m.Data))
 	f.lastPeer.Store(time.Since(f.epoch).Nanoseconds())
+	f.heardPeer.Store(true)
 	select {
 	case f.peerSeen <- struct{}{}:
 	default:
@@ -122,6 +127,17 @@ func (f *follower) onHeartbeat(m *nats.Msg) {
 // any was, since Run began).
 func (f *follower) alone() time.Duration {
 	return time.Since(f.epoch) - time.Duration(f.lastPeer.Load())
+}
+
+// lingered reports whether the instance has been alone long enough to
+// stop following: linger once a peer was heard, at most peerStartLinger
+// before.
+func (f *follower) lingered() bool {
+	linger := f.linger
+	if !f.heardPeer.Load() {
+		linger = min(linger, peerStartLinger)
+	}
+	return f.alone() >= linger
 }
 
 // run runs the watcher while another instance serves the bucket, and from
@@ -197,7 +213,7 @@ func (f *follower) followOnce(ctx context.Context, check <-chan time.Time, synce
 		case err := <-errc:
 			return false, done.Load(), err
 		case <-check:
-			if done.Load() && f.alone() >= f.linger {
+			if done.Load() && f.lingered() {
 				stop()
 				<-errc
 				return true, true, nil

@@ -187,3 +187,28 @@ func TestFollowingInstanceRefusesOnlyOnARead(t *testing.T) {
 		t.Fatalf("acquire of a released resource through an instance whose watcher lags: %v", err)
 	}
 }
+
+// An instance that has heard a peer keeps following for peerLinger after
+// it last heard one, longer than a peer's restart takes, so that a rolling
+// restart does not make it read the whole bucket again; one that has
+// heard none since it started stops after peerStartLinger.
+func TestFollowingOutlastsAPeersRestart(t *testing.T) {
+	f := &follower{epoch: time.Now().Add(-time.Hour), linger: peerLinger}
+	if !f.lingered() {
+		t.Fatal("an instance alone since its start an hour ago still follows")
+	}
+	f = &follower{epoch: time.Now().Add(-peerStartLinger / 2), linger: peerLinger}
+	if f.lingered() {
+		t.Fatalf("an instance started %v ago stopped following already", peerStartLinger/2)
+	}
+	f = &follower{epoch: time.Now().Add(-time.Hour), linger: peerLinger}
+	f.heardPeer.Store(true)
+	f.lastPeer.Store((time.Hour - 30*time.Second).Nanoseconds()) // a peer went 30 s ago
+	if f.lingered() {
+		t.Fatal("an instance stopped following 30 s after its peer left (a restart takes longer than peerStartLinger)")
+	}
+	f.lastPeer.Store((time.Hour - peerLinger - time.Second).Nanoseconds())
+	if !f.lingered() {
+		t.Fatalf("an instance still follows %v after its last peer left", peerLinger+time.Second)
+	}
+}
