@@ -76,7 +76,9 @@ type follower struct {
 	heardPeer atomic.Bool  // another instance was heard since Run began
 	peerSeen  chan struct{}
 	linger    time.Duration
-	following atomic.Bool
+	// startLinger replaces linger until another instance is heard.
+	startLinger time.Duration
+	following   atomic.Bool
 	// delivered is the revision of the last write the watcher delivered
 	// (writes reach it in commit order): once it is at or past a
 	// revision, the tracker knows the last write before it of every key
@@ -130,12 +132,11 @@ func (f *follower) alone() time.Duration {
 }
 
 // lingered reports whether the instance has been alone long enough to
-// stop following: linger once a peer was heard, at most peerStartLinger
-// before.
+// stop following: linger once a peer was heard, startLinger before.
 func (f *follower) lingered() bool {
 	linger := f.linger
 	if !f.heardPeer.Load() {
-		linger = min(linger, peerStartLinger)
+		linger = f.startLinger
 	}
 	return f.alone() >= linger
 }

@@ -18,7 +18,7 @@ import (
 
 // startInstance runs a service instance on connections of its own to cl
 // until stop is called or the test ends. linger, when not zero, replaces
-// peerLinger.
+// peerLinger and peerStartLinger.
 func startInstance(t *testing.T, cl *devcluster.Cluster, cfg Config, linger time.Duration) (s *Service, stop func()) {
 	t.Helper()
 	nc, storeNC, err := cl.ConnectService()
@@ -30,7 +30,7 @@ func startInstance(t *testing.T, cl *devcluster.Cluster, cfg Config, linger time
 		t.Fatal(err)
 	}
 	if linger != 0 {
-		s.peerLinger = linger
+		s.peerLinger, s.peerStartLinger = linger, linger
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -193,15 +193,15 @@ func TestFollowingInstanceRefusesOnlyOnARead(t *testing.T) {
 // restart does not make it read the whole bucket again; one that has
 // heard none since it started stops after peerStartLinger.
 func TestFollowingOutlastsAPeersRestart(t *testing.T) {
-	f := &follower{epoch: time.Now().Add(-time.Hour), linger: peerLinger}
+	f := &follower{epoch: time.Now().Add(-time.Hour), linger: peerLinger, startLinger: peerStartLinger}
 	if !f.lingered() {
 		t.Fatal("an instance alone since its start an hour ago still follows")
 	}
-	f = &follower{epoch: time.Now().Add(-peerStartLinger / 2), linger: peerLinger}
+	f = &follower{epoch: time.Now().Add(-peerStartLinger / 2), linger: peerLinger, startLinger: peerStartLinger}
 	if f.lingered() {
 		t.Fatalf("an instance started %v ago stopped following already", peerStartLinger/2)
 	}
-	f = &follower{epoch: time.Now().Add(-time.Hour), linger: peerLinger}
+	f = &follower{epoch: time.Now().Add(-time.Hour), linger: peerLinger, startLinger: peerStartLinger}
 	f.heardPeer.Store(true)
 	f.lastPeer.Store((time.Hour - 30*time.Second).Nanoseconds()) // a peer went 30 s ago
 	if f.lingered() {

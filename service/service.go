@@ -80,16 +80,17 @@ type Service struct {
 	follow  *follower
 
 	// The transport.
-	wakes      *wakes
-	gate       *gate
-	limits     *limits
-	origins    originCache
-	deadlines  *deadlines
-	workers    *workers
-	inflight   sync.WaitGroup
-	dispatched atomic.Int64
-	nWaiting   atomic.Int64
-	peerLinger time.Duration
+	wakes           *wakes
+	gate            *gate
+	limits          *limits
+	origins         originCache
+	deadlines       *deadlines
+	workers         *workers
+	inflight        sync.WaitGroup
+	dispatched      atomic.Int64
+	nWaiting        atomic.Int64
+	peerLinger      time.Duration
+	peerStartLinger time.Duration // before any peer was heard
 
 	ready    chan struct{}
 	serving  atomic.Bool
@@ -129,10 +130,10 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 		report:     newReporter(m, cfg.Audit, log, id),
 		tracker:    newTracker(cfg.ExpiryGrace, cfg.MaxTTL, cmp.Or(cfg.Bucket.RetryWindow, streams.DefaultRetryWindow)),
 		deadlines:  newDeadlines(cfg.QueueWait + cfg.OpTimeout),
-		peerLinger: peerLinger,
-		ready:      make(chan struct{}),
-		stopping:   make(chan struct{}),
-		done:       make(chan struct{}),
+		peerLinger: peerLinger, peerStartLinger: peerStartLinger,
+		ready:    make(chan struct{}),
+		stopping: make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	s.tracker.announce = announcer(nc, cfg.Prefix)
 	s.tracker.instances.self, s.tracker.instances.wakeRoot, s.tracker.instances.liveness = id, cfg.Prefix+".wake.", cfg.WaiterLiveness
@@ -282,7 +283,7 @@ func (s *Service) wire(b *streams.Bucket) error {
 	s.store.regressed = s.guard.regressed
 	s.follow = &follower{nc: s.nc, kv: b.KV, store: s.storeNC, bucket: b.Config().Bucket, tracker: s.tracker, decode: decode, log: s.log,
 		gauge: func(on bool) { s.metrics.following.Set(boolGauge(on)) },
-		id:    s.id, epoch: time.Now(), peerSeen: make(chan struct{}, 1), linger: s.peerLinger}
+		id:    s.id, epoch: time.Now(), peerSeen: make(chan struct{}, 1), linger: s.peerLinger, startLinger: s.peerStartLinger}
 	s.locks = newLocks(&engineDeps{cfg: s.cfg, log: s.log, store: s.store, tracker: s.tracker, keys: newKeyLocks(s.cfg.MaxPerKey),
 		report: s.report, wakes: s.wakes, guard: s.guard, following: s.Following, synced: &s.follow.synced,
 		delivered: s.follow.delivered.Load, seen: &s.follow.deliveries})
