@@ -4,11 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/jetlock/jetlock/internal/devcluster"
-	"github.com/jetlock/jetlock/streams"
 )
 
 // A following instance's watcher reads the stream in order: its consumer
@@ -23,24 +18,13 @@ func TestTheWatchersConsumerReadsTheStreamInOrder(t *testing.T) {
 	following(t, cl)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	js, err := jetstream.New(connectAs(t, cl, devcluster.Admin))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.Stream(ctx, streams.StreamName(streams.DefaultBucket))
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := bucketStream(ctx, t, cl)
 	subjects := st.CachedInfo().Config.Subjects
-	var seen int
-	for info := range st.ListConsumers(ctx).Info() {
-		seen++
-		c := info.Config
-		if len(c.FilterSubjects) != 0 || len(subjects) != 1 || c.FilterSubject != subjects[0] {
-			t.Errorf("the watcher's consumer %s filters %q %q; want the stream's one subject %q alone", info.Name, c.FilterSubject, c.FilterSubjects, subjects)
-		}
+	cfgs := consumersOf(ctx, t, st)
+	if len(cfgs) != 1 {
+		t.Fatalf("%d consumers on the bucket's stream; want the watcher's alone", len(cfgs))
 	}
-	if seen != 1 {
-		t.Fatalf("%d consumers on the bucket's stream; want the watcher's alone", seen)
+	if c := cfgs[0]; len(c.FilterSubjects) != 0 || len(subjects) != 1 || c.FilterSubject != subjects[0] {
+		t.Fatalf("the watcher's consumer filters %q %q; want the stream's one subject %q alone", c.FilterSubject, c.FilterSubjects, subjects)
 	}
 }

@@ -109,14 +109,7 @@ func TestAWatcherGapHidesASessionFromTheView(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	js, err := jetstream.New(connectAs(t, cl, devcluster.Admin))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := js.Stream(ctx, streams.StreamName(streams.DefaultBucket))
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := bucketStream(ctx, t, cl)
 	names := st.ConsumerNames(ctx)
 	var lost []string
 	for name := range names.Name() {
@@ -155,6 +148,20 @@ func TestAWatcherGapHidesASessionFromTheView(t *testing.T) {
 }
 
 // consumersOf returns the configurations of the consumers of st.
+// bucketStream is the default bucket's stream, seen by an administrator.
+func bucketStream(ctx context.Context, t *testing.T, cl *devcluster.Cluster) jetstream.Stream {
+	t.Helper()
+	js, err := jetstream.New(connectAs(t, cl, devcluster.Admin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, streams.StreamName(streams.DefaultBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 func consumersOf(ctx context.Context, t *testing.T, st jetstream.Stream) []jetstream.ConsumerConfig {
 	t.Helper()
 	var cfgs []jetstream.ConsumerConfig
