@@ -188,6 +188,15 @@ func (l *engineDeps) lock(ctx context.Context, key string) (*keyLock, error) {
 	return l.keys.lock(ctx, key)
 }
 
+// readKey is the read step of a commit loop whose snapshot is key's
+// observation alone (current).
+func (l *engineDeps) readKey(key string) func(ctx context.Context, fresh bool) (observation, bool, error) {
+	return func(ctx context.Context, fresh bool) (observation, bool, error) {
+		o, err := l.current(ctx, key, fresh)
+		return o, false, err
+	}
+}
+
 // current returns what is known of key. With fresh it reads from the
 // stream leader; otherwise it may answer from the tracker, whose view can
 // be stale. Callers commit only by compare-and-set on the revision they
@@ -678,10 +687,7 @@ func (l *leaseOps) renew(ctx context.Context, resource, leaseID string, ttl time
 	}
 	defer st.unlock()
 	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[observation, renewPlan, *streams.LeaseResponse]{
-		read: func(ctx context.Context, fresh bool) (observation, bool, error) {
-			o, err := l.current(ctx, r.key, fresh)
-			return o, false, err
-		},
+		read: l.readKey(r.key),
 		decide: func(o observation, fresh bool) verdict[*streams.LeaseResponse, renewPlan] {
 			return decideRenew(r, o, fresh)
 		},

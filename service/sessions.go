@@ -147,10 +147,7 @@ func (l *sessionOps) openSession(ctx context.Context, r *sessionReq) (*streams.S
 		return nil, sessionEnded(r.requestID)
 	}
 	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[observation, openPlan, *streams.SessionResponse]{
-		read: func(ctx context.Context, fresh bool) (observation, bool, error) {
-			o, err := l.current(ctx, r.key, fresh)
-			return o, false, err
-		},
+		read: l.readKey(r.key),
 		decide: func(o observation, _ bool) verdict[*streams.SessionResponse, openPlan] {
 			return l.decideOpen(r, o)
 		},
@@ -742,10 +739,7 @@ func (l *sessionOps) expireSession(ctx context.Context, key string, o observatio
 func (l *sessionOps) session(ctx context.Context, g *grantReq, fresh bool) (observation, error) {
 	key := streams.SessionKey(g.session)
 	return commitLoop(ctx, l.engineDeps, g.session, fresh, engineSteps[observation, struct{}, observation]{
-		read: func(ctx context.Context, fresh bool) (observation, bool, error) {
-			o, err := l.current(ctx, key, fresh)
-			return o, false, err
-		},
+		read: l.readKey(key),
 		decide: func(o observation, fresh bool) verdict[observation, struct{}] {
 			switch {
 			case holds(o, g.secret, g.who) && !l.tracker.expired(o, time.Now()):
