@@ -511,7 +511,7 @@ func TestProfile(t *testing.T) {
 // lost or granted twice.
 func TestRolling(t *testing.T) {
 	ctx, e, sum := newEnv(t, "--scenario", "rolling", "--failover-mode", "term", "--instances", "2",
-		"--duration", "25s", "--kill-at", "1s", "--timeout", "2s")
+		"--duration", "25s", "--kill-at", "1s", "--timeout", "5s")
 	if err := runRolling(ctx, e, sum); err != nil {
 		t.Fatal(err)
 	}

@@ -62,6 +62,12 @@ const (
 // proposed (see codeBatchInflight); it may be sent again as it is.
 var errBatchRefused = errors.New("atomic batch refused: too many in flight")
 
+// errInFlight: a compare-and-set met another write to its key that is
+// still being proposed (codeWrongLastSeqInFlight), or a message id whose
+// first write is (codeDuplicateInProcess). Nothing was written, and
+// whether the key moves on is not yet known. It wraps errConflict.
+var errInFlight = errors.New("another write to the key is in flight")
+
 // batchRetries bounds the resends of a refused batch.
 const batchRetries = 20
 
@@ -440,15 +446,43 @@ type batchMsg struct {
 // of any message that fails fails the batch (errConflict); a message id
 // already seen fails it as errDuplicate.
 func (s *store) batch(ctx context.Context, op string, msgs []*batchMsg) (uint64, error) {
-	for try := 0; ; try++ {
+	seq, _, err := s.resend(ctx, func() (uint64, bool, error) {
 		seq, err := s.batchOnce(ctx, op, msgs)
-		if !errors.Is(err, errBatchRefused) || try == batchRetries {
-			return seq, err
+		return seq, false, err
+	})
+	return seq, err
+}
+
+// inFlightWait bounds how long a write that met another write to its key
+// in flight (errInFlight) is sent again: longer than a commit takes on a
+// loaded cluster. Past it, the caller sees the conflict and decides again
+// on a fresh read.
+const inFlightWait = 2 * time.Second
+
+// resend calls send, and calls it again while its write is refused for a
+// reason that sending it again as it is mends: a batch refused whole
+// (errBatchRefused), or a write that met another in flight (errInFlight),
+// which is sent again once that one has had about a commit to decide, so
+// that the caller learns whether its key moved on. Without it, a caller
+// that re-read the key while the other write was in flight read it
+// unchanged, wrote again, met the same write, and spent its attempts.
+func (s *store) resend(ctx context.Context, send func() (uint64, bool, error)) (uint64, bool, error) {
+	start := time.Now()
+	for try := 0; ; try++ {
+		seq, dup, err := send()
+		var pause time.Duration
+		switch {
+		case errors.Is(err, errBatchRefused) && try < batchRetries:
+			pause = time.Duration(1+rand.IntN(2<<min(try, 4))) * time.Millisecond
+		case errors.Is(err, errInFlight) && time.Since(start) < inFlightWait:
+			pause = min(max(s.commitMean()/2, time.Millisecond)<<min(try, 6), 100*time.Millisecond)
+		default:
+			return seq, dup, err
 		}
 		select {
 		case <-ctx.Done():
-			return 0, classify(ctx.Err())
-		case <-time.After(time.Duration(1+rand.IntN(2<<min(try, 4))) * time.Millisecond):
+			return 0, false, classify(ctx.Err())
+		case <-time.After(pause):
 		}
 	}
 }
@@ -546,7 +580,7 @@ const (
 // publish sends m to the stream and waits for its acknowledgement (see
 // write).
 func (s *store) publish(ctx context.Context, op string, m *nats.Msg) (uint64, bool, error) {
-	return s.write(ctx, op, m, expectedRev(m))
+	return s.resend(ctx, func() (uint64, bool, error) { return s.write(ctx, op, m, expectedRev(m)) })
 }
 
 // expectedRev is the revision m's compare-and-set is based on (0: none).
@@ -687,8 +721,10 @@ func classify(err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case codeWrongLastSeq, codeWrongLastSeqInFlight, codeDuplicateInProcess:
+		case codeWrongLastSeq:
 			return fmt.Errorf("%w: %w", errConflict, err)
+		case codeWrongLastSeqInFlight, codeDuplicateInProcess:
+			return fmt.Errorf("%w: %w: %w", errConflict, errInFlight, err)
 		case codeBatchDuplicate:
 			return fmt.Errorf("%w: %w", errDuplicate, err)
 		case codeBatchInflight, codeBatchIncomplete:

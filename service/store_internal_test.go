@@ -2,6 +2,7 @@ package service
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -73,4 +74,58 @@ func TestQuickAckReadsTheServersAcks(t *testing.T) {
 			t.Fatalf("write %d acknowledged %s: quick path seq %d dup %v ok %v, want 1 %v true", i+1, reply.Data, seq, dup, ok, wantDup)
 		}
 	}
+}
+
+// A compare-and-set that meets another write to its key still being
+// proposed is refused by nats-server as "in flight" (10164), before it is
+// known whether the key moved on. The store sends it again until it is
+// decided: the loser of two creates of one key at once learns that it
+// lost (a conflict), never that a write was in flight, and a caller that
+// re-reads after it sees the winner's write. (Deciding again on a read
+// made while the winner was in flight read the key as free, and a caller
+// whose every attempt met the same write in flight — under load, a second
+// instance answering the retry of a request the first was granting —
+// answered "every attempt lost".)
+func TestAWriteThatMetAnotherInFlightIsDecided(t *testing.T) {
+	cl := startCluster(t)
+	ctx := t.Context()
+	js, _ := jetstream.New(connectAs(t, cl, devcluster.Store))
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "inflight", Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	a := newStore(connectAs(t, cl, devcluster.Store), "inflight", time.Minute)
+	b := newStore(connectAs(t, cl, devcluster.Store), "inflight", time.Minute)
+	rec := &streams.Record{LeaseID: "l", Owner: "o"}
+	if _, _, err := a.put(ctx, "warm", rec, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	const pairs = 300
+	lost := 0
+	for i := range pairs {
+		key := fmt.Sprintf("k%03d", i)
+		errs := make(chan error, 2)
+		for _, s := range []*store{a, b} {
+			go func() {
+				_, _, err := s.put(ctx, key, rec, 0, "")
+				errs <- err
+			}()
+		}
+		won := 0
+		for range 2 {
+			switch err := <-errs; {
+			case err == nil:
+				won++
+			case errors.Is(err, errInFlight):
+				t.Fatalf("%s: a create was answered in flight: %v", key, err)
+			case errors.Is(err, errConflict):
+				lost++
+			default:
+				t.Fatalf("%s: %v", key, err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("%s: %d creates at revision 0 committed, want 1", key, won)
+		}
+	}
+	t.Logf("%d pairs; the loser's create was decided a conflict in %d", pairs, lost)
 }
