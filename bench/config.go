@@ -46,7 +46,10 @@ type config struct {
 	killAt, restartAfter, settle         time.Duration
 	failoverMode, cpuProfile, memProfile string
 	// restart is what the rolling scenario restarts: nodes, services or all.
-	restart                     string
+	restart string
+	// preStop is what runs before a node is stopped in lame duck mode:
+	// handover (deploy/'s pre-stop step) or none.
+	preStop                     string
 	profileDir                  string
 	carriedRate, overloadFactor float64
 	floodRate                   float64
@@ -188,6 +191,7 @@ func registerLoadFlags(fs *flag.FlagSet, c *config) {
 	fs.DurationVar(&c.killAt, "kill-at", 0, "failover: when to stop the stream leader; the default is a third of --duration. rolling: when the first restart begins; the default is 15s")
 	fs.DurationVar(&c.restartAfter, "restart-after", 15*time.Second, "failover: restart the stopped node this long after the stop (or when it has exited, if later); 0 never")
 	fs.StringVar(&c.failoverMode, "failover-mode", "kill", "failover: kill (SIGKILL the leader's process), stop (stop it as deploy/ does: SIGUSR2, lame duck mode with deploy/nats/common.conf's settings), term (SIGTERM: a shutdown without lame duck mode) or stepdown (ask the leader to step down; works with --server). rolling: how each node is stopped, stop (the default), term or kill")
+	fs.StringVar(&c.preStop, "pre-stop", "handover", "failover and rolling with --failover-mode stop: what runs before a node enters lame duck mode: handover (deploy/'s pre-stop step, lockd handover: if the node leads the lock stream, its most current replica takes over first) or none (lame duck mode alone, the server's own step-down)")
 	fs.DurationVar(&c.settle, "settle", 0, "rolling: after each restart is back (a node's replica current, an instance ready), wait this long before the next restart, counting what the load sees meanwhile toward that restart; 0: the request timeout, so that every request sent meanwhile has its answer")
 	fs.StringVar(&c.restart, "restart", "all", "rolling: what to restart in turn: nodes (the three NATS servers), services (each lockd instance; needs --instances 2 or more) or all (the nodes, then the services)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (load generator and, with --service inproc, the service) to this file")
@@ -257,6 +261,7 @@ func (c *config) finishModes() error {
 	check(!slices.Contains([]string{"kill", "stepdown", "stop", "term"}, c.failoverMode),
 		"--failover-mode %q: want kill, stepdown, stop or term", c.failoverMode)
 	check(c.scenario == "rolling" && c.failoverMode == "stepdown", "rolling restarts nodes: --failover-mode stop, term or kill")
+	check(!slices.Contains([]string{"handover", "none"}, c.preStop), "--pre-stop %q: want handover or none", c.preStop)
 	check(!slices.Contains([]string{"all", "nodes", "services"}, c.restart), "--restart %q: want all, nodes or services", c.restart)
 	check(c.scenario == "rolling" && c.restart == "services" && c.instances < 2, "--restart services restarts each lockd instance in turn: give --instances 2 or more")
 	check(c.scenario == "noisy" && (!own || !c.auth), "noisy floods as a tenant of the bench's own cluster's accounts: it needs no --server and --auth")

@@ -6,16 +6,21 @@ import (
 	"io"
 	"time"
 
+	"github.com/jetlock/jetlock/internal/handover"
 	"github.com/jetlock/jetlock/streams"
 )
 
 // FailoverResult is the outcome of the failover scenario.
 type FailoverResult struct {
-	Mode      string  `json:"mode"` // kill, stepdown, stop (lame duck mode) or term
-	Stream    string  `json:"stream"`
-	OldLeader string  `json:"old_leader"`
-	NewLeader string  `json:"new_leader"`
-	KillAtS   float64 `json:"kill_at_s"` // seconds into the measured phase
+	Mode string `json:"mode"` // kill, stepdown, stop (lame duck mode) or term
+	// PreStop is what ran before a stop in lame duck mode (--pre-stop),
+	// and HandedOverTo the node it handed the stream to.
+	PreStop      string  `json:"pre_stop,omitempty"`
+	HandedOverTo string  `json:"handed_over_to,omitempty"`
+	Stream       string  `json:"stream"`
+	OldLeader    string  `json:"old_leader"`
+	NewLeader    string  `json:"new_leader"`
+	KillAtS      float64 `json:"kill_at_s"` // seconds into the measured phase
 	// NewLeaderAfterMs is when the bench first saw another node lead the
 	// stream, after the kill.
 	NewLeaderAfterMs float64 `json:"new_leader_after_ms"`
@@ -65,7 +70,7 @@ func runFailover(ctx context.Context, e *env, sum *Summary) error {
 // when it has exited if that is later.
 func (e *env) failover(ctx context.Context, ph *phase) *FailoverResult {
 	c := e.cfg
-	fr := &FailoverResult{Mode: c.failoverMode, Stream: streams.StreamName(c.bucket)}
+	fr := &FailoverResult{Mode: c.failoverMode, PreStop: preStopOf(c), Stream: streams.StreamName(c.bucket)}
 	select {
 	case <-time.After(c.killAt):
 	case <-ctx.Done():
@@ -95,7 +100,7 @@ func (e *env) failover(ctx context.Context, ph *phase) *FailoverResult {
 		// exit: the new leader is watched for meanwhile.
 		go func() {
 			defer close(exited)
-			onItsOwn = e.stopNode(idx, c.failoverMode)
+			onItsOwn, fr.HandedOverTo = e.stopNode(ctx, idx, c.failoverMode)
 		}()
 		ph.event(stopText(c.failoverMode, leader) + " (stream leader)")
 	}
@@ -133,19 +138,24 @@ func (e *env) failover(ctx context.Context, ph *phase) *FailoverResult {
 }
 
 // stopNode stops node idx as mode says: kill (SIGKILL), term (SIGTERM: a
-// shutdown without lame duck mode) or stop (SIGUSR2: lame duck mode, as
-// deploy/'s units and the NATS chart's pre-stop hook stop a server), and
+// shutdown without lame duck mode) or stop (as deploy/'s units and the
+// NATS chart's pre-stop hook stop a server: the hand-over of --pre-stop,
+// then SIGUSR2, lame duck mode), and
 // waits until its process has exited. It reports whether the process
-// exited on its own (a kill always does).
-func (e *env) stopNode(idx int, mode string) bool {
+// exited on its own (a kill always does), and the node the pre-stop step
+// handed the lock stream to (none when the node did not lead it).
+func (e *env) stopNode(ctx context.Context, idx int, mode string) (onItsOwn bool, handedTo string) {
 	switch mode {
 	case "stop":
-		return e.cluster.LameDuck(idx)
+		if e.cfg.preStop == "handover" {
+			handedTo = e.handOver(ctx, idx)
+		}
+		return e.cluster.LameDuck(idx), handedTo
 	case "term":
-		return e.cluster.Terminate(idx)
+		return e.cluster.Terminate(idx), ""
 	}
 	e.cluster.Kill(idx)
-	return true
+	return true, ""
 }
 
 // stopText says how a node was stopped, for events.
@@ -174,7 +184,7 @@ func (e *env) awaitNewLeader(ctx context.Context, old string, deadline time.Time
 }
 
 func printFailover(w io.Writer, f *FailoverResult) {
-	fmt.Fprintf(w, "\n== failover (%s of the leader of %s) ==\n", f.Mode, f.Stream)
+	fmt.Fprintf(w, "\n== failover (%s%s of the leader of %s) ==\n", f.Mode, preStopText(f.PreStop), f.Stream)
 	if f.Note != "" {
 		fmt.Fprintf(w, "note: %s\n", f.Note)
 	}
@@ -182,9 +192,46 @@ func printFailover(w io.Writer, f *FailoverResult) {
 		return
 	}
 	fmt.Fprintf(w, "%s at %.1fs; new leader %s seen after %s\n", f.OldLeader, f.KillAtS, f.NewLeader, fmtMs(f.NewLeaderAfterMs))
+	if f.HandedOverTo != "" {
+		fmt.Fprintf(w, "pre-stop: handed over to %s before the stop\n", f.HandedOverTo)
+	}
 	fmt.Fprintf(w, "last grant %s before; first grant of an acquire sent after: %s after; longest window without grants: %s\n",
 		fmtMs(f.LastGrantBeforeMs), fmtMs(f.FirstGrantAfterMs), fmtMs(f.NoGrantWindowMs))
 	if f.RestartAtS > 0 {
 		fmt.Fprintf(w, "restarted %s at %.1fs\n", f.OldLeader, f.RestartAtS)
 	}
+}
+
+// handOver is deploy/'s pre-stop step (lockd handover) for node idx: if
+// it leads the lock stream, the most current replica takes over before it
+// stops. As in the units, a failure is reported and the stop goes on.
+func (e *env) handOver(ctx context.Context, idx int) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	name := e.cluster.Name(idx)
+	res, err := handover.Move(ctx, e.admin, streams.StreamName(e.cfg.bucket), name)
+	switch {
+	case err != nil:
+		fmt.Fprintf(e.out, "pre-stop: hand-over from %s failed: %v\n", name, err)
+	case res.NewLeader != "":
+		fmt.Fprintf(e.out, "pre-stop: %s handed the stream over to %s in %v\n", name, res.NewLeader, res.Took.Round(time.Millisecond))
+	}
+	return res.NewLeader
+}
+
+// preStopOf is the pre-stop step of a run: --pre-stop for stops in lame
+// duck mode, none otherwise.
+func preStopOf(c *config) string {
+	if c.failoverMode != "stop" {
+		return ""
+	}
+	return c.preStop
+}
+
+// preStopText names the pre-stop step in a heading.
+func preStopText(preStop string) string {
+	if preStop == "" {
+		return ""
+	}
+	return ", pre-stop " + preStop
 }

@@ -23,6 +23,8 @@ const rollingWindowTarget = time.Second
 // while each node, and then each service instance, is restarted in turn.
 type RollingResult struct {
 	Mode string `json:"mode"` // how each node was stopped: stop (lame duck mode), term or kill
+	// PreStop is what ran before a stop in lame duck mode (--pre-stop).
+	PreStop string `json:"pre_stop,omitempty"`
 	// Restarted is what was restarted in turn (--restart): nodes, services
 	// or all.
 	Restarted string          `json:"restarted"`
@@ -58,8 +60,10 @@ type RestartResult struct {
 	// NewLeaderAfterMs after the stop, when the restarted node led it.
 	NewLeader        string  `json:"new_leader,omitempty"`
 	NewLeaderAfterMs float64 `json:"new_leader_after_ms,omitempty"`
-	AtS              float64 `json:"at_s"` // seconds into the phase
-	ExitedAfterS     float64 `json:"exited_after_s"`
+	// HandedOverTo is the node the pre-stop step handed the stream to.
+	HandedOverTo string  `json:"handed_over_to,omitempty"`
+	AtS          float64 `json:"at_s"` // seconds into the phase
+	ExitedAfterS float64 `json:"exited_after_s"`
 	// BackAfterS is when, after the stop, the process was running again
 	// and (a node) its replica of the lock stream current, or (a service
 	// instance) ready.
@@ -90,7 +94,7 @@ func runRolling(ctx context.Context, e *env, sum *Summary) error {
 	fmt.Fprintf(e.out, "rolling: %s for %v; from %v on, each %s in turn stopped (nodes: %s), started again and back before the next\n",
 		r, c.duration, c.killAt, map[string]string{"all": "node and then each service instance", "nodes": "node", "services": "service instance"}[c.restart], c.failoverMode)
 	lost0 := wl.Losses()
-	rr := &RollingResult{Mode: c.failoverMode, Restarted: c.restart, TargetMs: msOf(rollingWindowTarget)}
+	rr := &RollingResult{Mode: c.failoverMode, PreStop: preStopOf(c), Restarted: c.restart, TargetMs: msOf(rollingWindowTarget)}
 	ph := e.loadPhase(ctx, sum, wl, "rolling", r, c.duration, func(ph *phase) { e.rolling(ctx, ph, wl, rr) })
 	e.cleanup(ctx, wl)
 	sum.use(ph)
@@ -157,7 +161,7 @@ func (e *env) restartNode(ctx context.Context, ph *phase, wl *load.Workload, i i
 		exited, onItsOwn := make(chan struct{}), true
 		go func() {
 			defer close(exited)
-			onItsOwn = e.stopNode(i, mode)
+			onItsOwn, x.HandedOverTo = e.stopNode(ctx, i, mode)
 		}()
 		if x.LedStream {
 			if x.NewLeader = e.awaitNewLeader(ctx, name, at.Add(30*time.Second)); x.NewLeader != "" {
@@ -293,6 +297,9 @@ func restartText(x RestartResult) string {
 	if x.NewLeader != "" {
 		s += fmt.Sprintf("; new stream leader %s after %s", x.NewLeader, fmtMs(x.NewLeaderAfterMs))
 	}
+	if x.HandedOverTo != "" {
+		s += "; handed over to " + x.HandedOverTo + " before the stop"
+	}
 	if x.Note != "" {
 		s += "; " + x.Note
 	}
@@ -300,7 +307,7 @@ func restartText(x RestartResult) string {
 }
 
 func printRolling(w io.Writer, r *RollingResult) {
-	fmt.Fprintf(w, "\n== rolling restart (nodes stopped: %s) ==\n", r.Mode)
+	fmt.Fprintf(w, "\n== rolling restart (nodes stopped: %s%s) ==\n", r.Mode, preStopText(r.PreStop))
 	for _, x := range r.Restarts {
 		led := ""
 		if x.LedStream {

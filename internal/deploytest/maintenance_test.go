@@ -42,10 +42,20 @@ func (l *serverLog) Debugf(format string, v ...any)  { l.add(format, v...) }
 func (l *serverLog) Tracef(format string, v ...any)  { l.add(format, v...) }
 
 // find returns the first line that holds every one of parts, or "".
-func (l *serverLog) find(parts ...string) string {
+func (l *serverLog) find(parts ...string) string { return l.findFrom(0, parts...) }
+
+// len is the number of lines so far.
+func (l *serverLog) len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, line := range l.lines {
+	return len(l.lines)
+}
+
+// findFrom is find over the lines from the from'th on.
+func (l *serverLog) findFrom(from int, parts ...string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines[from:] {
 		all := true
 		for _, p := range parts {
 			all = all && strings.Contains(line, p)

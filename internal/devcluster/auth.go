@@ -53,7 +53,8 @@ const (
 	Operator Role = "operator"
 	// Inspector may inspect the bucket read only (nats kv get/ls/watch,
 	// nats stream info, jetlock watch) and the service's micro endpoints,
-	// and send no request. Its user and password are both "inspector"
+	// hand the bucket's stream leadership over (lockd handover), and send
+	// no request. Its user and password are both "inspector"
 	// (loopback only).
 	Inspector Role = "inspector"
 	// Service is the service's request connection: it answers requests,
@@ -176,8 +177,11 @@ func authConfig(prefix string, creds credentials) string {
 	evImport := fmt.Sprintf("{stream: {account: %s, subject: %q}}", Account, events)
 	imports = append(imports, evImport)
 	opImports = append(opImports, evImport)
-	readOnlyJS := []string{
+	// The inspector's JetStream rights: reads, and the bucket streams'
+	// leader step-down (lockd handover, the pre-stop step of a node).
+	inspectorJS := []string{
 		"$JS.API.INFO", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
+		"$JS.API.STREAM.LEADER.STEPDOWN.KV_>",
 		"$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>",
 		"$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DELETE.>", "$JS.API.CONSUMER.INFO.>",
 		"$JS.API.CONSUMER.NAMES.>", "$JS.API.CONSUMER.LIST.>", "$JS.API.CONSUMER.MSG.NEXT.>",
@@ -235,7 +239,7 @@ no_auth_user: %[14]q
 		Account,
 		userNames[Service], creds[Service], prefix+".>", InboxPrefix(Service)+".>",
 		userNames[Store], creds[Store], InboxPrefix(Store)+".>",
-		userNames[Operator], creds[Operator], q(append([]string{"$SRV.>"}, readOnlyJS...)...),
+		userNames[Operator], creds[Operator], q(append([]string{"$SRV.>"}, inspectorJS...)...),
 		strings.Join(exports, ", "),
 		CallersAccount, userNames[Caller], q(callerPub...), strings.Join(imports, ", "),
 		SystemAccount,

@@ -23,17 +23,22 @@ import (
 // checkCmd is `lockd check`: the drift of the bucket stream's live
 // configuration and state from the definition in package streams.
 type checkCmd struct {
-	Dev      bool `help:"Check the bucket of a running lockd --dev: its URLs and store user come from the dev directory (see --dev-dir), so --fix works too." env:"JETLOCK_DEV"`
-	devFlags `embed:""`
-
-	serverFlags `embed:""`
-	Store       conn `embed:"" prefix:"store-" envprefix:"JETLOCK_STORE_" group:"Store connection: the bucket and the JetStream API (read-only rights suffice without --fix; a read-only inspector user needs --store-inbox-prefix _INBOX)"`
-
+	storeAccess `embed:""`
 	bucketFlags `embed:""`
 
 	JSON    bool          `help:"Print one JSON document: stream, first_seq, last_seq, high_water, leader, drifts (the remaining ones), fixed, warnings." name:"json"`
 	Fix     bool          `help:"Put right the drifts that a stream update can, by tightening only (deny delete and purge, no roll-ups, atomic batches and message TTLs allowed); report what remains. Needs the store user's rights."`
 	Timeout time.Duration `help:"Bound on each request to the JetStream API." default:"10s" env:"JETLOCK_CHECK_TIMEOUT"`
+}
+
+// storeAccess is the store connection of the commands that reach the
+// bucket's stream without serving (check, handover).
+type storeAccess struct {
+	Dev      bool `help:"Reach the bucket of a running lockd --dev: its URLs and store user come from the dev directory (see --dev-dir)." env:"JETLOCK_DEV"`
+	devFlags `embed:""`
+
+	serverFlags `embed:""`
+	Store       conn `embed:"" prefix:"store-" envprefix:"JETLOCK_STORE_" group:"Store connection: the bucket and the JetStream API (check: read-only rights suffice without --fix; handover: stream info and leader step-down, as deploy/'s inspector has; an inspector user needs --store-inbox-prefix _INBOX)"`
 
 	denied chan error // permission violations, see asyncError
 }
@@ -60,7 +65,7 @@ func (c *checkCmd) Run(ctx context.Context, out *stdio) error {
 	if c.Timeout <= 0 {
 		return usageError("--timeout must be positive")
 	}
-	nc, err := c.connect()
+	nc, err := c.connect("jetlock-lockd-check", c.Timeout)
 	if err != nil {
 		return err
 	}
@@ -81,9 +86,9 @@ func (c *checkCmd) Run(ctx context.Context, out *stdio) error {
 	return nil
 }
 
-// connect opens the store connection: the flags', or with --dev the one
-// a running lockd --dev wrote down.
-func (c *checkCmd) connect() (*nats.Conn, error) {
+// connect opens the store connection as name: the flags', or with --dev
+// the one a running lockd --dev wrote down. Any failure is exit 2.
+func (c *storeAccess) connect(name string, timeout time.Duration) (*nats.Conn, error) {
 	url, cn := c.Server, c.Store
 	if c.Dev {
 		path := filepath.Join(c.DevDir, devStoreFile)
@@ -100,16 +105,16 @@ func (c *checkCmd) connect() (*nats.Conn, error) {
 		}
 		url, cn = ds.URLs, conn{User: ds.User, Password: ds.Password}
 	}
-	opts, err := c.options(cn, "jetlock-lockd-check", streams.StoreInboxPrefix)
+	opts, err := c.options(cn, name, streams.StoreInboxPrefix)
 	if err != nil {
 		return nil, usageError("%v", err)
 	}
 	c.denied = make(chan error, 1)
-	nc, err := nats.Connect(url, append(opts, nats.Timeout(c.Timeout), nats.ErrorHandler(c.asyncError))...)
+	nc, err := nats.Connect(url, append(opts, nats.Timeout(timeout), nats.ErrorHandler(c.asyncError))...)
 	if err != nil {
 		var ee *exitError
 		if err = connectError(url, "store", err); !errors.As(err, &ee) {
-			err = usageError("%v", err) // check: any failure to connect is exit 2
+			err = usageError("%v", err)
 		}
 		return nil, err
 	}
@@ -119,7 +124,7 @@ func (c *checkCmd) connect() (*nats.Conn, error) {
 // asyncError receives the server's asynchronous errors: a permission
 // violation (the user may not call the API a request needs) is reported
 // at once instead of after the request's timeout.
-func (c *checkCmd) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
+func (c *storeAccess) asyncError(_ *nats.Conn, _ *nats.Subscription, err error) {
 	if errors.Is(err, nats.ErrPermissionViolation) {
 		select {
 		case c.denied <- err:

@@ -65,9 +65,10 @@ const (
 )
 
 type cli struct {
-	Serve   serveCmd   `cmd:"" default:"withargs" help:"Serve lock requests (the default command)."`
-	Check   checkCmd   `cmd:"" help:"Compare the bucket stream's live configuration with jetlock's definition. Exit 0: no drift; 1: drift; 2: usage, connection or API error."`
-	Version versionCmd `cmd:"" help:"Print lockd's version, the commit it was built from and its Go version."`
+	Serve    serveCmd    `cmd:"" default:"withargs" help:"Serve lock requests (the default command)."`
+	Check    checkCmd    `cmd:"" help:"Compare the bucket stream's live configuration with jetlock's definition. Exit 0: no drift; 1: drift; 2: usage, connection or API error."`
+	Handover handoverCmd `cmd:"" help:"Before a NATS server stops: if it leads the bucket's stream, hand the leadership to the most current replica and wait for it (the pre-stop step of deploy/). Exit 0: handed over, or nothing to hand over; 1: failed; 2: usage or connection error."`
+	Version  versionCmd  `cmd:"" help:"Print lockd's version, the commit it was built from and its Go version."`
 
 	VersionFlag kong.VersionFlag `name:"version" help:"Print lockd's version and exit (as lockd version)."`
 }
