@@ -35,6 +35,9 @@ type Result struct {
 	Took time.Duration `json:"took_ns,omitempty"`
 }
 
+// pollTimeout bounds each stream info of the wait for the new leader.
+const pollTimeout = 250 * time.Millisecond
+
 // ErrNoCurrentPeer: no replica other than the leader is current, and a
 // step-down would leave the stream without a leader until one catches up.
 var ErrNoCurrentPeer = errors.New("no other replica of the stream is current")
@@ -70,12 +73,22 @@ func Move(ctx context.Context, nc *nats.Conn, stream, from string) (Result, erro
 	if to == "" {
 		return res, ErrNoCurrentPeer
 	}
+	// While the leadership moves, a stream info may go unanswered: the
+	// wait asks with a short timeout, and again.
+	poll, err := jsm.New(nc, jsm.WithTimeout(min(timeout, pollTimeout)))
+	if err != nil {
+		return res, err
+	}
+	ps, err := poll.LoadStream(stream)
+	if err != nil {
+		return res, fmt.Errorf("stream %s: %w", stream, err)
+	}
 	start := time.Now()
 	if err := s.LeaderStepDown(&api.Placement{Preferred: to}); err != nil {
 		return res, fmt.Errorf("step down in favour of %s: %w", to, err)
 	}
 	for {
-		ci, err := clusterInfo(s)
+		ci, err := clusterInfo(ps)
 		if err == nil && ci.Leader != "" && ci.Leader != from {
 			res.NewLeader, res.Took = ci.Leader, time.Since(start)
 			return res, nil
