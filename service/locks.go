@@ -292,11 +292,12 @@ func (l *engineDeps) confirmNegative(ctx context.Context, key string, o observat
 	return err
 }
 
-// conflictPause waits a moment before a write that lost to a write still
-// being proposed is decided again: about the time a commit takes now
-// (half to twice the recent mean, at least half a millisecond), so that
-// the write it lost to has committed, and the retries of contending
-// instances spread out.
+// conflictPause waits a moment before a request whose write lost a race
+// is decided again: about the time a commit takes now (half to twice the
+// recent mean, at least half a millisecond), so that the retries of
+// contending instances spread out. (A write that met another still being
+// proposed is not a lost race: the store sends it again until that one
+// is decided.)
 func (l *engineDeps) conflictPause(ctx context.Context) {
 	base := max(l.store.commitMean(), time.Millisecond)
 	t := time.NewTimer(base/2 + time.Duration(rand.Int64N(int64(3*base/2))))

@@ -173,8 +173,8 @@ func (l *setOps) trySet(ctx context.Context, r *setReq, fresh bool, queued []uin
 			}
 			return settled(resp, err)
 		},
-		earlier: func(ctx context.Context, s setSnap) (*streams.SetLeaseResponse, error) {
-			return l.earlierSet(ctx, r, s.sess.rec)
+		earlier: func(ctx context.Context, _ setSnap) (*streams.SetLeaseResponse, error) {
+			return l.earlierSet(ctx, r)
 		},
 		// Another writer's commit on one of the keys (perhaps this
 		// request's own attempt on another instance, still being
@@ -480,39 +480,42 @@ func straddles(r *setReq, obs []observation) bool {
 
 // earlierSet answers a set acquire whose grant JetStream refused as a
 // duplicate (an earlier attempt of the request was granted, or it was
-// cancelled): the same lease while every key still holds it, else
-// lease_lost, never a second lease.
-func (l *setOps) earlierSet(ctx context.Context, r *setReq, sess *streams.Record) (*streams.SetLeaseResponse, error) {
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		obs, err := l.readAll(ctx, r.keys, true)
-		if err != nil {
-			return nil, err
+// cancelled), on fresh reads: the same lease while every key still holds
+// it (proven as a retry is, proveSet), else lease_lost, never a second
+// lease.
+func (l *setOps) earlierSet(ctx context.Context, r *setReq) (*streams.SetLeaseResponse, error) {
+	return commitLoop(ctx, l.engineDeps, "", true, engineSteps[[]observation, struct{}, *streams.SetLeaseResponse]{
+		read: func(ctx context.Context, _ bool) ([]observation, bool, error) {
+			obs, err := l.readAll(ctx, r.keys, true)
+			return obs, false, err
+		},
+		decide: func(obs []observation, _ bool) verdict[*streams.SetLeaseResponse, struct{}] {
+			return decideEarlierSet(r, obs)
+		},
+		prove: func(ctx context.Context, obs []observation) (*streams.SetLeaseResponse, outcome, error) {
+			return settled(l.proveSet(ctx, r, obs))
+		},
+	})
+}
+
+// decideEarlierSet is the verdict on the earlier grant of set r, from
+// fresh reads obs of its keys: prove it when every key holds one lease of
+// r's request, read again when the reads straddle a commit, else
+// lease_lost.
+func decideEarlierSet(r *setReq, obs []observation) verdict[*streams.SetLeaseResponse, struct{}] {
+	all := true
+	for _, o := range obs {
+		if !o.held() || !r.mine(o.rec) || o.rec.LeaseID != obs[0].rec.LeaseID {
+			all = false
 		}
-		all := true
-		for _, o := range obs {
-			if !o.held() || !r.mine(o.rec) || o.rec.LeaseID != obs[0].rec.LeaseID {
-				all = false
-			}
-		}
-		switch {
-		case all && sess == nil:
-			resp, err := l.renewRetried(ctx, r, obs)
-			if errors.Is(err, errConflict) {
-				continue
-			}
-			return resp, err
-		case all:
-			resp, err := l.setHeldInSession(ctx, r, obs)
-			if errors.Is(err, errConflict) {
-				continue
-			}
-			return resp, err
-		case straddles(r, obs):
-			continue // read again
-		}
-		return nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", r.requestID)
 	}
-	return nil, tooManyConflicts()
+	switch {
+	case all:
+		return verdict[*streams.SetLeaseResponse, struct{}]{kind: proveRetry}
+	case straddles(r, obs):
+		return verdict[*streams.SetLeaseResponse, struct{}]{kind: readAgain}
+	}
+	return answer[*streams.SetLeaseResponse, struct{}](nil, newOpError(streams.CodeLeaseLost, "request_id %q was granted before or cancelled, and that lease is no longer current", r.requestID))
 }
 
 // renewRetried answers a retry of the acquire that holds the set lease
@@ -543,47 +546,71 @@ func setResponse(resources []string, obs []observation, sess *streams.Record) *s
 	return resp
 }
 
-// heldSet returns the observations of the keys that hold the set lease
-// leaseID of the sorted resources, deciding on fresh reads before a
-// negative answer (proven by a conditional write on the first key that
-// does not). The caller holds every key's lock.
-func (l *setOps) heldSet(ctx context.Context, resources, keys []string, leaseID string) ([]observation, []bool, error) {
-	set := setHash(resources)
-	fresh := false
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		obs, err := l.readAll(ctx, keys, fresh)
+// heldReq names a set lease to renew or release: its sorted resources,
+// their keys, the set's hash and the lease id.
+type heldReq struct {
+	resources, keys []string
+	set, leaseID    string
+}
+
+func newHeldReq(resources []string, leaseID string) *heldReq {
+	return &heldReq{resources: resources, keys: setKeysOf(resources), set: setHash(resources), leaseID: leaseID}
+}
+
+// setHeld is what a decision on a named set lease rests on: the
+// observations of its keys, and which of them hold the lease.
+type setHeld struct {
+	obs   []observation
+	match []bool
+}
+
+// readHeld is the read step of a renewal or release of set r.
+func (l *setOps) readHeld(r *heldReq) func(context.Context, bool) (setHeld, bool, error) {
+	return func(ctx context.Context, fresh bool) (setHeld, bool, error) {
+		obs, err := l.readAll(ctx, r.keys, fresh)
 		if err != nil {
-			return nil, nil, err
-		}
-		if err := partOfSet(resources, obs, set, leaseID); err != nil {
-			return nil, nil, err
+			return setHeld{}, false, err
 		}
 		match := make([]bool, len(obs))
-		all, miss := true, -1
 		for i, o := range obs {
-			match[i] = o.held() && o.rec.Set == set && sameLease(o.rec.LeaseID, leaseID)
-			if !match[i] {
-				all = false
-				if miss < 0 {
-					miss = i
-				}
-			}
+			match[i] = o.held() && o.rec.Set == r.set && sameLease(o.rec.LeaseID, r.leaseID)
 		}
-		if all {
-			return obs, match, nil
-		}
-		if !fresh {
-			fresh = true
-			continue
-		}
-		if err := l.confirmNegative(ctx, keys[miss], obs[miss]); errors.Is(err, errConflict) {
-			continue
-		} else if err != nil {
-			return nil, nil, err
-		}
-		return obs, match, nil
+		return setHeld{obs: obs, match: match}, false, nil
 	}
-	return nil, nil, tooManyConflicts()
+}
+
+// heldPlan is what a renewal or release of a set writes: first, when
+// refute is not -1, the conditional write that proves the fresh read of
+// the key at refute (which does not hold the lease); then the request's
+// own writes, over the keys that hold it.
+type heldPlan struct{ refute int }
+
+// decideHeld is the verdict shared by a set's renewal and release on s:
+// refuse a request that names part of a set (or more), or write; a key
+// seen not holding the lease is decided on fresh reads, and the
+// negative is proven by the commit (refute).
+func decideHeld[R any](r *heldReq, s setHeld, fresh bool) verdict[R, heldPlan] {
+	if err := partOfSet(r.resources, s.obs, r.set, r.leaseID); err != nil {
+		return answer[R, heldPlan](*new(R), err)
+	}
+	miss := slices.Index(s.match, false)
+	switch {
+	case miss < 0:
+		return verdict[R, heldPlan]{kind: writePlan, plan: heldPlan{refute: -1}}
+	case !fresh:
+		return verdict[R, heldPlan]{kind: readAgain}
+	}
+	return verdict[R, heldPlan]{kind: writePlan, plan: heldPlan{refute: miss}}
+}
+
+// refuted writes plan p's proof, if it has one: committed when there is
+// none or it held, stale when the key moved on (decide again).
+func (l *setOps) refuted(ctx context.Context, r *heldReq, s setHeld, p heldPlan) (outcome, error) {
+	if p.refute < 0 {
+		return committed, nil
+	}
+	_, out, err := quiet(settled(struct{}{}, l.confirmNegative(ctx, r.keys[p.refute], s.obs[p.refute])))
+	return out, err
 }
 
 // partOfSet refuses a request that names the lease leaseID of a lock set
@@ -619,35 +646,38 @@ func setKeysOf(resources []string) []string {
 // renewSet extends the set lease leaseID of the sorted resources by ttl,
 // every key in one atomic batch.
 func (l *setOps) renewSet(ctx context.Context, resources []string, leaseID string, ttl time.Duration, who origin) (*streams.SetLeaseResponse, error) {
-	keys := setKeysOf(resources)
-	unlock, err := l.lockAll(ctx, keys)
+	r := newHeldReq(resources, leaseID)
+	unlock, err := l.lockAll(ctx, r.keys)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		obs, match, err := l.heldSet(ctx, resources, keys, leaseID)
-		if err != nil {
-			return nil, err
-		}
-		if slices.Contains(match, false) {
-			l.report.renewRefused(resources[0], "not_current", who)
-			return nil, newOpError(streams.CodeLeaseLost, "the set's lease is no longer current")
-		}
-		if obs[0].rec.Session != "" {
-			return nil, newOpError(streams.CodeInvalidRequest, "the set belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the set")
-		}
-		resp, err := l.extendSet(ctx, resources, keys, obs, ttl)
-		switch {
-		case errors.Is(err, errConflict):
-			continue
-		case errors.Is(err, errHoldOver):
-			l.report.renewRefused(resources[0], "max_hold", who)
-			return nil, newOpError(streams.CodeLeaseLost, "the set has been held for its max hold (until %s)", obs[0].rec.HoldUntil)
-		}
-		return resp, err
-	}
-	return nil, tooManyConflicts()
+	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[setHeld, heldPlan, *streams.SetLeaseResponse]{
+		read: l.readHeld(r),
+		decide: func(s setHeld, fresh bool) verdict[*streams.SetLeaseResponse, heldPlan] {
+			v := decideHeld[*streams.SetLeaseResponse](r, s, fresh)
+			if v.kind == writePlan && v.plan.refute < 0 && s.obs[0].rec.Session != "" {
+				return answer[*streams.SetLeaseResponse, heldPlan](nil, newOpError(streams.CodeInvalidRequest, "the set belongs to a session and lives as long as it: keep the session alive (session.keepalive) instead of renewing the set"))
+			}
+			return v
+		},
+		commit: func(ctx context.Context, s setHeld, p heldPlan) (*streams.SetLeaseResponse, outcome, error) {
+			if p.refute >= 0 {
+				if out, err := l.refuted(ctx, r, s, p); out != committed || err != nil {
+					return nil, out, err
+				}
+				l.report.renewRefused(resources[0], "not_current", who)
+				return nil, committed, newOpError(streams.CodeLeaseLost, "the set's lease is no longer current")
+			}
+			resp, err := l.extendSet(ctx, resources, r.keys, s.obs, ttl)
+			if errors.Is(err, errHoldOver) {
+				l.report.renewRefused(resources[0], "max_hold", who)
+				return nil, committed, newOpError(streams.CodeLeaseLost, "the set has been held for its max hold (until %s)", s.obs[0].rec.HoldUntil)
+			}
+			// extendSet counts its own lost race.
+			return quiet(settled(resp, err))
+		},
+	})
 }
 
 // extendSet writes a renewal of the set lease observed in obs (at keys, of
@@ -688,40 +718,48 @@ func (l *setOps) extendSet(ctx context.Context, resources, keys []string, obs []
 }
 
 // releaseSet ends the set lease leaseID of the sorted resources, every
-// key in one atomic batch.
+// key in one atomic batch. A set whose lease some keys no longer hold (a
+// revoke of one of them) is ended on the keys that do.
 func (l *setOps) releaseSet(ctx context.Context, resources []string, leaseID string, who origin) (*streams.SetReleaseResponse, error) {
-	keys := setKeysOf(resources)
-	unlock, err := l.lockAll(ctx, keys)
+	r := newHeldReq(resources, leaseID)
+	unlock, err := l.lockAll(ctx, r.keys)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		obs, match, err := l.heldSet(ctx, resources, keys, leaseID)
-		if err != nil {
-			return nil, err
-		}
-		hash := setSession(obs, match)
-		why, by, err := l.leases.releaseWhy(ctx, hash, who)
-		if err != nil {
-			return nil, err
-		}
-		n, err := l.endSetKeys(ctx, keys, obs, match, why, by, "")
-		if errors.Is(err, errConflict) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		released := n > 0 && why == endRelease
-		if released {
-			if released, err = l.leases.releaseCounts(ctx, keys[slices.Index(match, true)], hash); err != nil {
-				return nil, err
+	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[setHeld, heldPlan, *streams.SetReleaseResponse]{
+		read: l.readHeld(r),
+		decide: func(s setHeld, fresh bool) verdict[*streams.SetReleaseResponse, heldPlan] {
+			return decideHeld[*streams.SetReleaseResponse](r, s, fresh)
+		},
+		commit: func(ctx context.Context, s setHeld, p heldPlan) (*streams.SetReleaseResponse, outcome, error) {
+			if out, err := l.refuted(ctx, r, s, p); out != committed || err != nil {
+				return nil, out, err
 			}
-		}
-		return &streams.SetReleaseResponse{Resources: resources, Released: released}, nil
+			return l.endHeld(ctx, r, s, who)
+		},
+	})
+}
+
+// endHeld ends the keys of set r that hold its lease (observed in s): a
+// release, or the end of a lease whose session has ended.
+func (l *setOps) endHeld(ctx context.Context, r *heldReq, s setHeld, who origin) (*streams.SetReleaseResponse, outcome, error) {
+	hash := setSession(s.obs, s.match)
+	why, by, err := l.leases.releaseWhy(ctx, hash, who)
+	if err != nil {
+		return nil, committed, err
 	}
-	return nil, tooManyConflicts()
+	n, err := l.endSetKeys(ctx, r.keys, s.obs, s.match, why, by, "")
+	if err != nil {
+		return quiet(settled[*streams.SetReleaseResponse](nil, err))
+	}
+	released := n > 0 && why == endRelease
+	if released {
+		if released, err = l.leases.releaseCounts(ctx, r.keys[slices.Index(s.match, true)], hash); err != nil {
+			return nil, committed, err
+		}
+	}
+	return &streams.SetReleaseResponse{Resources: r.resources, Released: released}, committed, nil
 }
 
 // setSession returns the session that the set observed in obs (at its

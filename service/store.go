@@ -22,8 +22,10 @@ import (
 )
 
 // Store errors. Every write is a compare-and-set; errConflict means the
-// revision it was based on is no longer the key's last one (or a write to
-// the key is in flight): re-read and decide again.
+// revision it was based on is no longer the key's last one: re-read and
+// decide again. (A write that meets another to its key still in flight is
+// sent again until that one is decided; only past inFlightWait does it
+// come back as a conflict, errInFlight.)
 var (
 	errConflict    = errors.New("revision conflict")
 	errUnavailable = errors.New("state store unavailable")
