@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"time"
 
@@ -269,26 +268,20 @@ func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID
 	// The tombstone carries the grant's message id: refused as a
 	// duplicate, it proves the request was granted (or cancelled before),
 	// and the duplicate's revision names the permit that grant took.
-	var granted bool
-	var seq uint64
-	for attempt := 0; ; attempt++ {
-		if attempt == maxAttempts {
-			return nil, tooManyConflicts()
-		}
-		o, err := l.current(ctx, key, true)
-		if err != nil {
-			return nil, err
-		}
-		n, dup, err := l.store.tombstone(ctx, g.hash, key, o.rev)
-		if errors.Is(err, errConflict) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		granted, seq = dup, n
-		break
+	tomb, err := commitLoop(ctx, l.engineDeps, "", true, engineSteps[observation, struct{}, tombstoned]{
+		read: l.readKey(key),
+		decide: func(observation, bool) verdict[tombstoned, struct{}] {
+			return verdict[tombstoned, struct{}]{kind: writePlan}
+		},
+		commit: func(ctx context.Context, o observation, _ struct{}) (tombstoned, outcome, error) {
+			seq, dup, err := l.store.tombstone(ctx, g.hash, key, o.rev)
+			return quiet(settled(tombstoned{seq: seq, granted: dup}, err))
+		},
+	})
+	if err != nil {
+		return nil, err
 	}
+	granted, seq := tomb.granted, tomb.seq
 	if granted {
 		if err := l.handover.proveCancel(ctx, g.hash, streams.WaitKey(queue, g.hash), owner); err != nil {
 			return nil, err
@@ -304,6 +297,13 @@ func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID
 	}
 	l.report.cancelled(sem, released, dequeued, who)
 	return &streams.CancelResponse{Resource: sem, Cancelled: released || dequeued}, nil
+}
+
+// tombstoned is the outcome of a cancel's tombstone: granted when a write
+// with the request's grant id existed already, at revision seq.
+type tombstoned struct {
+	seq     uint64
+	granted bool
 }
 
 // endCancelledPermit ends the permit that the cancelled request g holds,

@@ -371,35 +371,31 @@ func (w *waiter) leave(ctx context.Context, last error) (*streams.LeaseResponse,
 }
 
 // deleteRecord deletes whatever record is at key (a waiter record) by
-// compare-and-set, and reports whether there was one. The caller holds
-// the lease key's lock.
+// compare-and-set, and reports whether there was one (none is decided on
+// a fresh read). The caller holds the lease key's lock.
 func (l *handoverOps) deleteRecord(ctx context.Context, key string) (bool, error) {
-	fresh := false
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		o, err := l.current(ctx, key, fresh)
-		if err != nil {
-			return false, err
-		}
-		if !o.held() {
-			if !fresh {
-				fresh = true
-				continue
+	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[observation, struct{}, bool]{
+		read: l.readKey(key),
+		decide: func(o observation, fresh bool) verdict[bool, struct{}] {
+			switch {
+			case o.held():
+				return verdict[bool, struct{}]{kind: writePlan}
+			case !fresh:
+				return verdict[bool, struct{}]{kind: readAgain}
 			}
-			return false, nil
-		}
-		seq, err := l.store.del(ctx, key, o.rev, nil)
-		if errors.Is(err, errConflict) {
-			fresh = true
-			continue
-		}
-		if err != nil {
-			l.tracker.forget(key)
-			return false, err
-		}
-		l.tracker.observe(key, entry{rev: seq})
-		return true, nil
-	}
-	return false, tooManyConflicts()
+			return answer[bool, struct{}](false, nil)
+		},
+		commit: func(ctx context.Context, o observation, _ struct{}) (bool, outcome, error) {
+			seq, err := l.store.del(ctx, key, o.rev, nil)
+			if err != nil && !isConflict(err) {
+				l.tracker.forget(key)
+			}
+			if err == nil {
+				l.tracker.observe(key, entry{rev: seq})
+			}
+			return quiet(settled(err == nil, err))
+		},
+	})
 }
 
 // mayClaim reports whether request hash may take the free (or expired)
@@ -509,28 +505,24 @@ func (l *handoverOps) otherWaiter(ctx context.Context, wkey, owner string) (bool
 // granted, or cancelled before) the tombstone is not written (dup) and the
 // read is proven by a confirming write instead.
 func (l *handoverOps) tombstone(ctx context.Context, key, hash string) (observation, bool, error) {
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		o, err := l.current(ctx, key, true)
-		if err != nil {
-			return observation{}, false, err
-		}
-		_, dup, err := l.store.tombstone(ctx, hash, key, o.rev)
-		if errors.Is(err, errConflict) {
-			continue
-		}
-		if err != nil {
-			return observation{}, false, err
-		}
-		if dup {
-			if err := l.confirmNegative(ctx, key, o); errors.Is(err, errConflict) {
-				continue
-			} else if err != nil {
-				return observation{}, false, err
-			}
-		}
-		return o, dup, nil
+	type read struct {
+		o   observation
+		dup bool
 	}
-	return observation{}, false, tooManyConflicts()
+	r, err := commitLoop(ctx, l.engineDeps, "", true, engineSteps[observation, struct{}, read]{
+		read: l.readKey(key),
+		decide: func(observation, bool) verdict[read, struct{}] {
+			return verdict[read, struct{}]{kind: writePlan}
+		},
+		commit: func(ctx context.Context, o observation, _ struct{}) (read, outcome, error) {
+			_, dup, err := l.store.tombstone(ctx, hash, key, o.rev)
+			if err == nil && dup {
+				err = l.confirmNegative(ctx, key, o)
+			}
+			return quiet(settled(read{o, dup}, err))
+		},
+	})
+	return r.o, r.dup, err
 }
 
 // proveCancel leaves the proof of a cancel for a waiting acquire of
