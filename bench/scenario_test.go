@@ -508,10 +508,12 @@ func TestProfile(t *testing.T) {
 // leadership over as lame duck mode does, without its grace period) and
 // the two service processes, each back before the next, under load: every
 // restart is measured, the stream leader's hand-over seen, and nothing is
-// lost or granted twice.
+// lost or granted twice. The request timeout is long enough that a
+// timeout means a lost request, not a slow one on a busy machine; each
+// restart settles for that timeout, hence the duration.
 func TestRolling(t *testing.T) {
 	ctx, e, sum := newEnv(t, "--scenario", "rolling", "--failover-mode", "term", "--instances", "2",
-		"--duration", "25s", "--kill-at", "1s", "--timeout", "5s")
+		"--duration", "45s", "--kill-at", "1s", "--timeout", "5s")
 	if err := runRolling(ctx, e, sum); err != nil {
 		t.Fatal(err)
 	}
