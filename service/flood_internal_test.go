@@ -337,13 +337,13 @@ func TestHotKeyFloodLeavesOtherKeysServed(t *testing.T) {
 func (t *tracker) size() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.keys) + len(t.deleted) + t.ended.len() + len(t.left) + t.nWaiters
+	return len(t.keys) + len(t.deleted) + t.retry.ids.len() + len(t.left) + t.nWaiters
 }
 
 func (t *tracker) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return fmt.Sprintf("keys %d deleted %d ended %d left %d waiters %d gone %d marks %d due %d", len(t.keys), len(t.deleted), t.ended.len(), len(t.left), t.nWaiters, len(t.gone), len(t.marks), len(t.due))
+	return fmt.Sprintf("keys %d deleted %d ended %d left %d waiters %d gone %d marks %d due %d", len(t.keys), len(t.deleted), t.retry.ids.len(), len(t.left), t.nWaiters, len(t.gone), len(t.marks), len(t.due))
 }
 
 // BenchmarkSecondKeyUnderHotKeyFlood compares the acquire latency of one

@@ -377,7 +377,7 @@ func (l *leaseOps) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*stre
 	if g.limit != 0 {
 		return l.sems.trySem(ctx, g, fresh)
 	}
-	if l.tracker.hasEnded(g.key, g.requestID, g.tenant) {
+	if l.tracker.retry.hasEnded(g.key, g.requestID, g.tenant) {
 		return nil, leaseEnded(g.requestID)
 	}
 	return commitLoop(ctx, l.engineDeps, g.session, fresh, engineSteps[grantSnap, struct{}, *streams.LeaseResponse]{

@@ -164,7 +164,7 @@ func TestASetRetryAfterItsSessionClosedIsNotHeld(t *testing.T) {
 	// The view of a node that has seen none of it: the set and its session
 	// as granted, and no memory of the ends.
 	s.tracker.mu.Lock()
-	s.tracker.ended.reset()
+	s.tracker.retry.ids.reset()
 	s.tracker.mu.Unlock()
 	for k, o := range view {
 		s.tracker.forget(k)

@@ -171,7 +171,7 @@ func (l *semOps) joinPermits(g *grantReq, free []int, frees []observation, mine 
 			return false
 		}
 		for k := 1; k <= o.limit; k++ {
-			if l.tracker.hasEnded(permitKey(o.sem, k), o.requestID, o.tenant) {
+			if l.tracker.retry.hasEnded(permitKey(o.sem, k), o.requestID, o.tenant) {
 				return false
 			}
 		}

@@ -152,7 +152,7 @@ func (l *semOps) readPermits(ctx context.Context, g *grantReq, fresh bool) (p pe
 	now := time.Now()
 	for k := 1; k <= g.limit; k++ {
 		key := permitKey(g.sem, k)
-		if l.tracker.hasEnded(key, g.requestID, g.tenant) {
+		if l.tracker.retry.hasEnded(key, g.requestID, g.tenant) {
 			return p, false, leaseEnded(g.requestID)
 		}
 		o, err := l.current(ctx, key, fresh)

@@ -95,9 +95,10 @@ func (ix *sessionIndex) indexSessionMember(key string, old, rec *streams.Record)
 	}
 }
 
-// countTenantSession moves a session key's count from the tenant that
-// held it (if wasHeld) to the tenant of e (if held), and when the session
-// ended, makes its members due. The caller holds t.mu.
+// sessionChanged follows a write of a session's key: it moves the
+// session's count from the tenant that held it (if wasHeld) to the tenant
+// of e (if held), and when the session ended, makes its members due. The
+// caller holds t.mu.
 func (ix *sessionIndex) sessionChanged(key string, wasHeld bool, wasTenant string, e entry, now time.Time) {
 	delete(ix.orphans, sessionHashOf(key))
 	if wasHeld && e.held() && e.rec.Tenant == wasTenant {

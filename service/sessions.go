@@ -143,7 +143,7 @@ func (l *sessionOps) openSession(ctx context.Context, r *sessionReq) (*streams.S
 		return nil, err
 	}
 	defer st.unlock()
-	if l.tracker.hasEnded(r.key, r.requestID, r.tenant) {
+	if l.tracker.retry.hasEnded(r.key, r.requestID, r.tenant) {
 		return nil, sessionEnded(r.requestID)
 	}
 	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[observation, openPlan, *streams.SessionResponse]{

@@ -145,7 +145,7 @@ func (l *setOps) acquireSet(ctx context.Context, r *setReq) (*streams.SetLeaseRe
 // them in the same commit. The caller holds every key's lock.
 func (l *setOps) trySet(ctx context.Context, r *setReq, fresh bool, queued []uint64) (*streams.SetLeaseResponse, error) {
 	for _, k := range r.keys {
-		if l.tracker.hasEnded(k, r.requestID, r.tenant) {
+		if l.tracker.retry.hasEnded(k, r.requestID, r.tenant) {
 			return nil, leaseEnded(r.requestID)
 		}
 	}

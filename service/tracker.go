@@ -95,25 +95,14 @@ type tracker struct {
 	// tracker takes in (see elections.go), outside its lock.
 	announce func([]streams.ElectionEvent)
 
-	// ended remembers, for the retry window, the request ids whose leases
-	// ended (keyed by lease key and request id), so that a retry is
-	// answered lease_lost even when JetStream has forgotten the grant's
-	// message id: it rebuilds its duplicate table after a restart only from
-	// the messages still stored (nats-server issue 3272), and a released
-	// or renewed grant is no longer stored. At most maxEnded are kept; the
-	// end marks in the bucket cover what is dropped. An id is kept as a
-	// 64-bit hash of key and request id, and its time as an offset from
-	// epoch, in a table without pointers (recentIDs); a collision would
-	// answer a new request lease_lost, with a chance of about one in 2^64
-	// over the retry window's ids.
+	// window is the retry window; seed keys the hashes of deleted keys
+	// and ended ids; epoch is the origin of the tracker's offsets.
 	window time.Duration
 	seed   maphash.Seed
 	epoch  time.Time
-	ended  recentIDs
+	// retry is the retry memory (retry_memory.go).
+	retry *retryMemory
 }
-
-// maxEnded bounds the ended request ids an instance remembers.
-const maxEnded = 1 << 20
 
 // fifo holds what the tracker forgets after the retry window, oldest
 // first, each with when it was seen (an offset from the tracker's epoch,
@@ -199,7 +188,7 @@ type dueItem struct {
 func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 	t := &tracker{grace: grace, foreignTTL: foreignTTL, window: retryWindow, seed: maphash.MakeSeed(), epoch: time.Now()}
 	t.sessionIx, t.setIx, t.nameIx = &sessionIndex{t: t}, &setIndex{t: t}, &nameIndex{t: t}
-	t.instances, t.caps = &instanceIndex{t: t}, &waitCaps{t: t}
+	t.instances, t.caps, t.retry = &instanceIndex{t: t}, &waitCaps{t: t}, &retryMemory{t: t}
 	t.resetLocked()
 	return t
 }
@@ -208,7 +197,7 @@ func newTracker(grace, foreignTTL, retryWindow time.Duration) *tracker {
 func (t *tracker) resetLocked() {
 	t.keys, t.deleted = make(map[string]observation), make(map[uint64]deletedKey)
 	t.due, t.gone, t.marks, t.nameIx.idleSems = nil, nil, nil, nil
-	t.ended.reset()
+	t.retry.ids.reset()
 	t.held, t.heldChanges, t.heldStale, t.nHeld = btree.NewOrderedG[string](32), make(map[string]bool), false, 0
 	t.waiters = make(map[string]map[string]waiterInfo)
 	t.tenantWaits, t.tenantLeases = make(map[string]int), make(map[string]int)
@@ -259,10 +248,10 @@ func (t *tracker) observeLocked(key string, e entry, evs *[]streams.ElectionEven
 		return observation{entry: e, seen: now}
 	}
 	if o.held() && o.rec.LeaseID != "" && (!e.held() || e.rec.RequestID != o.rec.RequestID || e.rec.Tenant != o.rec.Tenant) {
-		t.noteEnded(key, o.rec.RequestID, o.rec.Tenant, now)
+		t.retry.note(key, o.rec.RequestID, o.rec.Tenant, now)
 		if e.end != nil && e.end.RequestID == o.rec.RequestID && e.end.Tenant == o.rec.Tenant {
 			// The ended ids answer a retry of that request for the
-			// window (hasEnded); the mark need not be kept as well.
+			// window (retry memory); the mark need not be kept as well.
 			e.end = nil
 		}
 	}
@@ -392,47 +381,6 @@ func (t *tracker) forgetMarked(m markedKey, _ time.Duration) {
 // keyID is the id under which a deleted key is kept.
 func (t *tracker) keyID(key string) uint64 {
 	return maphash.String(t.seed, key)
-}
-
-// noteEnded records that the lease of requestID at key ended, and forgets
-// what is older than the retry window or beyond maxEnded. The caller holds
-// t.mu.
-func (t *tracker) noteEnded(key, requestID, tenant string, now time.Time) {
-	t.ended.note(t.endedID(key, requestID, tenant), now.Sub(t.epoch))
-	for t.ended.entries() > maxEnded {
-		t.ended.dropOldest()
-	}
-	t.forgetEnded(now, 16)
-}
-
-// forgetEnded forgets up to n ended request ids older than the retry
-// window. It runs whenever a lease ends and on every sweep, so that what a
-// burst of leases left is forgotten even when no lease ends after it. The
-// caller holds t.mu.
-func (t *tracker) forgetEnded(now time.Time, n int) {
-	t.ended.expire(now.Sub(t.epoch), t.window, n)
-}
-
-// endedID is the id under which the end of the lease of requestID of
-// tenant at key is remembered.
-func (t *tracker) endedID(key, requestID, tenant string) uint64 {
-	var h maphash.Hash
-	h.SetSeed(t.seed)
-	h.WriteString(key)
-	h.WriteByte(0)
-	h.WriteString(requestID)
-	h.WriteByte(0)
-	h.WriteString(tenant)
-	return h.Sum64()
-}
-
-// hasEnded reports whether the lease of requestID of tenant at key ended
-// within the retry window.
-func (t *tracker) hasEnded(key, requestID, tenant string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	at, ok := t.ended.seen(t.endedID(key, requestID, tenant))
-	return ok && time.Since(t.epoch)-at <= t.window
 }
 
 // deadline is when o is due to be swept: a lease after its TTL plus
@@ -803,7 +751,7 @@ func (t *tracker) popDue(now time.Time, limit int) []dueItem {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.forgetGone(now, limit)
-	t.forgetEnded(now, limit)
+	t.retry.forget(now, limit)
 	t.instances.instancesDue(now)
 	t.shrink()
 	var out []dueItem

@@ -220,13 +220,13 @@ func TestEndedIDsAreBounded(t *testing.T) {
 	now := time.Now()
 	tr.mu.Lock()
 	for i := range maxEnded + 10 {
-		tr.noteEnded("lease.k", strconv.Itoa(i), "", now)
+		tr.retry.note("lease.k", strconv.Itoa(i), "", now)
 	}
 	tr.mu.Unlock()
-	if tr.ended.len() != maxEnded || tr.ended.entries() != maxEnded {
-		t.Fatalf("%d ended ids remembered (%d entries), want the bound %d", tr.ended.len(), tr.ended.entries(), maxEnded)
+	if tr.retry.ids.len() != maxEnded || tr.retry.ids.entries() != maxEnded {
+		t.Fatalf("%d ended ids remembered (%d entries), want the bound %d", tr.retry.ids.len(), tr.retry.ids.entries(), maxEnded)
 	}
-	if tr.hasEnded("lease.k", "9", "") || !tr.hasEnded("lease.k", "10", "") || !tr.hasEnded("lease.k", strconv.Itoa(maxEnded+9), "") {
+	if tr.retry.hasEnded("lease.k", "9", "") || !tr.retry.hasEnded("lease.k", "10", "") || !tr.retry.hasEnded("lease.k", strconv.Itoa(maxEnded+9), "") {
 		t.Fatal("want the 10 oldest forgotten and the rest remembered")
 	}
 }
