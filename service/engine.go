@@ -19,9 +19,11 @@ import (
 // read a refusal rests on). The commit step writes the plan and reports,
 // as a value, whether the write committed, lost a race (conflict), found
 // the snapshot moved on under a write not counted as a race (stale) or
-// was a duplicate of an earlier write of the request. The loop owns what is common: the bound
-// of attempts, the switch to fresh reads, the conflict's report and
-// pause, and the answer when every attempt lost a race.
+// was a duplicate of an earlier write of the request. The loop owns what
+// is common: the bound of attempts, the switch to fresh reads, the
+// conflict's report and pause, and the answer when every attempt lost a
+// race. Renewals and releases of lock sets, and a few single-key writes
+// (a waiter record's delete, cancel tombstones), run on it too.
 
 // verdictKind says what the loop does with a decision.
 type verdictKind uint8
@@ -142,6 +144,12 @@ func settled[R any](resp R, err error) (R, outcome, error) {
 		return zero, conflicted, nil
 	}
 	return resp, committed, err
+}
+
+// writeAlways is the decide step of a loop that writes on every read (its
+// commit decides, by compare-and-set on what was read).
+func writeAlways[R any](observation, bool) verdict[R, struct{}] {
+	return verdict[R, struct{}]{kind: writePlan}
 }
 
 // quiet makes a conflict of a write that is not counted as a lost race

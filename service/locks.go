@@ -292,6 +292,14 @@ func (l *engineDeps) confirmNegative(ctx context.Context, key string, o observat
 	return err
 }
 
+// refute is the commit of a refusal that rests on a fresh read o of key:
+// the conditional write that proves key still as read (committed), or
+// finds it moved on (stale, not counted as a lost race: decide again).
+func (l *engineDeps) refute(ctx context.Context, key string, o observation) (outcome, error) {
+	_, out, err := quiet(settled(struct{}{}, l.confirmNegative(ctx, key, o)))
+	return out, err
+}
+
 // conflictPause waits a moment before a request whose write lost a race
 // is decided again: about the time a commit takes now (half to twice the
 // recent mean, at least half a millisecond), so that the retries of
@@ -758,7 +766,7 @@ func decideRenew(r *renewReq, o observation, fresh bool) verdict[*streams.LeaseR
 func (l *leaseOps) commitRenew(ctx context.Context, r *renewReq, p renewPlan) (*streams.LeaseResponse, outcome, error) {
 	switch p.act {
 	case renewRefute:
-		if _, out, err := quiet(settled(struct{}{}, l.confirmNegative(ctx, r.key, p.o))); out != committed || err != nil {
+		if out, err := l.refute(ctx, r.key, p.o); out != committed || err != nil {
 			return nil, out, err
 		}
 		l.report.renewRefused(r.resource, "not_current", r.who)

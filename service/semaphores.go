@@ -269,10 +269,8 @@ func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID
 	// duplicate, it proves the request was granted (or cancelled before),
 	// and the duplicate's revision names the permit that grant took.
 	tomb, err := commitLoop(ctx, l.engineDeps, "", true, engineSteps[observation, struct{}, tombstoned]{
-		read: l.readKey(key),
-		decide: func(observation, bool) verdict[tombstoned, struct{}] {
-			return verdict[tombstoned, struct{}]{kind: writePlan}
-		},
+		read:   l.readKey(key),
+		decide: writeAlways[tombstoned],
 		commit: func(ctx context.Context, o observation, _ struct{}) (tombstoned, outcome, error) {
 			seq, dup, err := l.store.tombstone(ctx, g.hash, key, o.rev)
 			return quiet(settled(tombstoned{seq: seq, granted: dup}, err))

@@ -23,8 +23,9 @@
 // sweep (sweep.go); stream.go watches the bucket's stream.
 //
 // Every grant — of a lock, a permit of a semaphore, a lock set — runs in
-// one engine (engine.go), as do the renewal of a lease, the open of a
-// session and the lookup of a grant's session. Each primitive supplies a read step, which
+// one engine (engine.go), as do the renewal of a lease, the renewal and
+// release of a lock set, the open of a session and the lookup of a
+// grant's session. Each primitive supplies a read step, which
 // gathers a snapshot of the records its decision rests on (on the
 // instance's view, or fresh from the stream leader); a decider, which
 // consults that snapshot, the instance's view and the clock, does no I/O,

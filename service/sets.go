@@ -603,14 +603,13 @@ func decideHeld[R any](r *heldReq, s setHeld, fresh bool) verdict[R, heldPlan] {
 	return verdict[R, heldPlan]{kind: writePlan, plan: heldPlan{refute: miss}}
 }
 
-// refuted writes plan p's proof, if it has one: committed when there is
-// none or it held, stale when the key moved on (decide again).
+// refuted writes plan p's proof (refute), if it has one: committed when
+// there is none or it held, stale when the key moved on.
 func (l *setOps) refuted(ctx context.Context, r *heldReq, s setHeld, p heldPlan) (outcome, error) {
 	if p.refute < 0 {
 		return committed, nil
 	}
-	_, out, err := quiet(settled(struct{}{}, l.confirmNegative(ctx, r.keys[p.refute], s.obs[p.refute])))
-	return out, err
+	return l.refute(ctx, r.keys[p.refute], s.obs[p.refute])
 }
 
 // partOfSet refuses a request that names the lease leaseID of a lock set

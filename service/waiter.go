@@ -510,10 +510,8 @@ func (l *handoverOps) tombstone(ctx context.Context, key, hash string) (observat
 		dup bool
 	}
 	r, err := commitLoop(ctx, l.engineDeps, "", true, engineSteps[observation, struct{}, read]{
-		read: l.readKey(key),
-		decide: func(observation, bool) verdict[read, struct{}] {
-			return verdict[read, struct{}]{kind: writePlan}
-		},
+		read:   l.readKey(key),
+		decide: writeAlways[read],
 		commit: func(ctx context.Context, o observation, _ struct{}) (read, outcome, error) {
 			_, dup, err := l.store.tombstone(ctx, hash, key, o.rev)
 			if err == nil && dup {

@@ -87,17 +87,10 @@ func TestStoppedLeaderHandsTheBucketOver(t *testing.T) {
 		{"SIGTERM", (*server.Server).Shutdown},
 	} {
 		t.Run(stop.name, func(t *testing.T) {
-			c := startClusterLogged(t)
-			c.serve()
+			c, old, group := startLed(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			old := -1
-			testenv.Eventually(t, 30*time.Second, func() bool {
-				old = c.streamLeader()
-				return old >= 0
-			}, "the bucket's stream has a leader")
 			oldSrv := c.servers[old]
-			group := c.raftGroup(t, old)
 
 			// A caller on another server acquires and releases one
 			// resource after another until after the stop.
@@ -181,6 +174,21 @@ func TestStoppedLeaderHandsTheBucketOver(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startLed starts deploy/'s servers, their logs kept, and the service on
+// them, and returns the cluster, the index of the server that leads the
+// bucket's stream and the stream's raft group.
+func startLed(t *testing.T) (*cluster, int, string) {
+	t.Helper()
+	c := startClusterLogged(t)
+	c.serve()
+	old := -1
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		old = c.streamLeader()
+		return old >= 0
+	}, "the bucket's stream has a leader")
+	return c, old, c.raftGroup(t, old)
 }
 
 // streamLeader returns the index of the running server that leads the

@@ -13,8 +13,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"gopkg.in/yaml.v3"
-
-	"github.com/jetlock/jetlock/internal/testenv"
 )
 
 // preStop is a deployment's pre-stop step for a NATS server: the command
@@ -40,15 +38,8 @@ func TestThePreStopStepHandsTheBucketOverBeforeTheStop(t *testing.T) {
 	bin := buildLockd(t)
 	for name, step := range map[string]preStop{"systemd": systemdPreStop(t), "kubernetes": chartPreStop(t)} {
 		t.Run(name, func(t *testing.T) {
-			c := startClusterLogged(t)
-			c.serve()
-			old := -1
-			testenv.Eventually(t, 30*time.Second, func() bool {
-				old = c.streamLeader()
-				return old >= 0
-			}, "the bucket's stream has a leader")
+			c, old, group := startLed(t)
 			oldSrv := c.servers[old]
-			group := c.raftGroup(t, old)
 			other := c.servers[(old+1)%len(c.servers)]
 
 			if out, err := c.runPreStop(t, bin, step, other); err != nil || !strings.Contains(out, "nothing to hand over") {
