@@ -163,3 +163,61 @@ func quiet[R any](resp R, out outcome, err error) (R, outcome, error) {
 
 // isConflict reports whether err is a lost compare-and-set.
 func isConflict(err error) bool { return errors.Is(err, errConflict) }
+
+// recordPlan is what a request about one record writes: its own write
+// (recordAct) on a record it may act on, or the proof (recordProve) of the
+// fresh read that shows it may not.
+type recordPlan uint8
+
+const (
+	recordAct recordPlan = iota
+	recordProve
+)
+
+// recordSteps are the steps of a request about one record (a lease, a
+// session) that acts on it when it is live and otherwise answers a
+// negative that rests on a proven fresh read.
+type recordSteps[R any] struct {
+	// live says whether the record o is one the request may act on (held
+	// by its caller, say).
+	live func(o observation) bool
+	// act is the request's write on a live record (it may write nothing).
+	act func(ctx context.Context, o observation) (R, outcome, error)
+	// negative is the answer when a fresh read, proven current, is not
+	// live.
+	negative func(o observation) (R, error)
+	// pause: after act lost a race, wait about a commit.
+	pause bool
+}
+
+// onRecord runs a request about the record at key on the commit loop: act
+// when the record read is live; otherwise, on a fresh read proven current
+// by prove (a proof that finds the record moved on reads again: stale),
+// the negative answer. At most attempts(session) times, starting on the
+// view unless fresh.
+func onRecord[R any](ctx context.Context, l *engineDeps, key, session string, fresh bool, prove func(context.Context, observation) (outcome, error), s recordSteps[R]) (R, error) {
+	return commitLoop(ctx, l, session, fresh, engineSteps[observation, recordPlan, R]{
+		read: l.readKey(key),
+		decide: func(o observation, fresh bool) verdict[R, recordPlan] {
+			switch {
+			case s.live(o):
+				return verdict[R, recordPlan]{kind: writePlan, plan: recordAct}
+			case !fresh:
+				return verdict[R, recordPlan]{kind: readAgain}
+			}
+			return verdict[R, recordPlan]{kind: writePlan, plan: recordProve}
+		},
+		commit: func(ctx context.Context, o observation, p recordPlan) (R, outcome, error) {
+			if p == recordAct {
+				return s.act(ctx, o)
+			}
+			var zero R
+			if out, err := prove(ctx, o); out != committed || err != nil {
+				return zero, out, err
+			}
+			resp, err := s.negative(o)
+			return resp, committed, err
+		},
+		pause: s.pause,
+	})
+}

@@ -64,39 +64,22 @@ func (l *handoverOps) endIf(ctx context.Context, resource, key string, match fun
 	if reason != "" {
 		attrs = append(attrs, slog.String("reason", reason))
 	}
-	fresh := false
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		o, err := l.current(ctx, key, fresh)
-		if err != nil {
-			return nil, err
-		}
-		if !o.held() || !match(o.rec) {
-			if !fresh {
-				fresh = true
-				continue
+	return onRecord(ctx, l.engineDeps, key, "", false, func(ctx context.Context, o observation) (outcome, error) {
+		return l.refute(ctx, key, o)
+	}, recordSteps[*ended]{
+		live: func(o observation) bool { return o.held() && match(o.rec) },
+		act: func(ctx context.Context, o observation) (*ended, outcome, error) {
+			if err := l.end(ctx, resource, key, o, why, reason); err != nil {
+				return settled[*ended](nil, err)
 			}
-			if err := l.confirmNegative(ctx, key, o); err != nil {
-				if errors.Is(err, errConflict) {
-					continue
-				}
-				return nil, err
-			}
+			l.report.ended(why, resource, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", who, attrs...)
+			return &ended{token: o.rec.TokenAt(o.rev), owner: o.rec.Owner, session: o.rec.Session}, committed, nil
+		},
+		negative: func(observation) (*ended, error) {
 			l.report.ended(why, resource, 0, "", "not_held", who, attrs...)
 			return nil, nil
-		}
-		err = l.end(ctx, resource, key, o, why, reason)
-		if errors.Is(err, errConflict) {
-			l.report.conflict()
-			fresh = true
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		l.report.ended(why, resource, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", who, attrs...)
-		return &ended{token: o.rec.TokenAt(o.rev), owner: o.rec.Owner, session: o.rec.Session}, nil
-	}
-	return nil, tooManyConflicts()
+		},
+	})
 }
 
 // end ends the lease observed in o at key: it hands the resource over to

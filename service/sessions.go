@@ -225,62 +225,69 @@ func (l *sessionOps) commitOpen(ctx context.Context, r *sessionReq, o observatio
 // earlierOpen answers an open whose write JetStream reported as a
 // duplicate of an earlier write at seq (an earlier attempt of the same
 // open): that session, kept alive, while it is the key's record; once the
-// key has moved past it, lease_lost.
+// key has moved past it, lease_lost. It reads fresh until a read has seen
+// seq (pausing about a commit between), on the commit loop.
 func (l *sessionOps) earlierOpen(ctx context.Context, r *sessionReq, seq uint64) (*streams.SessionResponse, error) {
-	for attempt := 0; attempt < sessionAttempts; attempt++ {
-		o, err := l.current(ctx, r.key, true)
-		if err != nil {
-			return nil, err
-		}
-		switch {
-		case o.rev < seq:
-			l.conflictPause(ctx) // the read has not seen the earlier write yet
-			continue
-		case !o.held():
-			return nil, sessionEnded(r.requestID)
-		case o.rec.Owner != r.owner:
-			// The key is the tenant's and the request id's: the record
-			// is that open's, kept alive since.
-			return nil, newOpError(streams.CodeInvalidRequest, "request_id %q opened a session for another owner", r.requestID)
-		}
-		resp, err := l.extend(ctx, "", r.key, o, r.ttl)
-		if errors.Is(err, errConflict) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return &streams.SessionResponse{SessionID: sessionID(r.hash, o.rec), TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt}, nil
+	type v = verdict[*streams.SessionResponse, openPlan]
+	return commitLoop(ctx, l.engineDeps, r.hash, true, engineSteps[observation, openPlan, *streams.SessionResponse]{
+		read: func(ctx context.Context, _ bool) (observation, bool, error) {
+			o, err := l.current(ctx, r.key, true)
+			if err == nil && o.rev < seq {
+				l.conflictPause(ctx) // the read has not seen the earlier write yet
+				return o, true, nil
+			}
+			return o, false, err
+		},
+		decide: func(o observation, _ bool) v {
+			switch {
+			case !o.held():
+				return answer[*streams.SessionResponse, openPlan](nil, sessionEnded(r.requestID))
+			case o.rec.Owner != r.owner:
+				// The key is the tenant's and the request id's: the
+				// record is that open's, kept alive since.
+				return answer[*streams.SessionResponse, openPlan](nil, newOpError(streams.CodeInvalidRequest, "request_id %q opened a session for another owner", r.requestID))
+			}
+			return v{kind: writePlan, plan: openRetried}
+		},
+		commit: func(ctx context.Context, o observation, p openPlan) (*streams.SessionResponse, outcome, error) {
+			return quiet(l.commitOpen(ctx, r, o, p))
+		},
+	})
+}
+
+// onSession runs a request about session hash on the commit loop
+// (onRecord), its negative answer proven by confirmSession (through the
+// session's gate): at most attempts(hash) times, starting on the view
+// unless fresh.
+func onSession[R any](ctx context.Context, l *sessionOps, hash string, fresh bool, s recordSteps[R]) (R, error) {
+	prove := func(ctx context.Context, o observation) (outcome, error) {
+		_, out, err := quiet(settled(struct{}{}, l.confirmSession(ctx, hash, o)))
+		return out, err
 	}
-	return nil, tooManyConflicts()
+	return onRecord(ctx, l.engineDeps, streams.SessionKey(hash), hash, fresh, prove, s)
+}
+
+// asIs is the act of a request that only reads a live session: o itself.
+func asIs(_ context.Context, o observation) (observation, outcome, error) {
+	return o, committed, nil
 }
 
 // ownedSession returns the session of id as its holder who sees it, read
 // fresh when the tracker does not show it held by who; a negative answer
-// rests on a read proven by a conditional write. The caller holds the
-// session key's lock.
-func (l *sessionOps) ownedSession(ctx context.Context, key, secret string, who origin, fresh bool) (observation, bool, error) {
-	for attempt := 0; attempt < sessionAttempts; attempt++ {
-		o, err := l.current(ctx, key, fresh)
-		if err != nil {
-			return observation{}, false, err
-		}
-		if holds(o, secret, who) {
-			return o, true, nil
-		}
-		if !fresh {
-			fresh = true
-			continue
-		}
-		if err := l.confirmSession(ctx, sessionHashOf(key), o); errors.Is(err, errConflict) {
-			continue
-		} else if err != nil {
-			return observation{}, false, err
-		}
-		l.notOwned(key, o, secret, who)
-		return o, false, nil
-	}
-	return observation{}, false, tooManyConflicts()
+// (false) rests on a read proven by a conditional write. The caller holds
+// the session key's lock.
+func (l *sessionOps) ownedSession(ctx context.Context, key, secret string, who origin) (observation, bool, error) {
+	ok := true
+	o, err := onSession(ctx, l, sessionHashOf(key), false, recordSteps[observation]{
+		live: func(o observation) bool { return holds(o, secret, who) },
+		act:  asIs,
+		negative: func(o observation) (observation, error) {
+			ok = false
+			l.notOwned(key, o, secret, who)
+			return o, nil
+		},
+	})
+	return o, ok, err
 }
 
 // notOwned logs, at debug level, what a negative answer about session key
@@ -315,72 +322,58 @@ func (l *sessionOps) keepalive(ctx context.Context, id string, ttl time.Duration
 		return nil, err
 	}
 	defer st.unlock()
-	fresh := false
-	for attempt := 0; attempt < sessionAttempts; attempt++ {
-		o, ok, err := l.ownedSession(ctx, key, secret, who, fresh)
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
+	return onSession(ctx, l, hash, false, recordSteps[*streams.KeepaliveResponse]{
+		live: func(o observation) bool { return holds(o, secret, who) },
+		act: func(ctx context.Context, o observation) (*streams.KeepaliveResponse, outcome, error) {
+			t := ttl
+			if t == 0 {
+				t = time.Duration(o.rec.TTLms) * time.Millisecond
+			}
+			gate, err := l.sessionGate(ctx, hash)
+			if err != nil {
+				return nil, committed, err
+			}
+			resp, err := l.extend(ctx, "", key, o, t)
+			gate.unlock()
+			if err != nil {
+				return settled[*streams.KeepaliveResponse](nil, err)
+			}
+			leases, _ := l.tracker.sessionIx.memberCount(hash)
+			l.report.keptAlive(leases)
+			return &streams.KeepaliveResponse{SessionID: id, TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt, Leases: leases}, committed, nil
+		},
+		negative: func(o observation) (*streams.KeepaliveResponse, error) {
+			l.notOwned(key, o, secret, who)
 			return nil, errNoSession()
-		}
-		t := ttl
-		if t == 0 {
-			t = time.Duration(o.rec.TTLms) * time.Millisecond
-		}
-		gate, err := l.sessionGate(ctx, hash)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := l.extend(ctx, "", key, o, t)
-		gate.unlock()
-		if errors.Is(err, errConflict) {
-			l.report.conflict()
-			l.conflictPause(ctx)
-			fresh = true
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		leases, _ := l.tracker.sessionIx.memberCount(hash)
-		l.report.keptAlive(leases)
-		return &streams.KeepaliveResponse{SessionID: id, TTLms: resp.TTLms, ExpiresAt: resp.ExpiresAt, Leases: leases}, nil
-	}
-	return nil, tooManyConflicts()
+		},
+		pause: true,
+	})
 }
 
 // closeSession ends the session id: every lease it holds and every wait
 // it made end with it. Closing a session that has ended already (or is
 // not the caller's) answers closed:false.
 func (l *sessionOps) closeSession(ctx context.Context, id string, who origin) (*streams.SessionCloseResponse, error) {
-	_, key, secret, st, err := l.lockSession(ctx, id)
+	hash, key, secret, st, err := l.lockSession(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer st.unlock()
-	fresh := false
-	for attempt := 0; attempt < sessionAttempts; attempt++ {
-		o, ok, err := l.ownedSession(ctx, key, secret, who, fresh)
-		if err != nil {
-			return nil, err
-		}
-		if !ok {
+	return onSession(ctx, l, hash, false, recordSteps[*streams.SessionCloseResponse]{
+		live: func(o observation) bool { return holds(o, secret, who) },
+		act: func(ctx context.Context, o observation) (*streams.SessionCloseResponse, outcome, error) {
+			n, err := l.endSession(ctx, key, o, endSessionClose, who)
+			if err != nil {
+				return settled[*streams.SessionCloseResponse](nil, err)
+			}
+			return &streams.SessionCloseResponse{Closed: true, Released: n}, committed, nil
+		},
+		negative: func(o observation) (*streams.SessionCloseResponse, error) {
+			l.notOwned(key, o, secret, who)
 			return &streams.SessionCloseResponse{}, nil
-		}
-		n, err := l.endSession(ctx, key, o, endSessionClose, who)
-		if errors.Is(err, errConflict) {
-			l.report.conflict()
-			l.conflictPause(ctx)
-			fresh = true
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		return &streams.SessionCloseResponse{Closed: true, Released: n}, nil
-	}
-	return nil, tooManyConflicts()
+		},
+		pause: true,
+	})
 }
 
 // endSession ends the session observed in o at key: one compare-and-set
@@ -504,25 +497,20 @@ func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secre
 // its watcher skipped (one opened and kept alive while the watcher's
 // consumer was made again, see deliveries), whose grant it would end.
 func (l *sessionOps) notLiveAt(ctx context.Context, hash, secret string, rev uint64) error {
-	key := streams.SessionKey(hash)
-	for attempt := 0; attempt < sessionAttempts; attempt++ {
-		o, err := l.current(ctx, key, true)
-		if err != nil {
-			return err
-		}
-		if err := l.confirmSession(ctx, hash, o); errors.Is(err, errConflict) {
-			continue
-		} else if err != nil {
-			return err
-		}
-		if o.held() && (secret == "" || sameLease(o.rec.LeaseID, secret)) && !l.tracker.expired(o, time.Now()) {
+	_, err := onSession(ctx, l, hash, true, recordSteps[struct{}]{
+		live: func(o observation) bool {
+			return o.held() && (secret == "" || sameLease(o.rec.LeaseID, secret)) && !l.tracker.expired(o, time.Now())
+		},
+		act: func(context.Context, observation) (struct{}, outcome, error) {
 			l.log.Debug("a session the watcher did not show live at a grant's revision is live", "session", hash, "revision", rev, "delivered", l.delivered())
-			return nil
-		}
-		l.log.Debug("a grant to a session that was not live at its place in the stream", "session", hash, "revision", rev, "delivered", l.delivered())
-		return errNoSession()
-	}
-	return tooManyConflicts()
+			return struct{}{}, committed, nil
+		},
+		negative: func(observation) (struct{}, error) {
+			l.log.Debug("a grant to a session that was not live at its place in the stream", "session", hash, "revision", rev, "delivered", l.delivered())
+			return struct{}{}, errNoSession()
+		},
+	})
+	return err
 }
 
 // endOrphan ends the lease observed in o at key, a grant to a session that
@@ -606,33 +594,34 @@ func (l *sessionOps) endSessionSet(ctx context.Context, id string, keys []string
 		return false
 	}
 	defer unlock()
-	fresh := false
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		obs, err := l.sets.readAll(ctx, keys, fresh)
-		if err != nil {
-			return false
-		}
-		match := make([]bool, len(keys))
-		n, size := 0, 0
-		for i, o := range obs {
-			if match[i] = o.held() && o.rec.LeaseID == id && o.rec.Session == hash; match[i] {
-				n, size = n+1, o.rec.SetSize
+	ended, err := commitLoop(ctx, l.engineDeps, "", false, engineSteps[[]observation, []bool, bool]{
+		read: func(ctx context.Context, fresh bool) ([]observation, bool, error) {
+			obs, err := l.sets.readAll(ctx, keys, fresh)
+			return obs, false, err
+		},
+		decide: func(obs []observation, fresh bool) verdict[bool, []bool] {
+			match := make([]bool, len(keys))
+			n, size := 0, 0
+			for i, o := range obs {
+				if match[i] = o.held() && o.rec.LeaseID == id && o.rec.Session == hash; match[i] {
+					n, size = n+1, o.rec.SetSize
+				}
 			}
-		}
-		if n < size && !partial {
-			if !fresh {
-				fresh = true // the tracker's view may lag: decide on reads
-				continue
+			switch {
+			case n >= size || partial:
+				return verdict[bool, []bool]{kind: writePlan, plan: match}
+			case !fresh:
+				return verdict[bool, []bool]{kind: readAgain} // the tracker's view may lag
 			}
 			l.log.Debug("a set of an ended session not known whole", "session", hash, "known", n, "size", size)
-			return false
-		}
-		if _, err := l.sets.endSetKeys(ctx, keys, obs, match, why, origin{}, ""); !errors.Is(err, errConflict) {
-			return err == nil
-		}
-		fresh = true
-	}
-	return false
+			return answer[bool, []bool](false, nil)
+		},
+		commit: func(ctx context.Context, obs []observation, match []bool) (bool, outcome, error) {
+			_, err := l.sets.endSetKeys(ctx, keys, obs, match, why, origin{}, "")
+			return quiet(settled(err == nil, err))
+		},
+	})
+	return ended && err == nil
 }
 
 // endSessionLease ends the lease at key if it is still the ended session
@@ -644,22 +633,22 @@ func (l *sessionOps) endSessionLease(ctx context.Context, key, hash string, why 
 	}
 	defer st.unlock()
 	res := decodedResource(resourceOf(key))
-	fresh := false
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		o, err := l.current(ctx, key, fresh)
-		if err != nil || !o.held() || o.rec.Session != hash {
-			return
-		}
-		err = l.handover.end(ctx, res, key, o, why, "")
-		if errors.Is(err, errConflict) {
-			fresh = true
-			continue
-		}
-		if err == nil {
-			l.report.ended(why, res, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", origin{})
-		}
-		return
-	}
+	_, _ = commitLoop(ctx, l.engineDeps, "", false, engineSteps[observation, struct{}, struct{}]{
+		read: l.readKey(key),
+		decide: func(o observation, _ bool) verdict[struct{}, struct{}] {
+			if !o.held() || o.rec.Session != hash {
+				return answer[struct{}, struct{}](struct{}{}, nil)
+			}
+			return verdict[struct{}, struct{}]{kind: writePlan}
+		},
+		commit: func(ctx context.Context, o observation, _ struct{}) (struct{}, outcome, error) {
+			err := l.handover.end(ctx, res, key, o, why, "")
+			if err == nil {
+				l.report.ended(why, res, o.rec.TokenAt(o.rev), o.rec.Owner, "ended", origin{})
+			}
+			return quiet(settled(struct{}{}, err))
+		},
+	})
 }
 
 // removeSessionLeases deletes the leases at keys that are still the ended
@@ -733,27 +722,13 @@ func (l *sessionOps) expireSession(ctx context.Context, key string, o observatio
 // from the tracker, or read fresh when the tracker does not show it live
 // (or fresh is set). A session that has ended, is expiring, or is not the
 // caller's is lease_lost, on a read proven by a conditional write
-// (confirmSession, the commit step: a proof that finds the record moved
-// on pauses and reads again, stale). It runs on the commit loop, at most
-// attempts(g.session) times.
+// (onSession).
 func (l *sessionOps) session(ctx context.Context, g *grantReq, fresh bool) (observation, error) {
-	key := streams.SessionKey(g.session)
-	return commitLoop(ctx, l.engineDeps, g.session, fresh, engineSteps[observation, struct{}, observation]{
-		read: l.readKey(key),
-		decide: func(o observation, fresh bool) verdict[observation, struct{}] {
-			switch {
-			case holds(o, g.secret, g.who) && !l.tracker.expired(o, time.Now()):
-				return answer[observation, struct{}](o, nil)
-			case !fresh:
-				return verdict[observation, struct{}]{kind: readAgain}
-			}
-			return verdict[observation, struct{}]{kind: writePlan} // prove it gone
-		},
-		commit: func(ctx context.Context, o observation, _ struct{}) (observation, outcome, error) {
-			if _, out, err := quiet(settled(struct{}{}, l.confirmSession(ctx, g.session, o))); out != committed || err != nil {
-				return observation{}, out, err
-			}
-			return observation{}, committed, errNoSession()
+	return onSession(ctx, l, g.session, fresh, recordSteps[observation]{
+		live: func(o observation) bool { return holds(o, g.secret, g.who) && !l.tracker.expired(o, time.Now()) },
+		act:  asIs,
+		negative: func(observation) (observation, error) {
+			return observation{}, errNoSession()
 		},
 	})
 }

@@ -114,68 +114,83 @@ func (w *setWaiter) checkPlaces(ctx context.Context) error {
 	return nil
 }
 
+// setPlaces is what a set waiter's enqueue decides on: the records at its
+// waiter keys, and the revisions of its places (none when isNew).
+type setPlaces struct {
+	obs    []observation
+	places []uint64
+	isNew  bool
+}
+
 // enqueue takes the set's places on every key in one atomic batch (a
-// retry of the request keeps its tickets). The caller holds every key's
-// lock.
+// retry of the request keeps its tickets), on the commit loop. The caller
+// holds every key's lock.
 func (w *setWaiter) enqueue(ctx context.Context) error {
-	l, r := w.l, w.r
-	cfg := l.cfg
-	fresh := false
-	defer l.tracker.caps.unreserveWaits(w.wkeys...)
-attempts:
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		obs, err := l.readAll(ctx, w.wkeys, fresh)
-		if err != nil {
-			return err
+	defer w.l.tracker.caps.unreserveWaits(w.wkeys...)
+	gone, err := commitLoop(ctx, w.l.engineDeps, "", false, engineSteps[setPlaces, struct{}, bool]{
+		read: func(ctx context.Context, fresh bool) (setPlaces, bool, error) {
+			obs, err := w.l.readAll(ctx, w.wkeys, fresh)
+			return setPlaces{obs: obs, places: w.places, isNew: !w.queued()}, false, err
+		},
+		decide: func(s setPlaces, fresh bool) verdict[bool, struct{}] { return decidePlaces(s, w.r, fresh) },
+		commit: w.commitPlaces,
+	})
+	if gone {
+		clear(w.places) // a place gone since checkPlaces: queue again next step
+	}
+	return err
+}
+
+// decidePlaces is the verdict on the set r's enqueue over s: keep its
+// places, take over a retry's (r's own records), or take new ones; a
+// place gone (on a fresh read) answers gone, and a place held by another
+// request lease_lost.
+func decidePlaces(s setPlaces, r *setReq, fresh bool) verdict[bool, struct{}] {
+	for i, o := range s.obs {
+		switch {
+		case !s.isNew && o.held() && o.rev == s.places[i]:
+		case !s.isNew && !fresh:
+			return verdict[bool, struct{}]{kind: readAgain}
+		case !s.isNew:
+			return answer[bool, struct{}](true, nil)
+		case o.held() && !r.mine(o.rec):
+			return answer[bool, struct{}](false, newOpError(streams.CodeLeaseLost, "the waiting acquire's place is held by another request"))
 		}
-		isNew := !w.queued()
-		now := cfg.Clock.Now()
-		window := recordWindow(cfg, w.until)
-		recs := make([]*streams.Record, len(obs))
-		msgs := make([]*batchMsg, len(obs))
-		for i, o := range obs {
-			rec := w.placeRecord(now, window)
-			switch {
-			case !isNew && o.held() && o.rev == w.places[i]:
-				rec.Token, rec.GrantedAt = o.rec.TokenAt(o.rev), o.rec.GrantedAt // keep the ticket
-			case !isNew:
-				if !fresh {
-					fresh = true
-					continue attempts
-				}
-				// A place gone since checkPlaces: queue again next step.
-				clear(w.places)
-				return nil
-			case o.held() && r.mine(o.rec):
-				// A retry of the request, served here: it takes over the
-				// place and keeps the ticket (the instance that queued
-				// it first stops).
-				rec.Token, rec.GrantedAt = o.rec.TokenAt(o.rev), o.rec.GrantedAt
-			case o.held():
-				return newOpError(streams.CodeLeaseLost, "the waiting acquire's place is held by another request")
-			default:
-				if err := w.room(i); err != nil {
-					return err
-				}
-			}
-			rec.RenewedAt = streams.FormatTime(now)
-			rec.ExpiresAt = streams.FormatTime(now.Add(window))
-			recs[i] = rec
-			msgs[i] = l.store.putMsg(w.wkeys[i], streams.WaiterOf(rec).AppendJSON(nil), o.rev, "")
+	}
+	return verdict[bool, struct{}]{kind: writePlan}
+}
+
+// commitPlaces writes the places decided on s in one atomic batch: a held
+// key (its own place, or its retry's, which the instance that queued it
+// first stops serving) keeps its ticket; a new place needs room (w.room).
+// A lost race is decided again, unreported (stale).
+func (w *setWaiter) commitPlaces(ctx context.Context, s setPlaces, _ struct{}) (bool, outcome, error) {
+	l := w.l
+	now := l.cfg.Clock.Now()
+	window := recordWindow(l.cfg, w.until)
+	recs := make([]*streams.Record, len(s.obs))
+	msgs := make([]*batchMsg, len(s.obs))
+	for i, o := range s.obs {
+		rec := w.placeRecord(now, window)
+		if o.held() {
+			rec.Token, rec.GrantedAt = o.rec.TokenAt(o.rev), o.rec.GrantedAt // keep the ticket
+		} else if err := w.room(i); err != nil {
+			return false, committed, err
 		}
-		if _, err := l.store.batch(ctx, "put", msgs); err != nil {
-			if errors.Is(err, errConflict) {
-				fresh = true
-				continue
-			}
+		rec.RenewedAt = streams.FormatTime(now)
+		rec.ExpiresAt = streams.FormatTime(now.Add(window))
+		recs[i] = rec
+		msgs[i] = l.store.putMsg(w.wkeys[i], streams.WaiterOf(rec).AppendJSON(nil), o.rev, "")
+	}
+	if _, err := l.store.batch(ctx, "put", msgs); err != nil {
+		if !isConflict(err) {
 			for _, k := range w.wkeys {
 				l.tracker.forget(k)
 			}
-			return err
 		}
-		return w.placed(ctx, recs, msgs, isNew)
+		return quiet(settled(false, err))
 	}
-	return tooManyConflicts()
+	return false, committed, w.placed(ctx, recs, msgs, s.isNew)
 }
 
 // placeRecord is the waiter record of this set's acquire, written now for

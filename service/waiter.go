@@ -213,51 +213,83 @@ func (w *waiter) cancelled(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
+// waitSnap is what an enqueue decides on: the record at the waiter's key,
+// and the revision its own record was written at (0: none).
+type waitSnap struct {
+	o    observation
+	mine uint64
+}
+
+// enqueuePlan is what an enqueue writes.
+type enqueuePlan uint8
+
+const (
+	enqueueWrite enqueuePlan = iota // a new record, or its own rewritten
+	enqueueAgain                    // its record was removed: a new one, unless cancelled
+)
+
 // enqueue creates the waiter record, or rewrites it (same ticket) to point
-// it at this instance, when a retry takes over its place. The caller holds
-// the lease key's lock; waiter keys are written only under it.
+// it at this instance, when a retry takes over its place; on the commit
+// loop. The caller holds the lease key's lock; waiter keys are written
+// only under it.
 func (w *waiter) enqueue(ctx context.Context) error {
-	mine := w.queued.rev
-	fresh := false
 	defer w.l.tracker.caps.unreserveWaits(w.wkey)
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		o, err := w.l.current(ctx, w.wkey, fresh)
-		if err != nil {
-			return err
-		}
-		if mine != 0 && (!o.held() || o.rev != mine && o.rec.Wake != w.wake) {
-			if !fresh {
-				fresh = true
-				continue
-			}
-			if o.held() {
-				return newOpError(streams.CodeLeaseLost, "the waiting acquire was taken over by a retry")
-			}
-			if cancelled, err := w.cancelled(ctx); err != nil || cancelled {
-				return err
-			}
-			mine = 0 // removed meanwhile (its instance taken for dead): queue again
-		}
-		rec, err := w.record(o)
-		if err != nil {
-			return err
-		}
-		seq, _, err := w.l.store.put(ctx, w.wkey, rec, o.rev, "")
-		if errors.Is(err, errConflict) {
-			fresh = true
-			continue
-		}
-		if err != nil {
-			w.l.tracker.forget(w.wkey)
-			return err
-		}
-		w.queued = w.l.tracker.observe(w.wkey, entry{rev: seq, rec: rec})
-		if o.held() {
-			return nil
-		}
-		return w.newPlace(ctx)
+	_, err := commitLoop(ctx, w.l.engineDeps, "", false, engineSteps[waitSnap, enqueuePlan, struct{}]{
+		read: func(ctx context.Context, fresh bool) (waitSnap, bool, error) {
+			o, err := w.l.current(ctx, w.wkey, fresh)
+			return waitSnap{o: o, mine: w.queued.rev}, false, err
+		},
+		decide: func(s waitSnap, fresh bool) verdict[struct{}, enqueuePlan] {
+			return decideEnqueue(s, w.wake, fresh)
+		},
+		commit: w.commitEnqueue,
+	})
+	return err
+}
+
+// decideEnqueue is the verdict on an enqueue whose wake subject is wake:
+// write when it has no record yet or the key holds its own (its revision,
+// or its wake subject: a retry's rewrite), else, on a fresh read, lost to
+// a retry that took the place over, or queue again if the record is gone.
+func decideEnqueue(s waitSnap, wake string, fresh bool) verdict[struct{}, enqueuePlan] {
+	o := s.o
+	switch {
+	case s.mine == 0 || o.held() && (o.rev == s.mine || o.rec.Wake == wake):
+		return verdict[struct{}, enqueuePlan]{kind: writePlan, plan: enqueueWrite}
+	case !fresh:
+		return verdict[struct{}, enqueuePlan]{kind: readAgain}
+	case o.held():
+		return answer[struct{}, enqueuePlan](struct{}{}, newOpError(streams.CodeLeaseLost, "the waiting acquire was taken over by a retry"))
 	}
-	return tooManyConflicts()
+	return verdict[struct{}, enqueuePlan]{kind: writePlan, plan: enqueueAgain}
+}
+
+// commitEnqueue writes the waiter's record over s (a lost race is decided
+// again, unreported: stale); a record that takes a new place looks for a
+// cancel that came meanwhile (newPlace).
+func (w *waiter) commitEnqueue(ctx context.Context, s waitSnap, p enqueuePlan) (struct{}, outcome, error) {
+	if p == enqueueAgain {
+		if cancelled, err := w.cancelled(ctx); err != nil || cancelled {
+			return struct{}{}, committed, err
+		}
+		w.queued = observation{} // removed meanwhile (its instance taken for dead): queue again
+	}
+	rec, err := w.record(s.o)
+	if err != nil {
+		return struct{}{}, committed, err
+	}
+	seq, _, err := w.l.store.put(ctx, w.wkey, rec, s.o.rev, "")
+	if err != nil {
+		if !isConflict(err) {
+			w.l.tracker.forget(w.wkey)
+		}
+		return quiet(settled(struct{}{}, err))
+	}
+	w.queued = w.l.tracker.observe(w.wkey, entry{rev: seq, rec: rec})
+	if s.o.held() {
+		return struct{}{}, committed, nil
+	}
+	return struct{}{}, committed, w.newPlace(ctx)
 }
 
 // newPlace looks, once the waiter's record has taken a new place, for the
