@@ -7,23 +7,32 @@ import (
 
 // The engine: every grant (a lock, a permit of a semaphore, a lock set),
 // the answer to a grant's duplicate (earlierGrant), the renewal of a
-// lease, the open of a session and the lookup of a grant's session is
-// made by one commit loop (commitLoop) from three steps that its
-// primitive supplies. The read step gathers a snapshot (the records,
-// the session's record, the name rule's record), on the instance's view
-// or fresh from the stream leader. The decide step is a function of that
-// snapshot, the view and the clock, and does no I/O: it returns a verdict
+// lease, every request about a session (open, keepalive, close, the
+// lookup of a grant's session) and the conditional end of a lease is made
+// by one commit loop (commitLoop) from three steps that its primitive
+// supplies. The read step gathers a snapshot (the records, the session's
+// record, the name rule's record), on the instance's view or fresh from
+// the stream leader. The decide step does no I/O: it returns a verdict
 // value — answer now (a response or a refusal), decide again on fresh
 // reads, prove and answer a retry of the same request, or write a plan
 // (a grant, a renewal, or the conditional write that proves the fresh
-// read a refusal rests on). The commit step writes the plan and reports,
-// as a value, whether the write committed, lost a race (conflict), found
-// the snapshot moved on under a write not counted as a race (stale) or
-// was a duplicate of an earlier write of the request. The loop owns what
-// is common: the bound of attempts, the switch to fresh reads, the
-// conflict's report and pause, and the answer when every attempt lost a
-// race. Renewals and releases of lock sets, and a few single-key writes
-// (a waiter record's delete, cancel tombstones), run on it too.
+// read a refusal rests on). The deciders of grants (decideGrant,
+// decidePermit, decideSet) are functions of their snapshot alone: the read
+// step puts in it what the view adds (viewFacts: the clock's reading,
+// whether the instance follows the bucket, the guard, the session's room;
+// each key's expiry and waiters ahead), and a grant's writes are planned
+// as values (write: grantWrites, setGrantWrites) that the store commits
+// as one atomic batch. So the simulation (sim_internal_test.go) runs the
+// same loop and deciders against a model of the bucket. The commit step
+// writes the plan and reports, as a value, whether the write committed,
+// lost a race (conflict), found the snapshot moved on under a write not
+// counted as a race (stale) or was a duplicate of an earlier write of the
+// request. The loop owns what is common: the bound of attempts, the switch
+// to fresh reads, the conflict's report and pause (races), and the answer
+// when every attempt lost a race. Renewals and releases of lock sets,
+// waiter enqueues, the end of a session's leases and sets, and a few
+// single-key writes (a waiter record's delete, cancel tombstones) run on
+// it too.
 
 // verdictKind says what the loop does with a decision.
 type verdictKind uint8
@@ -87,9 +96,16 @@ type engineSteps[S, P, R any] struct {
 	pause bool
 }
 
+// races is what the commit loop asks of its instance when a commit lost a
+// race: count it, and with pause wait about a commit (the instance's
+// engineDeps; the simulation's scheduler in its tests).
+type races interface {
+	lostRace(ctx context.Context, pause bool)
+}
+
 // commitLoop reads, decides, writes and retries on a conflict, at most
 // attempts(session) times, starting on the view unless fresh.
-func commitLoop[S, P, R any](ctx context.Context, l *engineDeps, session string, fresh bool, s engineSteps[S, P, R]) (R, error) {
+func commitLoop[S, P, R any](ctx context.Context, l races, session string, fresh bool, s engineSteps[S, P, R]) (R, error) {
 	var zero R
 	for attempt := 0; attempt < attempts(session); attempt++ {
 		snap, again, err := s.read(ctx, fresh)
@@ -119,10 +135,7 @@ func commitLoop[S, P, R any](ctx context.Context, l *engineDeps, session string,
 		resp, out, err = s.commit(ctx, snap, v.plan)
 		switch out {
 		case conflicted:
-			l.report.conflict()
-			if s.pause {
-				l.conflictPause(ctx)
-			}
+			l.lostRace(ctx, s.pause)
 			fresh = true
 			continue
 		case stale:
@@ -134,6 +147,29 @@ func commitLoop[S, P, R any](ctx context.Context, l *engineDeps, session string,
 		return resp, err
 	}
 	return zero, tooManyConflicts()
+}
+
+// lostRace counts a commit that lost a race, and with pause waits about a
+// commit (conflictPause).
+func (l *engineDeps) lostRace(ctx context.Context, pause bool) {
+	l.report.conflict()
+	if pause {
+		l.conflictPause(ctx)
+	}
+}
+
+// write is one message of a commit as a decision plans it: at key, by
+// compare-and-set on revision expect, the entry e (a record, a name
+// record, or a delete and its end mark); or, with check, no value but the
+// condition that key is still at expect. msgID, when set, makes a second
+// write of the same request a duplicate. A commit's writes are one atomic
+// batch: all or nothing.
+type write struct {
+	key    string
+	expect uint64
+	e      entry
+	msgID  string
+	check  bool
 }
 
 // settled turns a write's error into the loop's outcome: a lost

@@ -393,7 +393,7 @@ func (l *leaseOps) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*stre
 			return l.readToGrant(ctx, g, fresh)
 		},
 		decide: func(s grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
-			return l.decideGrant(g, s, fresh)
+			return decideGrant(g, s, fresh)
 		},
 		prove: func(ctx context.Context, s grantSnap) (*streams.LeaseResponse, outcome, error) {
 			return settled(l.sameRequest(ctx, g, s.o))
@@ -405,17 +405,54 @@ func (l *leaseOps) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*stre
 }
 
 // grantSnap is what a decision on a lock's grant rests on: the key's
-// observation o, the session's sess (if any), and whether o is a lease of
-// a session that a fresh read does not find (orphan, see sessionGone).
+// observation o, the session's sess (if any), whether o is a lease of a
+// session that a fresh read does not find (orphan, see sessionGone), and
+// what the instance's view adds as of the read.
 type grantSnap struct {
 	o, sess observation
 	orphan  bool
+	expired bool // o has expired as this instance observes it
+	claim   claim
+	facts   viewFacts
+}
+
+// viewFacts is what an instance's view adds to a decision's snapshot, as
+// of its read step: a decider reads nothing else.
+type viewFacts struct {
+	now    time.Time     // the clock's, for end marks
+	window time.Duration // the retry window
+	// following: the instance follows the bucket, so its view can lag
+	// other instances' writes (follow.go).
+	following bool
+	guard     error // the fleet's guard forbids grants (nil: it allows them)
+	room      error // the request's session is at its cap (nil: room, or none)
+}
+
+// claim says whether a request may claim a free resource before the
+// waiters queued for it (mayClaim), and how many are ahead.
+type claim struct {
+	ok    bool
+	ahead int
+}
+
+// viewFacts returns the view's facts, now (room: none).
+func (l *engineDeps) viewFacts() viewFacts {
+	return viewFacts{now: l.cfg.Clock.Now(), window: l.tracker.window, following: l.following(), guard: l.guard.grants()}
+}
+
+// factsFor returns the view's facts for a decision on g, now.
+func (l *leaseOps) factsFor(g *grantReq) viewFacts {
+	f := l.viewFacts()
+	if g.session != "" {
+		f.room = l.sessions.sessionRoom(g.session)
+	}
+	return f
 }
 
 // readToGrant reads what a decision on g's grant rests on: g's session
-// (if any), the key under the name rule (claimName), and whether the
-// lease found there is of a session that a fresh read does not find.
-// again asks to decide on fresh reads.
+// (if any), the key under the name rule (claimName), whether the lease
+// found there is of a session that a fresh read does not find, and the
+// view's facts. again asks to decide on fresh reads.
 func (l *leaseOps) readToGrant(ctx context.Context, g *grantReq, fresh bool) (s grantSnap, again bool, err error) {
 	if g.session != "" {
 		if s.sess, err = l.sessions.session(ctx, g, fresh); err != nil {
@@ -428,46 +465,49 @@ func (l *leaseOps) readToGrant(ctx context.Context, g *grantReq, fresh bool) (s 
 	if s.o, again, err = l.names.claimName(ctx, g.resource, s.o, 0, fresh); again || err != nil {
 		return s, again, err
 	}
-	if o := s.o; fresh && o.held() && o.rec.Session != "" && !l.tracker.expired(o, time.Now()) {
+	s.expired = l.tracker.expired(s.o, time.Now())
+	if o := s.o; fresh && o.held() && o.rec.Session != "" && !s.expired {
 		// Decide on the holder's session as the stream leader has it.
-		s.orphan, err = l.sessions.sessionGone(ctx, o.rec.Session)
+		if s.orphan, err = l.sessions.sessionGone(ctx, o.rec.Session); err != nil {
+			return s, false, err
+		}
 	}
-	return s, false, err
+	s.claim.ok, s.claim.ahead = l.handover.mayClaim(resourceOf(g.key), g.hash, s.o)
+	s.facts = l.factsFor(g)
+	return s, false, nil
 }
 
 // decideGrant is the verdict on g's grant from the snapshot s: prove a
 // retry of g (the lease is its own), refuse, decide on fresh reads, or
-// write the lease.
-func (l *leaseOps) decideGrant(g *grantReq, s grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
+// write the lease. It is a function of its arguments alone.
+func decideGrant(g *grantReq, s grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
 	type v = verdict[*streams.LeaseResponse, struct{}]
 	if s.o.held() && g.mine(s.o.rec) {
 		return v{kind: proveRetry}
 	}
-	if refusal, again := l.mustRefuse(g, s.o, fresh, s.orphan); refusal != nil {
-		return answer[*streams.LeaseResponse, struct{}](nil, refusal)
-	} else if again {
+	refusal, again := mustRefuse(g, s, fresh)
+	switch {
+	case again:
 		return v{kind: readAgain}
+	case refusal == nil && s.facts.guard != nil:
+		refusal = s.facts.guard
+	case refusal == nil && s.facts.room != nil:
+		refusal = s.facts.room
 	}
-	if err := l.guard.grants(); err != nil {
-		return answer[*streams.LeaseResponse, struct{}](nil, err)
-	}
-	if g.session != "" {
-		if err := l.sessions.sessionRoom(g.session); err != nil {
-			return answer[*streams.LeaseResponse, struct{}](nil, err)
-		}
+	if refusal != nil {
+		return answer[*streams.LeaseResponse, struct{}](nil, refusal)
 	}
 	return v{kind: writePlan}
 }
 
-// mustRefuse decides whether the key observed in o is someone else's: it
+// mustRefuse decides whether the key observed in s.o is someone else's: it
 // returns the refusal (locked, reserved for waiters, lease_lost) when it
 // is, and again when that must be decided on a read first.
-// orphan says that o is a lease of a session whose record a fresh read
-// did not find (see sessionGone).
-func (l *leaseOps) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (refusal error, again bool) {
+func mustRefuse(g *grantReq, s grantSnap, fresh bool) (refusal error, again bool) {
+	o := s.o
 	switch {
-	case (o.held() || o.foreign) && !orphan && !l.tracker.expired(o, time.Now()):
-		if !fresh && (o.foreign || l.following()) {
+	case (o.held() || o.foreign) && !s.orphan && !s.expired:
+		if !fresh && (o.foreign || s.facts.following) {
 			// Another instance may have ended the lease since the watcher
 			// last delivered (it lags by milliseconds under load, by
 			// seconds after a leader change): refuse only on a read. A
@@ -476,15 +516,15 @@ func (l *leaseOps) mustRefuse(g *grantReq, o observation, fresh, orphan bool) (r
 			return nil, true
 		}
 		return lockedError(o, g.who), false
-	case !o.held() && !o.foreign && o.end.Ended(g.requestID, g.tenant, l.cfg.Clock.Now(), l.tracker.window):
+	case !o.held() && !o.foreign && o.end.Ended(g.requestID, g.tenant, s.facts.now, s.facts.window):
 		return leaseEnded(g.requestID), false
+	case !s.claim.ok:
+		// Free, or expired by observation, but waiters have the first
+		// claim.
+		return newOpError(streams.CodeLocked, "resource is free but reserved for the %d waiters ahead", s.claim.ahead), false
 	}
 	// Free, or expired by observation: take it over by compare-and-set on
-	// the revision seen, unless waiters have the first claim.
-	if ok, ahead := l.handover.mayClaim(resourceOf(g.key), g.hash, o); !ok {
-		l.log.Debug("free but reserved", "resource", g.resource, "request_id", g.requestID, "ahead", ahead)
-		return newOpError(streams.CodeLocked, "resource is free but reserved for the %d waiters ahead", ahead), false
-	}
+	// the revision seen.
 	return nil, false
 }
 
@@ -587,23 +627,14 @@ func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess o
 	return sessionLeaseResponse(g.resource, seq, rec, sess.rec), nil
 }
 
-// writeGrant writes the lease rec for g over revision expect: one
-// compare-and-set write when plain, else in one atomic batch with the
-// check of the session observed in sess, through the session's gate (a
-// lease of a session, on a lone instance), and for a permit with the
-// write of its semaphore's name record (name_rule.go), whose revision is
-// nameSeq. It returns the grant's revision, or dup when an earlier write
-// of the request (or its cancel) was found.
+// writeGrant writes the lease rec for g over revision expect
+// (grantWrites): when not plain, with the check of the session observed in
+// sess, through the session's gate (a lease of a session, on a lone
+// instance). It returns the grant's revision and, for a permit, its name
+// record's (nameSeq), or dup when an earlier write of the request (or its
+// cancel) was found.
 func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (seq, nameSeq uint64, dup bool, err error) {
-	if plain && g.limit == 0 {
-		seq, dup, err = l.store.put(ctx, g.key, rec, expect, grantMsgID(g.hash))
-		return seq, 0, dup, err
-	}
 	var session check
-	var also []*batchMsg
-	if g.limit != 0 {
-		also = append(also, l.store.nameMsg(g.sem, g.limit, g.nameRev))
-	}
 	var gate *keyLock
 	if !plain {
 		if gate, err = l.sessions.sessionGate(ctx, g.session); err != nil {
@@ -611,19 +642,37 @@ func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Rec
 		}
 		session = check{key: streams.SessionKey(g.session), rev: sess.rev}
 	}
-	seq, err = l.store.grantBatch(ctx, g.key, rec, expect, grantMsgID(g.hash), session, also...)
+	revs, dup, err := l.store.commitWrites(ctx, "grant", grantWrites(g, rec, expect, session))
 	if gate != nil {
 		gate.unlock()
 	}
 	switch {
-	case errors.Is(err, errDuplicate):
-		return 0, 0, true, nil
-	case errors.Is(err, errConflict) && !plain:
+	case err != nil && isConflict(err) && !plain:
 		l.conflictPause(ctx) // perhaps another instance's write to the session
-	case err == nil && g.limit != 0:
-		nameSeq = also[0].seq
+	case err != nil || dup:
+	case g.limit != 0:
+		seq, nameSeq = revs[0], revs[1]
+	default:
+		seq = revs[0]
 	}
-	return seq, nameSeq, false, err
+	return seq, nameSeq, dup, err
+}
+
+// grantWrites are the writes of the grant of rec to g over revision
+// expect: the lease, with the request's message id (so a second grant of
+// the request is a duplicate); for a permit, its semaphore's name record,
+// by compare-and-set on the revision the name rule read (name_rule.go);
+// and when session names a key, the check that the session's record is
+// still at its revision (see store.grantMsgs).
+func grantWrites(g *grantReq, rec *streams.Record, expect uint64, session check) []write {
+	ws := []write{{key: g.key, expect: expect, e: entry{rec: rec}, msgID: grantMsgID(g.hash)}}
+	if g.limit != 0 {
+		ws = append(ws, write{key: streams.LeaseKey(g.sem), expect: g.nameRev, e: entry{sem: g.limit}})
+	}
+	if session.key != "" {
+		ws = append(ws, write{key: session.key, expect: session.rev, check: true})
+	}
+	return ws
 }
 
 // earlierGrant answers an acquire whose granting write JetStream reported

@@ -74,7 +74,7 @@ func (l *semOps) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.
 			return l.readPermits(ctx, g, fresh)
 		},
 		decide: func(p permitsRead, _ bool) verdict[*streams.LeaseResponse, struct{}] {
-			return l.decidePermit(g, p)
+			return decidePermit(g, p)
 		},
 		prove: func(ctx context.Context, p permitsRead) (*streams.LeaseResponse, outcome, error) {
 			resp, out, err := settled(l.leases.sameRequest(ctx, g.permit(p.mine), p.held))
@@ -90,12 +90,13 @@ func (l *semOps) trySem(ctx context.Context, g *grantReq, fresh bool) (*streams.
 }
 
 // decidePermit is the verdict on g's grant of a permit from the permits
-// read in p: prove a retry of g (it holds a permit), refuse, or write.
-func (l *semOps) decidePermit(g *grantReq, p permitsRead) verdict[*streams.LeaseResponse, struct{}] {
+// read in p: prove a retry of g (it holds a permit), refuse, or write. It
+// is a function of its arguments alone.
+func decidePermit(g *grantReq, p permitsRead) verdict[*streams.LeaseResponse, struct{}] {
 	if p.mine != 0 {
 		return verdict[*streams.LeaseResponse, struct{}]{kind: proveRetry}
 	}
-	if err := l.mayGrantPermit(g, p.free); err != nil {
+	if err := mayGrantPermit(g, p); err != nil {
 		return answer[*streams.LeaseResponse, struct{}](nil, err)
 	}
 	return verdict[*streams.LeaseResponse, struct{}]{kind: writePlan}
@@ -122,13 +123,16 @@ func (l *semOps) commitPermit(ctx context.Context, g *grantReq, p permitsRead) (
 // permitsRead is what a decision on a permit's grant read of its
 // semaphore's permits: the free ones (or expired, to take over), or the
 // one the request holds already (mine, 0 if none; held is its lease),
-// and the request's session (sess, if any).
+// the request's session (sess, if any), the waiters queued ahead of it
+// and the view's facts.
 type permitsRead struct {
 	sess  observation
 	free  []int
 	frees []observation
 	mine  int
 	held  observation
+	ahead int
+	facts viewFacts
 }
 
 // readPermits reads what a decision on g's grant of a permit rests on:
@@ -166,25 +170,24 @@ func (l *semOps) readPermits(ctx context.Context, g *grantReq, fresh bool) (p pe
 			p.free, p.frees = append(p.free, k), append(p.frees, o)
 		}
 	}
+	p.ahead, _, _ = l.tracker.ahead(streams.EncodeResource(g.resource), g.hash)
+	p.facts = l.leases.factsFor(g)
 	return p, false, nil
 }
 
-// mayGrantPermit refuses g's grant when no permit is free for it (free:
-// the free permits), or the fleet's guard or g's session's cap forbids it.
-func (l *semOps) mayGrantPermit(g *grantReq, free []int) error {
-	if len(free) == 0 {
+// mayGrantPermit refuses g's grant when no permit is free for it in p
+// after the waiters ahead, or the fleet's guard or g's session's cap
+// forbids it.
+func mayGrantPermit(g *grantReq, p permitsRead) error {
+	switch free := len(p.free); {
+	case free == 0:
 		return newOpError(streams.CodeLocked, "all %d permits of semaphore %q are held", g.limit, g.sem)
+	case p.ahead >= free:
+		return newOpError(streams.CodeLocked, "the %d free permits of semaphore %q are reserved for the %d waiters ahead", free, g.sem, p.ahead)
+	case p.facts.guard != nil:
+		return p.facts.guard
 	}
-	if ahead, _, _ := l.tracker.ahead(streams.EncodeResource(g.resource), g.hash); ahead >= len(free) {
-		return newOpError(streams.CodeLocked, "the %d free permits of semaphore %q are reserved for the %d waiters ahead", len(free), g.sem, ahead)
-	}
-	if err := l.guard.grants(); err != nil {
-		return err
-	}
-	if g.session != "" {
-		return l.sessions.sessionRoom(g.session)
-	}
-	return nil
+	return p.facts.room
 }
 
 // permitResponse names the semaphore and permit k in resp, the grant of

@@ -161,7 +161,7 @@ func (l *setOps) trySet(ctx context.Context, r *setReq, fresh bool, queued []uin
 			return l.readSet(ctx, r, fresh)
 		},
 		decide: func(s setSnap, fresh bool) verdict[*streams.SetLeaseResponse, struct{}] {
-			return l.decideSet(r, s.obs, fresh)
+			return decideSet(r, s, fresh)
 		},
 		prove: func(ctx context.Context, s setSnap) (*streams.SetLeaseResponse, outcome, error) {
 			return settled(l.proveSet(ctx, r, s.obs))
@@ -184,10 +184,16 @@ func (l *setOps) trySet(ctx context.Context, r *setReq, fresh bool, queued []uin
 }
 
 // setSnap is what a decision on a set's grant rests on: the request's
-// session (sess, if any) and the observations of the set's keys.
+// session (sess, if any), the observations of the set's keys, and what the
+// instance's view adds as of the read: whether each has expired as it
+// observes it, whether the request may claim each before its waiters, and
+// the view's facts (room: the session's cap for the set's keys).
 type setSnap struct {
-	sess observation
-	obs  []observation
+	sess    observation
+	obs     []observation
+	expired []bool
+	claims  []claim
+	facts   viewFacts
 }
 
 // proveSet answers a retry of set r, whose every key (observed in obs)
@@ -222,6 +228,18 @@ func (l *setOps) readSet(ctx context.Context, r *setReq, fresh bool) (s setSnap,
 			return s, again, err
 		}
 	}
+	now := time.Now()
+	s.expired, s.claims = make([]bool, len(s.obs)), make([]claim, len(s.obs))
+	for i, o := range s.obs {
+		s.expired[i] = l.tracker.expired(o, now)
+		s.claims[i].ok, s.claims[i].ahead = l.handover.mayClaim(resourceOf(r.keys[i]), r.hashes[i], o)
+	}
+	s.facts = l.viewFacts()
+	if r.session != "" {
+		if _, n := l.tracker.sessionIx.memberCount(r.session); n+len(r.keys) > l.cfg.MaxPerSession {
+			s.facts.room = newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, and the set needs %d more: the cap is %d", n, len(r.keys), l.cfg.MaxPerSession)
+		}
+	}
 	return s, false, nil
 }
 
@@ -239,6 +257,7 @@ func (l *setOps) readSet(ctx context.Context, r *setReq, fresh bool) (s setSnap,
 // The caller holds every key's lock.
 func (l *setOps) stillBlocked(ctx context.Context, r *setReq) error {
 	obs := make([]observation, len(r.keys))
+	expired := make([]bool, len(r.keys))
 	probe := -1
 	now := time.Now()
 	for i, k := range r.keys {
@@ -249,7 +268,8 @@ func (l *setOps) stillBlocked(ctx context.Context, r *setReq) error {
 		if o.foreign || o.held() && r.mine(o.rec) || !o.held() && o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window) {
 			return nil
 		}
-		if probe < 0 && o.held() && !l.tracker.expired(o, now) {
+		expired[i] = l.tracker.expired(o, now)
+		if probe < 0 && o.held() && !expired[i] {
 			probe = i
 		}
 		obs[i] = o
@@ -262,16 +282,17 @@ func (l *setOps) stillBlocked(ctx context.Context, r *setReq) error {
 		return nil // decided on fresh reads of every key
 	}
 	obs[probe] = o
-	return l.setLocked(r, obs, false)
+	return setLocked(r, obs, expired, false)
 }
 
-// decideSet is the verdict on set r from the observations obs of its
-// keys: prove a retry (every key holds r's lease), refuse, decide on a
-// fresh read first, or write the set's grant.
-func (l *setOps) decideSet(r *setReq, obs []observation, fresh bool) verdict[*streams.SetLeaseResponse, struct{}] {
+// decideSet is the verdict on set r from the snapshot s of its keys:
+// prove a retry (every key holds r's lease), refuse, decide on a fresh
+// read first, or write the set's grant. It is a function of its arguments
+// alone.
+func decideSet(r *setReq, s setSnap, fresh bool) verdict[*streams.SetLeaseResponse, struct{}] {
 	type v = verdict[*streams.SetLeaseResponse, struct{}]
 	refuse := func(err error) v { return answer[*streams.SetLeaseResponse, struct{}](nil, err) }
-	now := time.Now()
+	obs := s.obs
 	mine := 0
 	for _, o := range obs {
 		if o.held() && r.mine(o.rec) {
@@ -282,7 +303,7 @@ func (l *setOps) decideSet(r *setReq, obs []observation, fresh bool) verdict[*st
 	case mine == len(obs):
 		rec := obs[0].rec
 		if rec.Owner != r.owner || rec.Session != r.session {
-			return refuse(l.setLocked(r, obs, true))
+			return refuse(setLocked(r, obs, s.expired, true))
 		}
 		return v{kind: proveRetry}
 	case mine > 0:
@@ -294,46 +315,44 @@ func (l *setOps) decideSet(r *setReq, obs []observation, fresh bool) verdict[*st
 		}
 		return refuse(leaseEnded(r.requestID))
 	}
-	var held []int
+	held := false
 	for i, o := range obs {
-		if (o.held() || o.foreign) && !l.tracker.expired(o, now) {
-			if !fresh && (o.foreign || l.following()) {
+		if (o.held() || o.foreign) && !s.expired[i] {
+			if !fresh && (o.foreign || s.facts.following) {
 				return v{kind: readAgain}
 			}
-			held = append(held, i)
+			held = true
 			continue
 		}
-		if !o.held() && !o.foreign && o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window) {
+		if !o.held() && !o.foreign && o.end.Ended(r.requestID, r.tenant, s.facts.now, s.facts.window) {
 			return refuse(leaseEnded(r.requestID))
 		}
 	}
-	if len(held) > 0 {
-		return refuse(l.setLocked(r, obs, false))
+	if held {
+		return refuse(setLocked(r, obs, s.expired, false))
 	}
-	for i, o := range obs {
-		if ok, ahead := l.handover.mayClaim(resourceOf(r.keys[i]), r.hashes[i], o); !ok {
-			return refuse(newOpError(streams.CodeLocked, "resource %q is free but reserved for the %d waiters ahead", r.resources[i], ahead))
+	for i, c := range s.claims {
+		if !c.ok {
+			return refuse(newOpError(streams.CodeLocked, "resource %q is free but reserved for the %d waiters ahead", r.resources[i], c.ahead))
 		}
 	}
-	if r.session != "" {
-		if _, n := l.tracker.sessionIx.memberCount(r.session); n+len(r.keys) > l.cfg.MaxPerSession {
-			return refuse(newOpError(streams.CodeTooManyWaiters, "this session holds %d leases and waits, and the set needs %d more: the cap is %d", n, len(r.keys), l.cfg.MaxPerSession))
-		}
+	if s.facts.room != nil {
+		return refuse(s.facts.room)
 	}
-	if err := l.guard.grants(); err != nil {
-		return refuse(err)
+	if s.facts.guard != nil {
+		return refuse(s.facts.guard)
 	}
 	return v{kind: writePlan}
 }
 
 // setLocked is the "locked" answer to r: every resource of the set that is
-// held, and by whom as r's caller may see it (all of them when the set's
-// keys hold r's own request for another owner or session).
-func (l *setOps) setLocked(r *setReq, obs []observation, all bool) *opError {
+// held (and, unless all, not expired as observed), and by whom as r's
+// caller may see it (all of them when the set's keys hold r's own request
+// for another owner or session).
+func setLocked(r *setReq, obs []observation, expired []bool, all bool) *opError {
 	oe := &opError{code: streams.CodeLocked, msg: "resources of the set are held by other leases"}
-	now := time.Now()
 	for i, o := range obs {
-		if !o.held() && !o.foreign || !all && l.tracker.expired(o, now) {
+		if !o.held() && !o.foreign || !all && expired[i] {
 			continue
 		}
 		h := streams.Holder{Resource: r.resources[i]}
@@ -355,16 +374,23 @@ func (l *setOps) setLocked(r *setReq, obs []observation, all bool) *opError {
 // session (observed in sess).
 func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, queued []uint64, sess observation) (*streams.SetLeaseResponse, error) {
 	plain := r.session == "" || l.sessions.inStreamOrder()
-	msgs, rec := l.setGrantMsgs(r, obs, queued, sess, plain)
+	rec := l.setRecord(r)
+	var session check
 	if !plain {
+		session = check{key: streams.SessionKey(r.session), rev: sess.rev}
 		gate, err := l.sessions.sessionGate(ctx, r.session)
 		if err != nil {
 			return nil, err
 		}
 		defer gate.unlock()
 	}
-	if _, err := l.store.batch(ctx, "grant", msgs); err != nil {
-		if !errors.Is(err, errConflict) && !errors.Is(err, errDuplicate) {
+	ws := setGrantWrites(r, rec, obs, queued, session)
+	revs, dup, err := l.store.commitWrites(ctx, "grant", ws)
+	switch {
+	case dup:
+		return nil, errDuplicate
+	case err != nil:
+		if !isConflict(err) {
 			for _, k := range r.keys {
 				l.tracker.forget(k)
 			}
@@ -373,13 +399,11 @@ func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, que
 	}
 	out := make([]observation, len(r.keys))
 	for i, k := range r.keys {
-		out[i] = l.tracker.observe(k, entry{rev: msgs[i].seq, rec: rec})
+		out[i] = l.tracker.observe(k, entry{rev: revs[i], rec: rec})
 	}
-	n := len(r.keys)
-	for i, rev := range queued {
-		if rev != 0 {
-			l.tracker.observe(streams.WaitKey(r.resources[i], r.hashes[i]), entry{rev: msgs[n].seq})
-			n++
+	for i, w := range ws[len(r.keys):] {
+		if !w.check {
+			l.tracker.observe(w.key, entry{rev: revs[len(r.keys)+i]})
 		}
 	}
 	if r.session != "" {
@@ -388,7 +412,7 @@ func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, que
 		}
 	}
 	for i := range r.keys {
-		l.report.granted(r.resources[i], msgs[i].seq, r.owner, r.who, "acquire")
+		l.report.granted(r.resources[i], revs[i], r.owner, r.who, "acquire")
 	}
 	return setResponse(r.resources, out, sess.rec), nil
 }
@@ -431,31 +455,38 @@ func (l *setOps) setHeldInSession(ctx context.Context, r *setReq, obs []observat
 	return setResponse(r.resources, obs, sess), nil
 }
 
-// setGrantMsgs returns the atomic batch of r's grant over the key
-// revisions obs (see grantSet), and the lease record it writes on every
-// key; unless plain, the batch checks that r's session observed in sess
-// has not moved on.
-func (l *setOps) setGrantMsgs(r *setReq, obs []observation, queued []uint64, sess observation, plain bool) ([]*batchMsg, *streams.Record) {
+// setRecord is the lease record of set r, granted now.
+func (l *setOps) setRecord(r *setReq) *streams.Record {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, r.requestID, r.owner, r.tenant, r.ttl, l.holdLimit(now, r.maxHold))
 	rec.Set, rec.SetSize = r.set, len(r.keys)
 	if r.session != "" {
 		sessionLease(rec, now, r.session, l.holdLimit(now, r.maxHold))
 	}
-	body := rec.AppendJSON(nil)
-	var msgs []*batchMsg
+	return rec
+}
+
+// setGrantWrites are the writes of the grant of rec to set r, one atomic
+// batch: rec at every key over the revision in obs, each with the message
+// id of the request at that key (a second grant of the request is a
+// duplicate); the delete of each of r's waiter records (revisions in
+// queued, 0: none); and when session names a key, the check that the
+// session's record is still at its revision (a lone instance's grant to a
+// session, see store.grantMsgs).
+func setGrantWrites(r *setReq, rec *streams.Record, obs []observation, queued []uint64, session check) []write {
+	var ws []write
 	for i, k := range r.keys {
-		msgs = append(msgs, l.store.putMsg(k, body, obs[i].rev, grantMsgID(r.hashes[i])))
+		ws = append(ws, write{key: k, expect: obs[i].rev, e: entry{rec: rec}, msgID: grantMsgID(r.hashes[i])})
 	}
 	for i, rev := range queued {
 		if rev != 0 {
-			msgs = append(msgs, l.store.deleteMsg(streams.WaitKey(r.resources[i], r.hashes[i]), rev, nil))
+			ws = append(ws, write{key: streams.WaitKey(r.resources[i], r.hashes[i]), expect: rev})
 		}
 	}
-	if !plain {
-		msgs = append(msgs, &batchMsg{Msg: l.store.checkMsg(streams.SessionKey(r.session), sess.rev)})
+	if session.key != "" {
+		ws = append(ws, write{key: session.key, expect: session.rev, check: true})
 	}
-	return msgs, rec
+	return ws
 }
 
 // straddles reports whether obs, one read per key of r, straddles the

@@ -36,7 +36,11 @@ func TestSetGrantCrashAtEveryStep(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		msgs, _ := s.locks.sets.setGrantMsgs(r, obs, nil, observation{}, true)
+		ws := setGrantWrites(r, s.locks.sets.setRecord(r), obs, nil, check{})
+		msgs := make([]*batchMsg, len(ws))
+		for i, w := range ws {
+			msgs[i] = s.locks.store.msgOf(w)
+		}
 		id := nuid.Next()
 		for i, m := range msgs[:sent] {
 			m.Header.Set(batchIDHeader, id)

@@ -4,20 +4,26 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/jetlock/jetlock/streams"
 )
 
-// A deterministic simulation of the rules that span requests: grants of
-// locks, permits and lock sets in sessions by several instances, decided
-// by the service's own deciders (decideName, mayRetire) on views that lag
-// and restart, committed to an in-memory model of the bucket (revisions,
-// compare-and-set, atomic batches with checks), with replies lost and
-// instances that die mid-request; one seed drives every choice, and the
-// invariants are checked after every step. A failure prints its seed and
+// A deterministic simulation of the engine and the rules that span
+// requests: grants of locks, elections, permits and lock sets (in
+// sessions) by three instances whose views lag and restart, committed to
+// an in-memory model of the bucket (revisions, compare-and-set, atomic
+// batches with checks, message-id duplicates), with replies lost (their
+// clients retry with the same request id), sessions closed, and instances
+// that die mid-request. Every grant and retry runs the service's own
+// commitLoop and deciders (decideGrant, decidePermit, decideSet,
+// decideName, mayRetire) and commits the writes that grantWrites and
+// setGrantWrites plan (sim_engine_internal_test.go); releases and closes
+// are modelled here. One seed drives every choice, and the
+// invariants are checked after every step: a name is one kind and one
+// limit at a time (10, and 12 across instances), a request is granted at
+// most once (6), a grant or a retry answered held holds its keys in the
+// bucket then, and a set is held whole (9). A failure prints its seed and
 // the command that replays it.
 //
 // It adds to the tests against real clusters; it does not replace them:
@@ -47,6 +53,8 @@ type simBucket struct {
 	last map[string]entry
 	log  []simWrite
 	ids  map[string]bool // the message ids of every write (the duplicate window, forever)
+	// replaced is the first live lease a write replaced.
+	replaced string
 	// grants counts the commits that granted each request id; twice is
 	// the first granted twice.
 	grants map[string]int
@@ -58,48 +66,52 @@ type simWrite struct {
 	e   entry
 }
 
-// simMsg is a message of an atomic batch: the write of e at key, or with
-// check no write, if key's last revision is still expect.
-type simMsg struct {
-	key    string
-	expect uint64
-	check  bool
-	e      entry
-	msgID  string
-}
-
-// commit applies msgs all or nothing: not at all when a message's
-// revision is not its key's last, or its message id was seen (a
-// duplicate).
-func (b *simBucket) commit(msgs []simMsg) bool {
-	for _, m := range msgs {
-		if b.last[m.key].rev != m.expect || m.msgID != "" && b.ids[m.msgID] {
-			return false
+// commit applies ws (a commit's writes, as the engine plans them) all or
+// nothing, and reports how: not at all when a write's revision is not its
+// key's last (conflict), or a message id was seen (a duplicate). grant,
+// when set, is the request whose grant ws are: the model counts the
+// grants of each request.
+func (b *simBucket) commit(ws []write, grant string) (ok, dup bool) {
+	for _, w := range ws {
+		if w.msgID != "" && b.ids[w.msgID] {
+			return false, true
 		}
 	}
-	granted := ""
-	for _, m := range msgs {
-		if m.msgID != "" {
-			b.ids[m.msgID] = true
+	for _, w := range ws {
+		if b.last[w.key].rev != w.expect {
+			return false, false
 		}
-		if m.check {
+	}
+	for _, w := range ws {
+		if w.msgID != "" {
+			b.ids[w.msgID] = true
+		}
+		if w.check {
 			continue
 		}
-		if m.e.held() {
-			granted = m.e.rec.RequestID
+		if last := b.last[w.key]; last.held() && !w.e.held() && w.e.sem != 0 || last.held() && w.e.held() && last.rec.RequestID != w.e.rec.RequestID {
+			// No lease expires in the model: one is ended only by a
+			// delete (a release, a close).
+			if b.replaced == "" {
+				by := "a name record"
+				if w.e.held() {
+					by = "the lease of " + w.e.rec.RequestID
+				}
+				b.replaced = fmt.Sprintf("the live lease of %s at %s replaced by %s", last.rec.RequestID, w.key, by)
+			}
 		}
 		b.rev++
-		e := m.e
+		e := w.e
 		e.rev = b.rev
-		b.last[m.key] = e
-		b.log = append(b.log, simWrite{m.key, e})
+		b.last[w.key] = e
+		b.log = append(b.log, simWrite{w.key, e})
 	}
-	if granted != "" && granted != "open" {
-		if b.grants[granted]++; b.grants[granted] == 2 && b.twice == "" {
-			b.twice = granted
+	if grant != "" {
+		if b.grants[grant]++; b.grants[grant] == 2 && b.twice == "" {
+			b.twice = grant
 		}
 	}
-	return true
+	return true, false
 }
 
 // simView is an instance's view of the bucket: the writes its watcher
@@ -117,10 +129,11 @@ func (v *simView) catchUp(b *simBucket, n int) {
 	}
 }
 
-// simOp is one request in flight: it decides on reads, then commits the
-// plan it decided, and decides again after a conflict or a lost reply.
+// simOp is one request in flight. A release or a close decides on reads,
+// then commits the plan it decided, and decides again after a conflict or
+// a lost reply; a grant or a retry runs the engine.
 type simOp struct {
-	kind     string // lock, permit, set, retry, release, close
+	kind     string // lock, election, permit, set, retry, release, close
 	id       string
 	inst     int
 	names    []string
@@ -128,10 +141,18 @@ type simOp struct {
 	session  string
 	fresh    bool
 	attempts int
-	plan     []simMsg
+	plan     []write
 	// done runs once the plan commits and its reply is heard; it reports
 	// whether the request is over (false: decide again).
 	done func(s *sim) bool
+	// A grant or a retry runs the engine as a coroutine
+	// (sim_engine_internal_test.go): next advances it to its next read
+	// or commit, stop ends it (its instance died), yield is its side.
+	value string
+	next  func() (struct{}, bool)
+	stop  func()
+	yield func(struct{}) bool
+	dead  bool
 }
 
 type sim struct {
@@ -144,7 +165,13 @@ type sim struct {
 	steps  int
 	nextID int
 	sets   []*simOp // sets granted, for retries
-	failed string
+	keys   []string // leaseKeys
+	// setByID are the sets granted, by request id.
+	setByID map[string]*simOp
+	// retries are the requests whose reply was lost, retried by their
+	// clients later with the same request id.
+	retries []*simOp
+	failed  string
 	// granted counts the grants of each kind, and retries answered held.
 	granted map[string]int
 }
@@ -156,13 +183,13 @@ const (
 )
 
 func newSim(seed uint64, rules simRules) *sim {
-	s := &sim{seed: seed, granted: map[string]int{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rules: rules,
+	s := &sim{seed: seed, granted: map[string]int{}, setByID: map[string]*simOp{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rules: rules,
 		b: simBucket{last: map[string]entry{}, ids: map[string]bool{}, grants: map[string]int{}}, views: make([]simView, 3)}
 	for i := range s.views {
 		s.views[i].keys = map[string]entry{}
 	}
 	for i := range simSessions {
-		s.b.commit([]simMsg{{key: s.sessionKey(i), e: entry{rec: &streams.Record{LeaseID: "sess", RequestID: "open"}}}})
+		s.b.commit([]write{{key: s.sessionKey(i), e: entry{rec: &streams.Record{LeaseID: "sess", RequestID: "open"}}}}, "")
 	}
 	return s
 }
@@ -191,8 +218,12 @@ func (s *sim) start() {
 	op := &simOp{id: fmt.Sprintf("r%d", s.nextID), inst: s.rnd.IntN(len(s.views))}
 	n := s.name(s.rnd.IntN(simNames))
 	switch r := s.rnd.IntN(100); {
-	case r < 22:
+	case r < 8 && len(s.retries) > 0:
+		op, s.retries = s.retries[0], s.retries[1:]
+	case r < 18:
 		op.kind, op.names = "lock", []string{n}
+	case r < 22:
+		op.kind, op.names, op.value = "election", []string{n}, "v"
 	case r < 47:
 		op.kind, op.names, op.limit = "permit", []string{n}, 1+s.rnd.IntN(simMaxLimit)
 	case r < 59:
@@ -208,14 +239,21 @@ func (s *sim) start() {
 	default:
 		op.kind, op.session = "close", s.sessionKey(s.rnd.IntN(simSessions))
 	}
+	if op.kind != "release" && op.kind != "close" {
+		s.engineOp(op)
+	}
 	s.ops = append(s.ops, op)
 }
 
 // step advances op by one step: it commits its plan, or decides. It
 // reports whether op is over.
 func (s *sim) step(op *simOp) bool {
+	if op.next != nil {
+		_, more := op.next()
+		return !more
+	}
 	if op.plan != nil {
-		ok := s.b.commit(op.plan)
+		ok, _ := s.b.commit(op.plan, "")
 		op.plan = nil
 		lost := s.rnd.IntN(20) == 0
 		switch {
@@ -233,12 +271,6 @@ func (s *sim) step(op *simOp) bool {
 	}
 	op.done = nil
 	switch op.kind {
-	case "lock", "set":
-		return s.decideLocks(op)
-	case "permit":
-		return s.decidePermit(op)
-	case "retry":
-		return s.decideRetry(op)
 	case "release":
 		return s.decideRelease(op)
 	case "close":
@@ -250,16 +282,6 @@ func (s *sim) step(op *simOp) bool {
 // over is the done of a request answered once its plan commits.
 func over(*sim) bool { return true }
 
-// msgID is the message id of op's grant at n (a semaphore's queue for a
-// permit), as grantMsgID makes it from the request's hash; none without
-// the rule.
-func (s *sim) msgID(op *simOp, n string) string {
-	if !s.rules.once {
-		return ""
-	}
-	return grantMsgID(requestHash(n, op.id, ""))
-}
-
 // endOf is the delete that ends the lease e: its marker names the request
 // it ended (none without the rule).
 func (s *sim) endOf(e entry) entry {
@@ -269,172 +291,11 @@ func (s *sim) endOf(e entry) entry {
 	return entry{end: &streams.EndMark{RequestID: e.rec.RequestID}}
 }
 
-// ended reports whether e is the end of op's own lease, as the service
-// decides it (an end mark without a time counts within any window).
-func (s *sim) ended(e entry, op *simOp) bool {
-	return !e.held() && e.end.Ended(op.id, "", time.Time{}, 0)
-}
-
-// mine reports whether e holds op's lease.
-func mine(e entry, op *simOp) bool { return e.held() && e.rec.RequestID == op.id }
-
-// decideLocks decides a lock's (or a lock set's, in a session) grant.
-func (s *sim) decideLocks(op *simOp) bool {
-	var msgs []simMsg
-	held := 0
-	for _, n := range op.names {
-		e := s.read(op, streams.LeaseKey(n))
-		if mine(e, op) {
-			held++
-			continue
-		}
-		if s.ended(e, op) {
-			return s.refuse(op) // lease_lost, on a read
-		}
-		switch decideName(e, 0) {
-		case nameRetire:
-			return s.planRetire(op, n, e)
-		case nameGrant:
-			if e.held() {
-				return s.refuse(op)
-			}
-			rec := &streams.Record{LeaseID: op.id, RequestID: op.id}
-			if op.session != "" {
-				rec.Session, rec.Set = op.session, op.id
-			}
-			msgs = append(msgs, simMsg{key: streams.LeaseKey(n), expect: e.rev, e: entry{rec: rec}, msgID: s.msgID(op, n)})
-		default:
-			return s.refuse(op)
-		}
-	}
-	if held > 0 {
-		// Its own grant already (a lost reply), or part of it ended: not
-		// granted again.
-		return true
-	}
-	if op.session != "" {
-		sess := s.read(op, op.session)
-		if !sess.held() {
-			return s.refuse(op)
-		}
-		msgs = append(msgs, simMsg{key: op.session, expect: sess.rev, check: true})
-	}
-	op.plan = msgs
-	op.done = func(s *sim) bool {
-		if op.kind == "set" {
-			s.sets = append(s.sets, op)
-		}
-		s.granted[op.kind]++
-		return true
-	}
-	return false
-}
-
-// refuse ends op without a grant, unless the refusal was decided on a
-// view: then it decides again on reads, as the service does.
-func (s *sim) refuse(op *simOp) bool {
-	if !op.fresh {
-		op.fresh = true
-		return false
-	}
-	return true
-}
-
-// planRetire plans the retirement of name n's record e: every permit of
-// its limit proven free and the record deleted in one batch.
-func (s *sim) planRetire(op *simOp, n string, e entry) bool {
-	permits := make([]entry, e.sem)
-	for k := range e.sem {
-		permits[k] = s.read(op, permitKey(n, k+1))
-	}
-	if !mayRetire(permits) {
-		return s.refuse(op)
-	}
-	for k, p := range permits {
-		op.plan = append(op.plan, simMsg{key: permitKey(n, k+1), expect: p.rev, check: true})
-	}
-	op.plan = append(op.plan, simMsg{key: streams.LeaseKey(n), expect: e.rev})
-	op.done = func(*sim) bool { return false } // then decide again
-	return false
-}
-
-// decidePermit decides a permit's grant.
-func (s *sim) decidePermit(op *simOp) bool {
-	n := op.names[0]
-	e := s.read(op, streams.LeaseKey(n))
-	action := decideName(e, op.limit)
-	if !s.rules.limit && action == nameRetire && e.sem != 0 {
-		action = nameGrant
-	}
-	switch action {
-	case nameRetire:
-		return s.planRetire(op, n, e)
-	case nameRefuse:
-		return s.refuse(op)
-	}
-	for k := 1; k <= op.limit; k++ {
-		p := s.read(op, permitKey(n, k))
-		if mine(p, op) {
-			return true
-		}
-		if s.ended(p, op) {
-			return s.refuse(op)
-		}
-		if p.held() {
-			continue
-		}
-		op.plan = []simMsg{{key: permitKey(n, k), expect: p.rev, e: entry{rec: &streams.Record{LeaseID: op.id, RequestID: op.id, Limit: op.limit}}, msgID: s.msgID(op, streams.PermitQueue(n))}}
-		if s.rules.nameRecord {
-			op.plan = append(op.plan, simMsg{key: streams.LeaseKey(n), expect: e.rev, e: entry{sem: op.limit}})
-		}
-		op.done = func(s *sim) bool { s.granted["permit"]++; return true }
-		return false
-	}
-	return s.refuse(op)
-}
-
-// decideRetry decides a retry of a set's acquire in its session: held
-// only while every key holds its lease and its session lives, proven.
-func (s *sim) decideRetry(op *simOp) bool {
-	var proof []simMsg
-	for _, n := range op.names {
-		e := s.read(op, streams.LeaseKey(n))
-		if !mine(e, op) {
-			return s.refuse(op) // lease_lost, on a read
-		}
-		proof = append(proof, simMsg{key: streams.LeaseKey(n), expect: e.rev, check: true})
-	}
-	sess := s.read(op, op.session)
-	if !sess.held() {
-		return s.refuse(op)
-	}
-	if !s.rules.retryProof {
-		s.answeredHeld(op)
-		return true
-	}
-	op.plan = append(proof, simMsg{key: op.session, expect: sess.rev, check: true})
-	op.done = func(s *sim) bool { s.answeredHeld(op); return true }
-	return false
-}
-
-// answeredHeld checks a retry answered held against the bucket.
-func (s *sim) answeredHeld(op *simOp) {
-	s.granted["retry held"]++
-	for _, n := range op.names {
-		if !mine(s.b.last[streams.LeaseKey(n)], op) {
-			s.fail("a retry of set %s answered held, but %s does not hold it", op.id, n)
-		}
-	}
-	if !s.b.last[op.session].held() {
-		s.fail("a retry of set %s answered held after its session %s ended", op.id, op.session)
-	}
-}
-
 // decideRelease ends a random lease as its holder would: by
 // compare-and-set on the revision it holds (a set's keys together).
 func (s *sim) decideRelease(op *simOp) bool {
 	var held []string
-	for _, k := range s.sortedKeys("lease.") {
+	for _, k := range s.leaseKeys() {
 		if s.b.last[k].held() {
 			held = append(held, k)
 		}
@@ -444,11 +305,11 @@ func (s *sim) decideRelease(op *simOp) bool {
 	}
 	key := held[s.rnd.IntN(len(held))]
 	e := s.b.last[key]
-	op.plan = []simMsg{{key: key, expect: e.rev, e: s.endOf(e)}}
+	op.plan = []write{{key: key, expect: e.rev, e: s.endOf(e)}}
 	if e.rec.Set != "" {
 		op.plan = nil
-		for _, k := range s.keysOf(e.rec.Set) {
-			op.plan = append(op.plan, simMsg{key: k, expect: s.b.last[k].rev, e: s.endOf(s.b.last[k])})
+		for _, k := range s.keysOf(e.rec.LeaseID) {
+			op.plan = append(op.plan, write{key: k, expect: s.b.last[k].rev, e: s.endOf(s.b.last[k])})
 		}
 	}
 	op.done = over
@@ -460,44 +321,44 @@ func (s *sim) decideRelease(op *simOp) bool {
 func (s *sim) decideClose(op *simOp) bool {
 	sess := s.read(op, op.session)
 	if !sess.held() {
-		op.plan = []simMsg{{key: op.session, expect: sess.rev, e: entry{rec: &streams.Record{LeaseID: "sess", RequestID: "open"}}}}
+		op.plan = []write{{key: op.session, expect: sess.rev, e: entry{rec: &streams.Record{LeaseID: "sess", RequestID: "open"}}}}
 		op.done = over
 		return false
 	}
-	op.plan = []simMsg{{key: op.session, expect: sess.rev}}
-	for _, k := range s.sortedKeys("lease.") {
+	op.plan = []write{{key: op.session, expect: sess.rev}}
+	for _, k := range s.leaseKeys() {
 		if e := s.b.last[k]; e.held() && e.rec.Session == op.session {
-			op.plan = append(op.plan, simMsg{key: k, expect: e.rev, e: s.endOf(e)})
+			op.plan = append(op.plan, write{key: k, expect: e.rev, e: s.endOf(e)})
 		}
 	}
 	op.done = over
 	return false
 }
 
-func (s *sim) keysOf(set string) []string {
+// keysOf returns the keys that hold the set lease id.
+func (s *sim) keysOf(id string) []string {
 	var keys []string
-	for _, k := range s.sortedKeys("lease.") {
-		if e := s.b.last[k]; e.held() && e.rec.Set == set {
+	for _, k := range s.leaseKeys() {
+		if e := s.b.last[k]; e.held() && e.rec.Set != "" && e.rec.LeaseID == id {
 			keys = append(keys, k)
 		}
 	}
 	return keys
 }
 
-// sortedKeys returns the model's keys with prefix in a fixed order, so
-// that a seed replays exactly.
-func (s *sim) sortedKeys(prefix string) []string {
-	var keys []string
-	for i := range simNames {
-		n := s.name(i)
-		if strings.HasPrefix(streams.LeaseKey(n), prefix) {
-			keys = append(keys, streams.LeaseKey(n))
+// leaseKeys returns the model's lease keys (every name's, and its
+// permits') in a fixed order, so that a seed replays exactly.
+func (s *sim) leaseKeys() []string {
+	if s.keys == nil {
+		for i := range simNames {
+			n := s.name(i)
+			s.keys = append(s.keys, streams.LeaseKey(n))
 			for k := 1; k <= simMaxLimit; k++ {
-				keys = append(keys, permitKey(n, k))
+				s.keys = append(s.keys, permitKey(n, k))
 			}
 		}
 	}
-	return keys
+	return s.keys
 }
 
 func (s *sim) fail(format string, args ...any) {
@@ -533,6 +394,26 @@ func (s *sim) check() {
 	if s.b.twice != "" {
 		s.fail("request %s granted twice", s.b.twice)
 	}
+	if s.b.replaced != "" {
+		s.fail("%s", s.b.replaced)
+	}
+	s.checkSets()
+}
+
+// checkSets checks that every set held at a key is held at every key of
+// its names (a set is granted and ended whole).
+func (s *sim) checkSets() {
+	for _, k := range s.leaseKeys() {
+		e := s.b.last[k]
+		if !e.held() || e.rec.Set == "" {
+			continue
+		}
+		if op := s.setByID[e.rec.LeaseID]; op != nil {
+			if n := len(s.keysOf(op.id)); n != len(op.names) {
+				s.fail("set %s held at %d of its %d keys", op.id, n, len(op.names))
+			}
+		}
+	}
 }
 
 // run drives ops requests, checking after every step; it returns the
@@ -554,7 +435,12 @@ func (s *sim) run(ops int) string {
 		case r < 40 && len(s.ops) > 0:
 			// An instance dies: its requests in flight end unanswered.
 			dead := s.rnd.IntN(len(s.views))
-			s.ops = slicesDeleteFunc(s.ops, func(op *simOp) bool { return op.inst == dead })
+			s.ops = slicesDeleteFunc(s.ops, func(op *simOp) bool {
+				if op.inst == dead && op.stop != nil {
+					op.stop()
+				}
+				return op.inst == dead
+			})
 		default:
 			if len(s.ops) == 0 {
 				continue
@@ -567,6 +453,11 @@ func (s *sim) run(ops int) string {
 			}
 		}
 		s.check()
+	}
+	for _, op := range s.ops {
+		if op.stop != nil {
+			op.stop()
+		}
 	}
 	return s.failed
 }
@@ -590,7 +481,7 @@ func TestEngineSimulation(t *testing.T) {
 	if v := s.run(*simOps); v != "" {
 		t.Fatalf("seed %d: %s\nreplay: go test ./service -run 'TestEngineSimulation$' -sim.seed=%d", seed, v, seed)
 	}
-	for _, kind := range []string{"lock", "permit", "set", "retry held"} {
+	for _, kind := range []string{"lock", "election", "permit", "set", "retry held"} {
 		if s.granted[kind] < max(1, *simOps/5000) {
 			t.Fatalf("seed %d: %d grants of kind %s in %d requests: the simulation exercised too little", seed, s.granted[kind], kind, *simOps)
 		}

@@ -372,19 +372,54 @@ func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Reco
 	return msgs[0].seq, remove.seq, nil
 }
 
-// grantBatch writes the grant rec at key over revision expect, with
-// message id msgID, in one atomic batch with the check that the session
-// record is still at its revision (grantMsgs; the zero check checks
-// nothing) and the writes of also (a permit's name record). It returns the
-// grant's revision, its token.
-func (s *store) grantBatch(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string, session check, also ...*batchMsg) (uint64, error) {
-	buf := encode(rec)
-	defer buf.free()
-	msgs := append(s.grantMsgs(key, buf.b, expect, msgID, session), also...)
-	if _, err := s.batch(ctx, "grant", msgs); err != nil {
-		return 0, err
+// commitWrites writes ws, a decision's writes (engine.go), as one atomic
+// batch, or a lone write without a check as one compare-and-set put, and
+// returns each write's revision (a check's is the batch's). dup reports
+// that a message id was seen: an earlier write of the request.
+func (s *store) commitWrites(ctx context.Context, op string, ws []write) (revs []uint64, dup bool, err error) {
+	if len(ws) == 1 && !ws[0].check && ws[0].e.rec != nil {
+		w := ws[0]
+		seq, dup, err := s.put(ctx, w.key, w.e.rec, w.expect, w.msgID)
+		return []uint64{seq}, dup, err
 	}
-	return msgs[0].seq, nil
+	msgs := make([]*batchMsg, len(ws))
+	for i, w := range ws {
+		msgs[i] = s.msgOf(w)
+	}
+	if _, err := s.batch(ctx, op, msgs); err != nil {
+		if errors.Is(err, errDuplicate) {
+			return nil, true, nil
+		}
+		return nil, false, err
+	}
+	revs = make([]uint64, len(ws))
+	for i, m := range msgs {
+		revs[i] = m.seq
+	}
+	return revs, false, nil
+}
+
+// msgOf is the message of the write w, for an atomic batch.
+func (s *store) msgOf(w write) *batchMsg {
+	var m *batchMsg
+	switch {
+	case w.check:
+		return &batchMsg{Msg: s.checkMsg(w.key, w.expect)}
+	case w.e.sem != 0:
+		m = s.putMsg(w.key, streams.AppendNameRecord(nil, w.e.sem), w.expect, "")
+	case w.e.rec != nil:
+		m = s.putMsg(w.key, w.e.rec.AppendJSON(nil), w.expect, "")
+	default:
+		var end []byte
+		if w.e.end != nil {
+			end = w.e.end.AppendJSON(nil)
+		}
+		m = s.deleteMsg(w.key, w.expect, end)
+	}
+	if w.msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, w.msgID)
+	}
+	return m
 }
 
 // check names a key whose last revision a write must find unchanged: the
