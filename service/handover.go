@@ -84,59 +84,112 @@ func (l *handoverOps) endIf(ctx context.Context, resource, key string, match fun
 
 // end ends the lease observed in o at key: it hands the resource over to
 // the head waiter, or deletes the record when none is queued (or none can
-// take it). errConflict means the lease moved on: decide again.
+// take it). errConflict means the lease moved on: decide again. On the
+// commit loop, whose snapshot is the waiter picked next (handing.next):
+// a waiter that can never be granted (cancelled, or granted before) is
+// dropped and the next one picked; one whose record or session moved on
+// is picked again on fresh reads. When every attempt went so, the lease
+// is deleted.
 func (l *handoverOps) end(ctx context.Context, resource, key string, o observation, why endReason, reason string) error {
 	start := time.Now()
 	enc := queueOf(key)
 	// The holder's own waiter record, if one is left, and the waiters
 	// that turned out cancelled or granted are not handed the resource.
 	gone := []string{requestHash(queueResource(resource), o.rec.RequestID, o.rec.Tenant)}
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		w, ok := l.handing.next(l.tracker, enc, gone)
-		if !ok || l.guard.grants() != nil || w.set != "" || w.limit != o.rec.Limit {
-			// A waiter for a lock set claims all of its resources at once
-			// (sets.go): it is woken to, rather than handed this one. So is
-			// a waiter for a permit that names another limit than the one
-			// the permit was granted under, which is its semaphore's while
-			// any permit is held (name_rule.go): it decides again and is
-			// refused.
-			if ok {
-				l.handing.done(enc, w.hash)
+	decided := false
+	_, err := commitLoop(ctx, l.engineDeps, "", false, engineSteps[handSnap, handPlan, struct{}]{
+		read: func(context.Context, bool) (handSnap, bool, error) {
+			w, ok := l.handing.next(l.tracker, enc, gone)
+			return handSnap{w: w, ok: ok, guard: l.guard.grants()}, false, nil
+		},
+		decide: func(s handSnap, _ bool) verdict[struct{}, handPlan] {
+			return verdict[struct{}, handPlan]{kind: writePlan, plan: decideHandover(s, o)}
+		},
+		commit: func(ctx context.Context, s handSnap, p handPlan) (struct{}, outcome, error) {
+			if s.ok {
+				defer l.handing.done(enc, s.w.hash)
 			}
-			return l.remove(ctx, key, o, why, reason)
-		}
-		err := l.handOver(ctx, resource, key, o, w)
-		l.handing.done(enc, w.hash)
-		switch {
-		case err == nil:
-			l.report.handedOver(resource, time.Since(start))
-			return nil
-		case errors.Is(err, errDuplicate):
-			gone = append(gone, w.hash)
-			l.dropWaiter(ctx, streams.WaitKey(queueResource(resource), w.hash), w.rev)
-			continue
-		case errors.Is(err, errConflict):
-			// The lease, the waiter's record or its session moved on: see
-			// which.
-			if cur, rerr := l.current(ctx, key, true); rerr != nil || cur.rev != o.rev {
-				return errConflict
+			if p == handRemove {
+				decided = true
+				return struct{}{}, committed, l.remove(ctx, key, o, why, reason)
 			}
-			if _, rerr := l.current(ctx, streams.WaitKey(queueResource(resource), w.hash), true); rerr != nil {
-				return rerr
+			out, err := l.commitHandover(ctx, resource, key, o, s.w, &gone)
+			if out == committed && err == nil {
+				l.report.handedOver(resource, time.Since(start))
 			}
-			if w.session != "" {
-				if _, rerr := l.current(ctx, streams.SessionKey(w.session), true); rerr != nil {
-					return rerr
-				}
-			}
-			continue
-		default:
-			l.tracker.forget(key)
-			l.tracker.forget(streams.WaitKey(queueResource(resource), w.hash))
-			return err
-		}
+			decided = out == committed
+			return struct{}{}, out, err
+		},
+	})
+	if !decided {
+		return l.remove(ctx, key, o, why, reason)
 	}
-	return l.remove(ctx, key, o, why, reason)
+	return err
+}
+
+// handSnap is what the hand-over of a lease decides on: the waiter picked
+// next (ok: one was), and the fleet's guard.
+type handSnap struct {
+	w     waiterInfo
+	ok    bool
+	guard error
+}
+
+// handPlan is what ending a lease writes.
+type handPlan uint8
+
+const (
+	handTo     handPlan = iota // the lease to the waiter picked
+	handRemove                 // the lease's delete
+)
+
+// decideHandover decides whether the lease o goes to the waiter in s. A
+// waiter for a lock set claims all of its resources at once (sets.go): it
+// is woken to, rather than handed this one. So is a waiter for a permit
+// that names another limit than the one the permit was granted under,
+// which is its semaphore's while any permit is held (name_rule.go): it
+// decides again and is refused.
+func decideHandover(s handSnap, o observation) handPlan {
+	if !s.ok || s.guard != nil || s.w.set != "" || s.w.limit != o.rec.Limit {
+		return handRemove
+	}
+	return handTo
+}
+
+// commitHandover hands the lease o at key to waiter w (handOver) and
+// reports, as an outcome, what the next step is: committed (handed over,
+// or a failure, or the lease moved on: errConflict), or stale, when the
+// waiter can never be granted (it is dropped, and added to gone) or its
+// record or session moved on (the view learns them again): pick again.
+func (l *handoverOps) commitHandover(ctx context.Context, resource, key string, o observation, w waiterInfo, gone *[]string) (outcome, error) {
+	wkey := streams.WaitKey(queueResource(resource), w.hash)
+	err := l.handOver(ctx, resource, key, o, w)
+	switch {
+	case err == nil:
+		return committed, nil
+	case errors.Is(err, errDuplicate):
+		*gone = append(*gone, w.hash)
+		l.dropWaiter(ctx, wkey, w.rev)
+		return stale, nil
+	case errors.Is(err, errConflict):
+		// The lease, the waiter's record or its session moved on: see
+		// which.
+		if cur, rerr := l.current(ctx, key, true); rerr != nil || cur.rev != o.rev {
+			return committed, errConflict
+		}
+		if _, rerr := l.current(ctx, wkey, true); rerr != nil {
+			return committed, rerr
+		}
+		if w.session != "" {
+			if _, rerr := l.current(ctx, streams.SessionKey(w.session), true); rerr != nil {
+				return committed, rerr
+			}
+		}
+		return stale, nil
+	}
+	l.tracker.forget(key)
+	l.tracker.forget(wkey)
+	return committed, err
 }
 
 // handing is, per queue, the waiters this instance is handing a resource
