@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // The engine: every grant (a lock, a permit of a semaphore, a lock set),
@@ -16,14 +17,14 @@ import (
 // value — answer now (a response or a refusal), decide again on fresh
 // reads, prove and answer a retry of the same request, or write a plan
 // (a grant, a renewal, or the conditional write that proves the fresh
-// read a refusal rests on). The deciders of grants (decideGrant,
-// decidePermit, decideSet) are functions of their snapshot alone: the read
-// step puts in it what the view adds (viewFacts: the clock's reading,
-// whether the instance follows the bucket, the guard, the session's room;
-// each key's expiry and waiters ahead), and a grant's writes are planned
-// as values (write: grantWrites, setGrantWrites) that the store commits
-// as one atomic batch. So the simulation (sim_internal_test.go) runs the
-// same loop and deciders against a model of the bucket. The commit step
+// read a refusal rests on). Every decide step is a function of its
+// snapshot and its request alone: the read step puts in the snapshot what
+// the view adds (viewFacts: the clock's reading, whether the instance
+// follows the bucket, the guard, the session's or tenant's room; each
+// key's expiry and the waiters ahead), and a grant's writes are planned as
+// values (write: grantWrites, setGrantWrites) that the store commits as
+// one atomic batch. So the simulation (sim_internal_test.go) runs the same
+// loop and grant deciders against a model of the bucket. The commit step
 // writes the plan and reports, as a value, whether the write committed,
 // lost a race (conflict), found the snapshot moved on under a write not
 // counted as a race (stale) or was a duplicate of an earlier write of the
@@ -210,13 +211,20 @@ const (
 	recordProve
 )
 
+// recordSnap is a record as a request about it read it, and whether it
+// has expired as the instance observes it (tracker.expired).
+type recordSnap struct {
+	observation
+	expired bool
+}
+
 // recordSteps are the steps of a request about one record (a lease, a
 // session) that acts on it when it is live and otherwise answers a
 // negative that rests on a proven fresh read.
 type recordSteps[R any] struct {
-	// live says whether the record o is one the request may act on (held
-	// by its caller, say).
-	live func(o observation) bool
+	// live says whether the record read (s) is one the request may act on
+	// (held by its caller, say): the decide step.
+	live func(s recordSnap) bool
 	// act is the request's write on a live record (it may write nothing).
 	act func(ctx context.Context, o observation) (R, outcome, error)
 	// negative is the answer when a fresh read, proven current, is not
@@ -232,26 +240,29 @@ type recordSteps[R any] struct {
 // the negative answer. At most attempts(session) times, starting on the
 // view unless fresh.
 func onRecord[R any](ctx context.Context, l *engineDeps, key, session string, fresh bool, prove func(context.Context, observation) (outcome, error), s recordSteps[R]) (R, error) {
-	return commitLoop(ctx, l, session, fresh, engineSteps[observation, recordPlan, R]{
-		read: l.readKey(key),
-		decide: func(o observation, fresh bool) verdict[R, recordPlan] {
+	return commitLoop(ctx, l, session, fresh, engineSteps[recordSnap, recordPlan, R]{
+		read: func(ctx context.Context, fresh bool) (recordSnap, bool, error) {
+			o, err := l.current(ctx, key, fresh)
+			return recordSnap{observation: o, expired: err == nil && l.tracker.expired(o, time.Now())}, false, err
+		},
+		decide: func(r recordSnap, fresh bool) verdict[R, recordPlan] {
 			switch {
-			case s.live(o):
+			case s.live(r):
 				return verdict[R, recordPlan]{kind: writePlan, plan: recordAct}
 			case !fresh:
 				return verdict[R, recordPlan]{kind: readAgain}
 			}
 			return verdict[R, recordPlan]{kind: writePlan, plan: recordProve}
 		},
-		commit: func(ctx context.Context, o observation, p recordPlan) (R, outcome, error) {
+		commit: func(ctx context.Context, r recordSnap, p recordPlan) (R, outcome, error) {
 			if p == recordAct {
-				return s.act(ctx, o)
+				return s.act(ctx, r.observation)
 			}
 			var zero R
-			if out, err := prove(ctx, o); out != committed || err != nil {
+			if out, err := prove(ctx, r.observation); out != committed || err != nil {
 				return zero, out, err
 			}
-			resp, err := s.negative(o)
+			resp, err := s.negative(r.observation)
 			return resp, committed, err
 		},
 		pause: s.pause,

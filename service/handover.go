@@ -67,7 +67,7 @@ func (l *handoverOps) endIf(ctx context.Context, resource, key string, match fun
 	return onRecord(ctx, l.engineDeps, key, "", false, func(ctx context.Context, o observation) (outcome, error) {
 		return l.refute(ctx, key, o)
 	}, recordSteps[*ended]{
-		live: func(o observation) bool { return o.held() && match(o.rec) },
+		live: func(s recordSnap) bool { return s.held() && match(s.rec) },
 		act: func(ctx context.Context, o observation) (*ended, outcome, error) {
 			if err := l.end(ctx, resource, key, o, why, reason); err != nil {
 				return settled[*ended](nil, err)

@@ -146,15 +146,34 @@ func (l *sessionOps) openSession(ctx context.Context, r *sessionReq) (*streams.S
 	if l.tracker.retry.hasEnded(r.key, r.requestID, r.tenant) {
 		return nil, sessionEnded(r.requestID)
 	}
-	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[observation, openPlan, *streams.SessionResponse]{
-		read: l.readKey(r.key),
-		decide: func(o observation, _ bool) verdict[*streams.SessionResponse, openPlan] {
-			return l.decideOpen(r, o)
+	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[openSnap, openPlan, *streams.SessionResponse]{
+		read: func(ctx context.Context, fresh bool) (openSnap, bool, error) {
+			o, err := l.current(ctx, r.key, fresh)
+			return openSnap{o: o, facts: l.openFacts(r)}, false, err
 		},
-		commit: func(ctx context.Context, o observation, p openPlan) (*streams.SessionResponse, outcome, error) {
-			return l.commitOpen(ctx, r, o, p)
+		decide: func(s openSnap, _ bool) verdict[*streams.SessionResponse, openPlan] {
+			return decideOpen(r, s)
+		},
+		commit: func(ctx context.Context, s openSnap, p openPlan) (*streams.SessionResponse, outcome, error) {
+			return l.commitOpen(ctx, r, s.o, p)
 		},
 	})
+}
+
+// openSnap is what an open decides on: its key's observation, and the
+// view's facts (room: the tenant's cap of sessions).
+type openSnap struct {
+	o     observation
+	facts viewFacts
+}
+
+// openFacts returns the view's facts for the open r, now.
+func (l *sessionOps) openFacts(r *sessionReq) viewFacts {
+	f := l.viewFacts()
+	if n, _ := l.tracker.sessionIx.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
+		f.room = newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n)
+	}
+	return f
 }
 
 // openPlan is what an open writes.
@@ -165,11 +184,13 @@ const (
 	openRetried                 // the same open, retried: kept alive
 )
 
-// decideOpen is the verdict on the open r from its key's observation o:
-// the same open retried if o holds it, a new session, or a refusal.
-func (l *sessionOps) decideOpen(r *sessionReq, o observation) verdict[*streams.SessionResponse, openPlan] {
+// decideOpen is the verdict on the open r from the snapshot s: the same
+// open retried if its key holds it, a new session, or a refusal. It is a
+// function of its arguments alone.
+func decideOpen(r *sessionReq, s openSnap) verdict[*streams.SessionResponse, openPlan] {
 	type v = verdict[*streams.SessionResponse, openPlan]
 	refuse := func(err error) v { return answer[*streams.SessionResponse, openPlan](nil, err) }
+	o := s.o
 	switch {
 	case o.foreign:
 		return refuse(newOpError(streams.CodeUnavailable, "the session's key holds a value jetlock did not write; it is removed once it has stood for the longest TTL"))
@@ -180,11 +201,10 @@ func (l *sessionOps) decideOpen(r *sessionReq, o observation) verdict[*streams.S
 			return refuse(newOpError(streams.CodeInvalidRequest, "request_id %q opened a session for another owner", r.requestID))
 		}
 		return v{kind: writePlan, plan: openRetried}
-	case o.end.Ended(r.requestID, r.tenant, l.cfg.Clock.Now(), l.tracker.window):
+	case o.end.Ended(r.requestID, r.tenant, s.facts.now, s.facts.window):
 		return refuse(sessionEnded(r.requestID))
-	}
-	if n, _ := l.tracker.sessionIx.sessionCounts(r.tenant); n >= l.cfg.MaxSessionsPerTenant {
-		return refuse(newOpError(streams.CodeTooManyWaiters, "this NATS user has %d sessions open, the cap", n))
+	case s.facts.room != nil:
+		return refuse(s.facts.room)
 	}
 	return v{kind: writePlan, plan: openNew}
 }
@@ -279,7 +299,7 @@ func asIs(_ context.Context, o observation) (observation, outcome, error) {
 func (l *sessionOps) ownedSession(ctx context.Context, key, secret string, who origin) (observation, bool, error) {
 	ok := true
 	o, err := onSession(ctx, l, sessionHashOf(key), false, recordSteps[observation]{
-		live: func(o observation) bool { return holds(o, secret, who) },
+		live: func(s recordSnap) bool { return holds(s.observation, secret, who) },
 		act:  asIs,
 		negative: func(o observation) (observation, error) {
 			ok = false
@@ -323,7 +343,7 @@ func (l *sessionOps) keepalive(ctx context.Context, id string, ttl time.Duration
 	}
 	defer st.unlock()
 	return onSession(ctx, l, hash, false, recordSteps[*streams.KeepaliveResponse]{
-		live: func(o observation) bool { return holds(o, secret, who) },
+		live: func(s recordSnap) bool { return holds(s.observation, secret, who) },
 		act: func(ctx context.Context, o observation) (*streams.KeepaliveResponse, outcome, error) {
 			t := ttl
 			if t == 0 {
@@ -360,7 +380,7 @@ func (l *sessionOps) closeSession(ctx context.Context, id string, who origin) (*
 	}
 	defer st.unlock()
 	return onSession(ctx, l, hash, false, recordSteps[*streams.SessionCloseResponse]{
-		live: func(o observation) bool { return holds(o, secret, who) },
+		live: func(s recordSnap) bool { return holds(s.observation, secret, who) },
 		act: func(ctx context.Context, o observation) (*streams.SessionCloseResponse, outcome, error) {
 			n, err := l.endSession(ctx, key, o, endSessionClose, who)
 			if err != nil {
@@ -498,8 +518,8 @@ func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secre
 // consumer was made again, see deliveries), whose grant it would end.
 func (l *sessionOps) notLiveAt(ctx context.Context, hash, secret string, rev uint64) error {
 	_, err := onSession(ctx, l, hash, true, recordSteps[struct{}]{
-		live: func(o observation) bool {
-			return o.held() && (secret == "" || sameLease(o.rec.LeaseID, secret)) && !l.tracker.expired(o, time.Now())
+		live: func(s recordSnap) bool {
+			return s.held() && (secret == "" || sameLease(s.rec.LeaseID, secret)) && !s.expired
 		},
 		act: func(context.Context, observation) (struct{}, outcome, error) {
 			l.log.Debug("a session the watcher did not show live at a grant's revision is live", "session", hash, "revision", rev, "delivered", l.delivered())
@@ -613,14 +633,16 @@ func (l *sessionOps) endSessionSet(ctx context.Context, id string, keys []string
 			case !fresh:
 				return verdict[bool, []bool]{kind: readAgain} // the tracker's view may lag
 			}
-			l.log.Debug("a set of an ended session not known whole", "session", hash, "known", n, "size", size)
-			return answer[bool, []bool](false, nil)
+			return answer[bool, []bool](false, nil) // not known whole
 		},
 		commit: func(ctx context.Context, obs []observation, match []bool) (bool, outcome, error) {
 			_, err := l.sets.endSetKeys(ctx, keys, obs, match, why, origin{}, "")
 			return quiet(settled(err == nil, err))
 		},
 	})
+	if !ended && err == nil {
+		l.log.Debug("a set of an ended session not known whole", "session", hash, "lease_id", id)
+	}
 	return ended && err == nil
 }
 
@@ -725,7 +747,7 @@ func (l *sessionOps) expireSession(ctx context.Context, key string, o observatio
 // (onSession).
 func (l *sessionOps) session(ctx context.Context, g *grantReq, fresh bool) (observation, error) {
 	return onSession(ctx, l, g.session, fresh, recordSteps[observation]{
-		live: func(o observation) bool { return holds(o, g.secret, g.who) && !l.tracker.expired(o, time.Now()) },
+		live: func(s recordSnap) bool { return holds(s.observation, g.secret, g.who) && !s.expired },
 		act:  asIs,
 		negative: func(observation) (observation, error) {
 			return observation{}, errNoSession()
