@@ -344,10 +344,7 @@ func (s *sim) runSetOp(op *simOp) error {
 			return s.grantSet(op, r, sn)
 		},
 		earlier: func(context.Context, setSnap) (*streams.SetLeaseResponse, error) {
-			if !s.holds(op) {
-				return nil, leaseEnded(op.id)
-			}
-			return &streams.SetLeaseResponse{}, nil
+			return s.earlierSet(op, r)
 		},
 	})
 	return err
@@ -407,11 +404,39 @@ func (s *sim) grantSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 	return &streams.SetLeaseResponse{}, committed, nil
 }
 
+// earlierSet answers a set's grant that found an earlier write of its
+// request, as setOps.earlierSet does: on fresh reads, decideEarlierSet,
+// and a lease found proven (proveSet).
+func (s *sim) earlierSet(op *simOp, r *setReq) (*streams.SetLeaseResponse, error) {
+	return commitLoop(context.Background(), simRaces{op}, "", true, engineSteps[setSnap, struct{}, *streams.SetLeaseResponse]{
+		read: func(context.Context, bool) (sn setSnap, _ bool, _ error) {
+			if !op.await() {
+				return sn, false, errSimDead
+			}
+			sn.sess = observation{entry: s.b.last[r.session]}
+			for _, k := range r.keys {
+				sn.obs = append(sn.obs, observation{entry: s.b.last[k]})
+			}
+			return sn, false, nil
+		},
+		decide: func(sn setSnap, _ bool) verdict[*streams.SetLeaseResponse, struct{}] {
+			return decideEarlierSet(r, sn.obs)
+		},
+		prove: func(_ context.Context, sn setSnap) (*streams.SetLeaseResponse, outcome, error) {
+			return s.proveSet(op, r, sn)
+		},
+	})
+}
+
 // proveSet is the proof of a set's retry found held: every key and the
-// session checked in one commit (without the retryProof rule, none).
+// session checked in one commit (without the retryProof rule, none); a
+// session that has ended is lease_lost.
 func (s *sim) proveSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseResponse, outcome, error) {
 	if !s.rules.retryProof {
 		return &streams.SetLeaseResponse{}, committed, nil
+	}
+	if !sn.sess.held() {
+		return nil, committed, errNoSession()
 	}
 	if !op.await() {
 		return nil, committed, errSimDead

@@ -153,6 +153,8 @@ type simOp struct {
 	stop  func()
 	yield func(struct{}) bool
 	dead  bool
+	// closed: a close has committed its session's end.
+	closed bool
 }
 
 type sim struct {
@@ -316,9 +318,21 @@ func (s *sim) decideRelease(op *simOp) bool {
 	return false
 }
 
-// decideClose closes a session, ending its sets in the same batch, or
-// opens it again once closed.
+// decideClose closes a session, as endSession does: the compare-and-set
+// delete of its record, then the end of every lease found in it after
+// that commit (a grant to it checks its record, so none can follow).
+// Once closed, it opens it again.
 func (s *sim) decideClose(op *simOp) bool {
+	if op.closed {
+		op.plan = nil
+		for _, k := range s.leaseKeys() {
+			if e := s.b.last[k]; e.held() && e.rec.Session == op.session {
+				op.plan = append(op.plan, write{key: k, expect: e.rev, e: s.endOf(e)})
+			}
+		}
+		op.done = over
+		return len(op.plan) == 0
+	}
 	sess := s.read(op, op.session)
 	if !sess.held() {
 		op.plan = []write{{key: op.session, expect: sess.rev, e: entry{rec: &streams.Record{LeaseID: "sess", RequestID: "open"}}}}
@@ -326,12 +340,10 @@ func (s *sim) decideClose(op *simOp) bool {
 		return false
 	}
 	op.plan = []write{{key: op.session, expect: sess.rev}}
-	for _, k := range s.leaseKeys() {
-		if e := s.b.last[k]; e.held() && e.rec.Session == op.session {
-			op.plan = append(op.plan, write{key: k, expect: e.rev, e: s.endOf(e)})
-		}
+	op.done = func(*sim) bool {
+		op.closed = true
+		return false // then its leases
 	}
-	op.done = over
 	return false
 }
 
