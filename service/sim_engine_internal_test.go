@@ -358,7 +358,7 @@ func (s *sim) readSet(op *simOp, r *setReq, fresh bool) (sn setSnap, again bool,
 		return sn, false, errSimDead
 	}
 	sn.sess = observation{entry: s.readAt(op.inst, r.session, fresh)}
-	if !sn.sess.held() {
+	if !sn.sess.held() || sn.sess.rec.LeaseID != op.secret {
 		if !fresh {
 			return sn, true, nil
 		}
@@ -388,20 +388,65 @@ func (s *sim) grantSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 		return nil, committed, errSimDead
 	}
 	rec := &streams.Record{LeaseID: op.id, RequestID: op.id, Owner: r.owner, Set: r.set, SetSize: len(r.keys), Session: r.session}
-	ws := setGrantWrites(r, rec, sn.obs, nil, check{key: r.session, rev: sn.sess.rev})
-	ok, dup := s.b.commit(s.ruled(ws), op.id)
+	session := check{key: r.session, rev: sn.sess.rev}
+	if s.following {
+		session = check{} // a plain write: its place in the stream decides it
+	}
+	ok, dup := s.b.commit(s.ruled(setGrantWrites(r, rec, sn.obs, nil, session)), op.id)
 	switch {
 	case dup:
 		return nil, duplicated, nil
 	case !ok:
 		return nil, conflicted, nil
 	}
+	granted := s.b.rev
+	op.grantedAt = 0
 	s.sets = append(s.sets, op)
 	s.setByID[op.id] = op
 	if s.rnd.IntN(20) == 0 {
 		return nil, committed, errSimLost
 	}
+	if s.following {
+		// Answered once the watcher has delivered the grant (a step), if
+		// the session was live at its place in the stream; an orphan is
+		// ended (validSet).
+		if !op.await() {
+			return nil, committed, errSimDead
+		}
+		if s.rules.order && !s.b.liveAt(r.session, op.secret, granted) {
+			s.endSet(op.id)
+			return nil, committed, errNoSession()
+		}
+		op.grantedAt = granted
+	}
 	return &streams.SetLeaseResponse{}, committed, nil
+}
+
+// endSet ends the set lease id wherever the bucket holds it, in one
+// commit (as endSetKeys does).
+func (s *sim) endSet(id string) {
+	var ws []write
+	for _, k := range s.keysOf(id) {
+		ws = append(ws, write{key: k, expect: s.b.last[k].rev, e: s.endOf(s.b.last[k])})
+	}
+	if len(ws) > 0 {
+		s.b.commit(ws, "")
+	}
+}
+
+// sweep ends, as the instances that follow the bucket do (tracker.expired),
+// every set whose session ended since its grant or was not live at it.
+func (s *sim) sweep() {
+	for _, k := range s.leaseKeys() {
+		e := s.b.last[k]
+		if !e.held() || e.rec.Session == "" {
+			continue
+		}
+		at := s.b.sessionAt(e.rec.Session, e.rev)
+		if last := s.b.last[e.rec.Session]; !at.held() || last.rev != at.rev {
+			s.endSet(e.rec.LeaseID)
+		}
+	}
 }
 
 // earlierSet answers a set's grant that found an earlier write of its
@@ -435,7 +480,7 @@ func (s *sim) proveSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 	if !s.rules.retryProof {
 		return &streams.SetLeaseResponse{}, committed, nil
 	}
-	if !sn.sess.held() {
+	if !sn.sess.held() || sn.sess.rec.LeaseID != op.secret {
 		return nil, committed, errNoSession()
 	}
 	if !op.await() {
@@ -452,14 +497,24 @@ func (s *sim) proveSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 }
 
 // answeredHeld checks a set's grant, or its retry, answered held against
-// the bucket: every key holds it and its session lives.
+// the bucket: every key holds it and its session lives (for a plain grant,
+// its session lived at its commit).
 func (s *sim) answeredHeld(op *simOp) {
 	if op.kind == "retry" {
 		s.granted["retry held"]++
 	} else {
 		s.granted[op.kind]++
 	}
-	if !s.b.last[op.session].held() {
+	if op.grantedAt != 0 {
+		// A plain grant is answered once its place in the stream is
+		// known, which takes a step: it held at its commit if its session
+		// was live there (it may have ended since, as any lease may).
+		if !s.b.liveAt(op.session, op.secret, op.grantedAt) {
+			s.fail("set %s answered held, but its session %s was not live at its grant", op.id, op.session)
+		}
+		return
+	}
+	if sess := s.b.last[op.session]; !sess.held() || sess.rec.LeaseID != op.secret {
 		s.fail("%s %s answered held after its session %s ended", op.kind, op.id, op.session)
 	}
 	if !s.holds(op) {

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"sort"
+	"strings"
 	"testing"
 
 	"github.com/jetlock/jetlock/streams"
@@ -13,18 +15,23 @@ import (
 // requests: grants of locks, elections, permits and lock sets (in
 // sessions) by three instances whose views lag and restart, committed to
 // an in-memory model of the bucket (revisions, compare-and-set, atomic
-// batches with checks, message-id duplicates), with replies lost (their
-// clients retry with the same request id), sessions closed, and instances
-// that die mid-request. Every grant and retry runs the service's own
-// commitLoop and deciders (decideGrant, decidePermit, decideSet,
+// batches with checks, message-id duplicates). Sessions are granted to as
+// a lone instance does (a check of the session's record in the grant's
+// commit) or, on odd seeds, as instances that follow the bucket do (a
+// plain write decided by its place in the stream; sim.following). Replies
+// are lost (their clients retry with the same request id), sessions
+// close, a sweep ends the leases of ended sessions, and instances die
+// mid-request. Every grant and retry runs the service's own commitLoop
+// and deciders (decideGrant, decidePermit, decideSet, decideEarlierSet,
 // decideName, mayRetire) and commits the writes that grantWrites and
-// setGrantWrites plan (sim_engine_internal_test.go); releases and closes
-// are modelled here. One seed drives every choice, and the
-// invariants are checked after every step: a name is one kind and one
-// limit at a time (10, and 12 across instances), a request is granted at
-// most once (6), a grant or a retry answered held holds its keys in the
-// bucket then, and a set is held whole (9). A failure prints its seed and
-// the command that replays it.
+// setGrantWrites plan (sim_engine_internal_test.go); releases, closes and
+// the sweep are modelled here. One seed drives every choice, and the
+// invariants are checked after every step: no write replaces a live
+// lease, and a grant or a retry answered held holds its keys then (1); a
+// request is granted at most once (6); a set is held whole, and answered
+// held only while its session lives (9); a name is one kind and one limit
+// at a time (10); all across instances (12). A failure prints its seed
+// and the command that replays it.
 //
 // It adds to the tests against real clusters; it does not replace them:
 // the model is of the bucket's semantics, not of nats-server.
@@ -41,9 +48,12 @@ type simRules struct {
 	nameRecord bool // a permit's grant writes its semaphore's name record
 	limit      bool // a permit of another limit than the name record's retires it first
 	retryProof bool // a set's retry in a session is proven before it is answered held
+	// order: a plain grant to a session (instances that follow the bucket)
+	// counts only if its session was live at its place in the stream.
+	order bool
 }
 
-var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true}
+var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true, order: true}
 
 // simBucket is the model of the bucket: the last write of every key (its
 // entry, whose rev is the write's revision) and every write in commit
@@ -53,6 +63,8 @@ type simBucket struct {
 	last map[string]entry
 	log  []simWrite
 	ids  map[string]bool // the message ids of every write (the duplicate window, forever)
+	// sessions are the writes of each session key, in order.
+	sessions map[string][]entry
 	// replaced is the first live lease a write replaced.
 	replaced string
 	// grants counts the commits that granted each request id; twice is
@@ -105,6 +117,9 @@ func (b *simBucket) commit(ws []write, grant string) (ok, dup bool) {
 		e.rev = b.rev
 		b.last[w.key] = e
 		b.log = append(b.log, simWrite{w.key, e})
+		if strings.HasPrefix(w.key, streams.SessionKeyPrefix) {
+			b.sessions[w.key] = append(b.sessions[w.key], e)
+		}
 	}
 	if grant != "" {
 		if b.grants[grant]++; b.grants[grant] == 2 && b.twice == "" {
@@ -112,6 +127,24 @@ func (b *simBucket) commit(ws []write, grant string) (ok, dup bool) {
 		}
 	}
 	return true, false
+}
+
+// sessionAt returns the last write of session key before revision rev.
+func (b *simBucket) sessionAt(key string, rev uint64) entry {
+	ws := b.sessions[key]
+	i := sort.Search(len(ws), func(i int) bool { return ws[i].rev >= rev })
+	if i == 0 {
+		return entry{}
+	}
+	return ws[i-1]
+}
+
+// liveAt reports whether session key, holding secret, was live at
+// revision rev: the order of the stream decides a plain grant to it (as
+// validInSession does).
+func (b *simBucket) liveAt(key, secret string, rev uint64) bool {
+	e := b.sessionAt(key, rev)
+	return e.held() && e.rec.LeaseID == secret
 }
 
 // simView is an instance's view of the bucket: the writes its watcher
@@ -155,19 +188,29 @@ type simOp struct {
 	dead  bool
 	// closed: a close has committed its session's end.
 	closed bool
+	// secret is the lease id of the session a set is asked in, as its
+	// client holds it; grantedAt is the revision of a plain grant answered
+	// once its place in the stream was known.
+	secret    string
+	grantedAt uint64
 }
 
 type sim struct {
-	seed   uint64
-	rnd    *rand.Rand
-	rules  simRules
-	b      simBucket
-	views  []simView
-	ops    []*simOp
-	steps  int
-	nextID int
-	sets   []*simOp // sets granted, for retries
-	keys   []string // leaseKeys
+	seed uint64
+	// following: the instances follow the bucket, so a grant to a session
+	// is a plain write whose place in the stream decides it
+	// (validInSession); otherwise each commits it with a check of the
+	// session's record, as a lone instance does. Odd seeds follow.
+	following bool
+	rnd       *rand.Rand
+	rules     simRules
+	b         simBucket
+	views     []simView
+	ops       []*simOp
+	steps     int
+	nextID    int
+	sets      []*simOp // sets granted, for retries
+	keys      []string // leaseKeys
 	// setByID are the sets granted, by request id.
 	setByID map[string]*simOp
 	// retries are the requests whose reply was lost, retried by their
@@ -185,8 +228,8 @@ const (
 )
 
 func newSim(seed uint64, rules simRules) *sim {
-	s := &sim{seed: seed, granted: map[string]int{}, setByID: map[string]*simOp{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rules: rules,
-		b: simBucket{last: map[string]entry{}, ids: map[string]bool{}, grants: map[string]int{}}, views: make([]simView, 3)}
+	s := &sim{seed: seed, following: seed%2 == 1, granted: map[string]int{}, setByID: map[string]*simOp{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rules: rules,
+		b: simBucket{last: map[string]entry{}, ids: map[string]bool{}, grants: map[string]int{}, sessions: map[string][]entry{}}, views: make([]simView, 3)}
 	for i := range s.views {
 		s.views[i].keys = map[string]entry{}
 	}
@@ -232,10 +275,13 @@ func (s *sim) start() {
 		i := s.rnd.IntN(simNames)
 		n, m := s.name(i), s.name((i+1+s.rnd.IntN(simNames-1))%simNames)
 		op.kind, op.names, op.session = "set", []string{n, m}, s.sessionKey(s.rnd.IntN(simSessions))
+		if sess := s.b.last[op.session]; sess.held() {
+			op.secret = sess.rec.LeaseID // the session its client holds now
+		}
 	case r < 69 && len(s.sets) > 0:
 		// One of the last sets granted: most older ones have ended.
 		set := s.sets[max(0, len(s.sets)-1-s.rnd.IntN(4))]
-		op.kind, op.id, op.names, op.session = "retry", set.id, set.names, set.session
+		op.kind, op.id, op.names, op.session, op.secret = "retry", set.id, set.names, set.session, set.secret
 	case r < 94:
 		op.kind = "release"
 	default:
@@ -335,7 +381,8 @@ func (s *sim) decideClose(op *simOp) bool {
 	}
 	sess := s.read(op, op.session)
 	if !sess.held() {
-		op.plan = []write{{key: op.session, expect: sess.rev, e: entry{rec: &streams.Record{LeaseID: "sess", RequestID: "open"}}}}
+		// A new open: a new secret.
+		op.plan = []write{{key: op.session, expect: sess.rev, e: entry{rec: &streams.Record{LeaseID: "sess-" + op.id, RequestID: "open"}}}}
 		op.done = over
 		return false
 	}
@@ -444,7 +491,9 @@ func (s *sim) run(ops int) string {
 		case r < 39:
 			// A watcher that starts again delivers everything anew.
 			s.views[s.rnd.IntN(len(s.views))] = simView{keys: map[string]entry{}}
-		case r < 40 && len(s.ops) > 0:
+		case r < 40 && s.following:
+			s.sweep()
+		case r < 41 && len(s.ops) > 0:
 			// An instance dies: its requests in flight end unanswered.
 			dead := s.rnd.IntN(len(s.views))
 			s.ops = slicesDeleteFunc(s.ops, func(op *simOp) bool {
@@ -505,10 +554,11 @@ func TestEngineSimulation(t *testing.T) {
 // each within a few seeds' runs.
 func TestEngineSimulationFindsTheRacesWithoutTheirRules(t *testing.T) {
 	for name, rules := range map[string]simRules{
-		"a request granted twice (no message id, no end mark)":  {nameRecord: true, limit: true, retryProof: true},
-		"a lock and a semaphore at once (no name record)":       {once: true, limit: true, retryProof: true},
-		"one semaphore under two limits (no limit rule)":        {once: true, nameRecord: true, retryProof: true},
-		"a set retry held after its session's close (no proof)": {once: true, nameRecord: true, limit: true},
+		"a request granted twice (no message id, no end mark)":                  {nameRecord: true, limit: true, retryProof: true, order: true},
+		"a lock and a semaphore at once (no name record)":                       {once: true, limit: true, retryProof: true, order: true},
+		"one semaphore under two limits (no limit rule)":                        {once: true, nameRecord: true, retryProof: true, order: true},
+		"a set retry held after its session's close (no proof)":                 {once: true, nameRecord: true, limit: true, order: true},
+		"a grant to a session answered after its session's end (no order rule)": {once: true, nameRecord: true, limit: true, retryProof: true},
 	} {
 		found := ""
 		for seed := uint64(1); seed <= 20 && found == ""; seed++ {
