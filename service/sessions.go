@@ -292,24 +292,6 @@ func asIs(_ context.Context, o observation) (observation, outcome, error) {
 	return o, committed, nil
 }
 
-// ownedSession returns the session of id as its holder who sees it, read
-// fresh when the tracker does not show it held by who; a negative answer
-// (false) rests on a read proven by a conditional write. The caller holds
-// the session key's lock.
-func (l *sessionOps) ownedSession(ctx context.Context, key, secret string, who origin) (observation, bool, error) {
-	ok := true
-	o, err := onSession(ctx, l, sessionHashOf(key), false, recordSteps[observation]{
-		live: func(s recordSnap) bool { return holds(s.observation, secret, who) },
-		act:  asIs,
-		negative: func(o observation) (observation, error) {
-			ok = false
-			l.notOwned(key, o, secret, who)
-			return o, nil
-		},
-	})
-	return o, ok, err
-}
-
 // notOwned logs, at debug level, what a negative answer about session key
 // rested on: rare, and the first thing to read when a caller disputes it.
 func (l *sessionOps) notOwned(key string, o observation, secret string, who origin) {
