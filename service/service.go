@@ -22,21 +22,24 @@
 // lock logic. service.go wires the two and runs them, with the background
 // sweep (sweep.go); stream.go watches the bucket's stream.
 //
-// Every grant — of a lock, a permit of a semaphore, a lock set — runs in
-// one engine (engine.go), as do the renewal of a lease, the renewal and
-// release of a lock set, the open of a session and the lookup of a
-// grant's session. Each primitive supplies a read step, which
-// gathers a snapshot of the records its decision rests on (on the
-// instance's view, or fresh from the stream leader); a decider, which
-// consults that snapshot, the instance's view and the clock, does no I/O,
-// and returns a verdict value: answer now with a response or
-// a refusal, decide again on fresh reads, prove and answer a retry of the
-// same request, or write a plan; and a commit step, which writes the plan
-// and reports whether it committed, lost a race or found an earlier write
-// of the request. One commit loop runs the steps for every primitive and
-// owns what they share: the bound of attempts, the switch to fresh reads
-// and the answer when every attempt lost a race. Errors are failures and
-// refusals; none of them steers the loop.
+// Every decision runs in one engine (engine.go): every grant (of a lock,
+// a permit of a semaphore, a lock set), renewal, release and hand-over,
+// every request about a session, and the writes of waiters. Each
+// primitive supplies a read step, which gathers a snapshot of the records
+// its decision rests on (on the instance's view, or fresh from the stream
+// leader) and of what the view adds (the clock's reading, expiry, waiters
+// ahead, the guard, room under the caps); a decider, a function of that
+// snapshot and the request alone, which returns a verdict value: answer
+// now with a response or a refusal, decide again on fresh reads, prove and
+// answer a retry of the same request, or write a plan (a grant's writes
+// are values, committed by the store as one atomic batch); and a commit
+// step, which writes the plan and reports whether it committed, lost a
+// race or found an earlier write of the request. One commit loop runs the
+// steps for every primitive and owns what they share: the bound of
+// attempts, the switch to fresh reads and the answer when every attempt
+// lost a race. Errors are failures and refusals; none of them steers the
+// loop. The simulation in the tests runs the same loop and deciders
+// against a model of the bucket.
 package service
 
 import (
