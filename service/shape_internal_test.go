@@ -107,3 +107,47 @@ func funcName(fn *ast.FuncDecl) string {
 	}
 	return fn.Name.Name
 }
+
+// TestDecidersReadOnlyTheirSnapshot keeps the engine's deciders (every
+// function named decide...) functions of their arguments: no method (so
+// no view, store or configuration to reach), and no reading of the clock,
+// whose reading the read step puts in the snapshot (see engine.go). The
+// simulation runs them as they are for that reason.
+func TestDecidersReadOnlyTheirSnapshot(t *testing.T) {
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deciders := 0
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Body == nil || !strings.HasPrefix(fn.Name.Name, "decide") {
+				continue
+			}
+			deciders++
+			if fn.Recv != nil {
+				t.Errorf("%s: %s is a method: a decider reads only its snapshot", name, funcName(fn))
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				if sel, ok := n.(*ast.SelectorExpr); ok {
+					if x, ok := sel.X.(*ast.Ident); ok && x.Name == "time" && (sel.Sel.Name == "Now" || sel.Sel.Name == "Since" || sel.Sel.Name == "Until") {
+						t.Errorf("%s: %s reads the clock (time.%s): the read step puts its reading in the snapshot", fset.Position(sel.Pos()), fn.Name.Name, sel.Sel.Name)
+					}
+				}
+				return true
+			})
+		}
+	}
+	if deciders < 10 {
+		t.Fatalf("%d deciders found: the test no longer sees them", deciders)
+	}
+}
