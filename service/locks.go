@@ -590,7 +590,7 @@ func (l *leaseOps) heldInSession(ctx context.Context, g *grantReq, keys []string
 // of a session is one compare-and-set write answered once its place in
 // the stream is confirmed (validInSession), or, on a lone instance, commits
 // with the check that the session observed in sess has not moved on (see
-// store.grantMsgs).
+// leaseWrites).
 func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess observation) (*streams.LeaseResponse, error) {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, g.requestID, g.owner, g.tenant, g.ttl, l.holdLimit(now, g.maxHold))
@@ -651,7 +651,7 @@ func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Rec
 		l.conflictPause(ctx) // perhaps another instance's write to the session
 	case err != nil || dup:
 	case g.limit != 0:
-		seq, nameSeq = revs[0], revs[1]
+		seq, nameSeq = revs[0], revs[len(revs)-1] // the name record is last
 	default:
 		seq = revs[0]
 	}
@@ -659,16 +659,29 @@ func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Rec
 }
 
 // grantWrites are the writes of the grant of rec to g over revision
-// expect: the lease, with the request's message id (so a second grant of
-// the request is a duplicate); for a permit, its semaphore's name record,
-// by compare-and-set on the revision the name rule read (name_rule.go);
-// and when session names a key, the check that the session's record is
-// still at its revision (see store.grantMsgs).
+// expect: the lease with the request's message id, and the session's
+// check if session names a key (leaseWrites); for a permit, also its
+// semaphore's name record, by compare-and-set on the revision the name
+// rule read (name_rule.go), last.
 func grantWrites(g *grantReq, rec *streams.Record, expect uint64, session check) []write {
-	ws := []write{{key: g.key, expect: expect, e: entry{rec: rec}, msgID: grantMsgID(g.hash)}}
+	ws := leaseWrites(g.key, rec, expect, grantMsgID(g.hash), session)
 	if g.limit != 0 {
 		ws = append(ws, write{key: streams.LeaseKey(g.sem), expect: g.nameRev, e: entry{sem: g.limit}})
 	}
+	return ws
+}
+
+// leaseWrites are the writes of the grant of rec at key over revision
+// expect, with message id msgID (a second grant of the request is a
+// duplicate), and, when session names a key, the check that the session
+// record is still at its revision. Written as one atomic batch, the grant
+// commits only if the session has not moved on since it was read: had it
+// ended (its record deleted by a close or an expiry), the batch fails
+// whole. So a grant never follows its session's end in the stream, which
+// is what lets whoever ends a session find every lease it holds (see
+// endSession).
+func leaseWrites(key string, rec *streams.Record, expect uint64, msgID string, session check) []write {
+	ws := []write{{key: key, expect: expect, e: entry{rec: rec}, msgID: msgID}}
 	if session.key != "" {
 		ws = append(ws, write{key: session.key, expect: session.rev, check: true})
 	}

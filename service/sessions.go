@@ -39,7 +39,7 @@ import (
 //     (tracker.expired) and ends it.
 //   - A lone instance follows no watcher: it commits a grant to a session
 //     in one atomic batch with a check that the session record is still at
-//     the revision read (store.grantMsgs), so no grant of its follows the
+//     the revision read (leaseWrites), so no grant of its follows the
 //     session's end in the stream.
 //   - Ending a session is one compare-and-set delete of its record (so a
 //     keepalive that landed first wins), after which its leases count as
@@ -399,7 +399,7 @@ func (l *sessionOps) endSession(ctx context.Context, key string, o observation, 
 	}
 	l.tracker.observe(key, entry{rev: seq, end: end})
 	l.report.session(string(why), o.rec.Owner, who)
-	// Every grant to the session committed before seq (see store.grantMsgs);
+	// Every grant to the session committed before seq (see leaseWrites);
 	// once the watcher has delivered seq, the index lists them all. A lone
 	// instance, which follows no watcher, made them itself (and what an
 	// instance it had not heard of yet granted is ended by the instances

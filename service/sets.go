@@ -472,7 +472,7 @@ func (l *setOps) setRecord(r *setReq) *streams.Record {
 // duplicate); the delete of each of r's waiter records (revisions in
 // queued, 0: none); and when session names a key, the check that the
 // session's record is still at its revision (a lone instance's grant to a
-// session, see store.grantMsgs).
+// session, see leaseWrites).
 func setGrantWrites(r *setReq, rec *streams.Record, obs []observation, queued []uint64, session check) []write {
 	var ws []write
 	for i, k := range r.keys {

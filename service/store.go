@@ -222,15 +222,7 @@ func isDeleteOp(hdrs []byte) bool {
 // rec is a lease record, or a waiter held as a Record (it names a wake
 // subject), which is written in the waiter's own form (streams.Waiter).
 func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect uint64, msgID string) (seq uint64, dup bool, err error) {
-	var buf *encoded
-	switch {
-	case rec.Wake != "":
-		buf = encode(streams.WaiterOf(rec))
-	case strings.HasPrefix(key, streams.SessionKeyPrefix):
-		buf = encode(streams.SessionOf(rec))
-	default:
-		buf = encode(rec)
-	}
+	buf := encode(recordForm(key, rec))
 	defer buf.free()
 	m := newWrite(s.subjPfx + key)
 	defer freeWrite(m)
@@ -240,6 +232,19 @@ func (s *store) put(ctx context.Context, key string, rec *streams.Record, expect
 		m.Header.Set(jetstream.MsgIDHeader, msgID)
 	}
 	return s.publish(ctx, "put", m)
+}
+
+// recordForm is rec as it is written at key: a waiter in the waiter's own
+// form (it names a wake subject), a session's record in the session's,
+// else the lease record.
+func recordForm(key string, rec *streams.Record) appender {
+	switch {
+	case rec.Wake != "":
+		return streams.WaiterOf(rec)
+	case strings.HasPrefix(key, streams.SessionKeyPrefix):
+		return streams.SessionOf(rec)
+	}
+	return rec
 }
 
 // deleteMsg builds the delete marker of key: expected last revision
@@ -358,18 +363,18 @@ func (s *store) cancelMark(ctx context.Context, hash string) error {
 // the waiter's record at waitKey, revision waitRev. The grant carries
 // msgID, the waiter's grant message id, so a cancelled waiter is never
 // granted (errDuplicate). A grant to a waiter of a session also checks
-// the session (see grantMsgs). It returns the grant's revision, its token,
-// and the revision of the waiter record's removal.
+// the session (see leaseWrites). It returns the grant's revision, its
+// token, and the revision of the waiter record's removal.
 func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Record, leaseRev uint64, msgID, waitKey string, waitRev uint64, session check) (token, removed uint64, err error) {
-	buf := encode(rec)
-	defer buf.free()
-	msgs := s.grantMsgs(leaseKey, buf.b, leaseRev, msgID, session)
-	remove := s.deleteMsg(waitKey, waitRev, nil)
-	msgs = append(msgs, remove)
-	if _, err := s.batch(ctx, "handover", msgs); err != nil {
+	ws := append(leaseWrites(leaseKey, rec, leaseRev, msgID, session), write{key: waitKey, expect: waitRev})
+	revs, dup, err := s.commitWrites(ctx, "handover", ws)
+	switch {
+	case dup:
+		return 0, 0, errDuplicate
+	case err != nil:
 		return 0, 0, err
 	}
-	return msgs[0].seq, remove.seq, nil
+	return revs[0], revs[len(revs)-1], nil
 }
 
 // commitWrites writes ws, a decision's writes (engine.go), as one atomic
@@ -408,7 +413,7 @@ func (s *store) msgOf(w write) *batchMsg {
 	case w.e.sem != 0:
 		m = s.putMsg(w.key, streams.AppendNameRecord(nil, w.e.sem), w.expect, "")
 	case w.e.rec != nil:
-		m = s.putMsg(w.key, w.e.rec.AppendJSON(nil), w.expect, "")
+		m = s.putMsg(w.key, recordForm(w.key, w.e.rec).AppendJSON(nil), w.expect, "")
 	default:
 		var end []byte
 		if w.e.end != nil {
@@ -428,22 +433,6 @@ func (s *store) msgOf(w write) *batchMsg {
 type check struct {
 	key string
 	rev uint64
-}
-
-// grantMsgs returns the messages of a grant of body at key over revision
-// expect, with message id msgID, and, when session names a key, the check
-// that the session record is still at its revision. Written as one atomic
-// batch, the grant commits only if the session has not moved on since it
-// was read: had it ended (its record deleted by a close or an expiry),
-// the batch fails whole. So a grant never follows its session's end in
-// the stream, which is what lets whoever ends a session find every lease
-// it holds (see endSession).
-func (s *store) grantMsgs(key string, body []byte, expect uint64, msgID string, session check) []*batchMsg {
-	msgs := []*batchMsg{s.putMsg(key, body, expect, msgID)}
-	if session.key != "" {
-		msgs = append(msgs, &batchMsg{Msg: s.checkMsg(session.key, session.rev)})
-	}
-	return msgs
 }
 
 // putMsg is the write of body at key if its last revision is still expect,
