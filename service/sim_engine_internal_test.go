@@ -425,11 +425,7 @@ func (s *sim) grantSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 // endSet ends the set lease id wherever the bucket holds it, in one
 // commit (as endSetKeys does).
 func (s *sim) endSet(id string) {
-	var ws []write
-	for _, k := range s.keysOf(id) {
-		ws = append(ws, write{key: k, expect: s.b.last[k].rev, e: s.endOf(s.b.last[k])})
-	}
-	if len(ws) > 0 {
+	if ws := s.ends(s.keysOf(id)); len(ws) > 0 {
 		s.b.commit(ws, "")
 	}
 }

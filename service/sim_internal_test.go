@@ -241,19 +241,9 @@ func newSim(seed uint64, rules simRules) *sim {
 
 func (s *sim) sessionKey(i int) string { return streams.SessionKey(fmt.Sprintf("s%d", i)) }
 
-// read returns key as op reads it: from the stream leader, or from its
-// instance's view, which may first catch up a little (reads of several
-// keys see several points of the stream).
-func (s *sim) read(op *simOp, key string) entry {
-	if op.fresh {
-		return s.b.last[key]
-	}
-	v := &s.views[op.inst]
-	if s.rnd.IntN(4) == 0 {
-		v.catchUp(&s.b, s.rnd.IntN(3))
-	}
-	return v.keys[key]
-}
+// read returns key as op reads it (readAt): from the stream leader, or
+// from its instance's view.
+func (s *sim) read(op *simOp, key string) entry { return s.readAt(op.inst, key, op.fresh) }
 
 func (s *sim) name(i int) string { return fmt.Sprintf("n%d", i) }
 
@@ -339,6 +329,16 @@ func (s *sim) endOf(e entry) entry {
 	return entry{end: &streams.EndMark{RequestID: e.rec.RequestID}}
 }
 
+// ends are the writes that end the leases at keys, each by
+// compare-and-set on its last revision, with its end mark (endOf).
+func (s *sim) ends(keys []string) []write {
+	var ws []write
+	for _, k := range keys {
+		ws = append(ws, write{key: k, expect: s.b.last[k].rev, e: s.endOf(s.b.last[k])})
+	}
+	return ws
+}
+
 // decideRelease ends a random lease as its holder would: by
 // compare-and-set on the revision it holds (a set's keys together).
 func (s *sim) decideRelease(op *simOp) bool {
@@ -353,12 +353,9 @@ func (s *sim) decideRelease(op *simOp) bool {
 	}
 	key := held[s.rnd.IntN(len(held))]
 	e := s.b.last[key]
-	op.plan = []write{{key: key, expect: e.rev, e: s.endOf(e)}}
+	op.plan = s.ends([]string{key})
 	if e.rec.Set != "" {
-		op.plan = nil
-		for _, k := range s.keysOf(e.rec.LeaseID) {
-			op.plan = append(op.plan, write{key: k, expect: s.b.last[k].rev, e: s.endOf(s.b.last[k])})
-		}
+		op.plan = s.ends(s.keysOf(e.rec.LeaseID))
 	}
 	op.done = over
 	return false
@@ -370,12 +367,13 @@ func (s *sim) decideRelease(op *simOp) bool {
 // Once closed, it opens it again.
 func (s *sim) decideClose(op *simOp) bool {
 	if op.closed {
-		op.plan = nil
+		var keys []string
 		for _, k := range s.leaseKeys() {
 			if e := s.b.last[k]; e.held() && e.rec.Session == op.session {
-				op.plan = append(op.plan, write{key: k, expect: e.rev, e: s.endOf(e)})
+				keys = append(keys, k)
 			}
 		}
+		op.plan = s.ends(keys)
 		op.done = over
 		return len(op.plan) == 0
 	}
