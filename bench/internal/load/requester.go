@@ -166,8 +166,11 @@ func (r *Requester) finish(id uint64, m *nats.Msg, at time.Time, err error) {
 	r.mu.Unlock()
 	if c != nil {
 		c.timer.Stop()
-		r.inflight.Add(-1)
+		// In flight until its callback is done: a caller that waits for
+		// InFlight to reach 0 (Drain) must find what the callback records
+		// (a lease held, a retry pending) already recorded.
 		c.done(m, at, err)
+		r.inflight.Add(-1)
 	}
 }
 
@@ -181,8 +184,8 @@ func (r *Requester) Close() {
 	r.mu.Unlock()
 	for _, c := range pending {
 		c.timer.Stop()
-		r.inflight.Add(-1)
 		c.done(nil, time.Now(), ErrClosed)
+		r.inflight.Add(-1)
 	}
 	for _, s := range r.subs {
 		_ = s.Unsubscribe()
