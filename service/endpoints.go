@@ -21,7 +21,7 @@ import (
 // The transport: requests arrive through micro endpoints, pass the reply
 // subject guard and the admission gate (gate.go), and are decoded,
 // validated and handed to the lock logic (locks.go) on a worker goroutine
-// (workers.go); the reply goes straight back on the request's reply
+// (gate.go); the reply goes straight back on the request's reply
 // subject.
 
 // addEndpoints registers one micro endpoint per operation on svc.

@@ -367,11 +367,14 @@ func (l *leaseOps) confirmAll(ctx context.Context, keys []string, obs []observat
 	return err
 }
 
-// acquire decides an acquire that does not wait.
+// acquire decides an acquire that does not wait (a permit's: semOps).
 func (l *leaseOps) acquire(ctx context.Context, g *grantReq) (*streams.LeaseResponse, error) {
-	st, granted, _, err := l.sems.lockToGrant(ctx, g, nil, true)
-	if granted != nil || err != nil {
-		return granted, err
+	if g.limit != 0 {
+		return l.sems.acquire(ctx, g)
+	}
+	st, err := l.lock(ctx, g.key)
+	if err != nil {
+		return nil, err
 	}
 	defer st.unlock()
 	return l.tryGrant(ctx, g, false)

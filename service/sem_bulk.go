@@ -127,6 +127,18 @@ func (j *semJoins) settleQueued(joins []*semJoin, queued []*observation) {
 	}
 }
 
+// acquire decides the acquire of a permit that does not wait: joined to
+// the pending acquires of its semaphore (lockToGrant), else decided on its
+// own.
+func (l *semOps) acquire(ctx context.Context, g *grantReq) (*streams.LeaseResponse, error) {
+	st, granted, _, err := l.lockToGrant(ctx, g, nil, true)
+	if granted != nil || err != nil {
+		return granted, err
+	}
+	defer st.unlock()
+	return l.trySem(ctx, g, false)
+}
+
 // lockToGrant locks g's key. A plain acquire of a permit that may be
 // granted in bulk (joinable; w is its waiter, nil for one that does not
 // wait) first joins its semaphore's pending acquires, and so does a

@@ -15,9 +15,9 @@
 // what they share. The tracker (tracker.go) is the instance's view of the
 // bucket: observations and their expiry, with its indexes (sessionIndex,
 // setIndex, nameIndex, instanceIndex, waitCaps) in types of their own.
-// The transport (endpoints.go, gate.go, workers.go, deadline.go,
-// waiting.go, wake.go, follow.go) receives requests, admits them, runs
-// them and replies: request.go decodes each request, and endpoints.go
+// The transport (endpoints.go, gate.go, waiting.go, wake.go, follow.go)
+// receives requests, admits them (gate.go: the gate, the workers, the
+// deadlines), runs them and replies: request.go decodes each request, and endpoints.go
 // holds each operation's handler, which hands the decoded request to the
 // lock logic. service.go wires the two and runs them, with the background
 // sweep (sweep.go); stream.go watches the bucket's stream.
@@ -289,7 +289,7 @@ func (s *Service) wire(b *streams.Bucket) error {
 		gauge: func(on bool) { s.metrics.following.Set(boolGauge(on)) },
 		id:    s.id, epoch: time.Now(), peerSeen: make(chan struct{}, 1), linger: s.peerLinger, startLinger: s.peerStartLinger}
 	s.locks = newLocks(&engineDeps{cfg: s.cfg, log: s.log, store: s.store, tracker: s.tracker, keys: newKeyLocks(s.cfg.MaxPerKey),
-		report: s.report, wakes: s.wakes, guard: s.guard, following: s.Following, synced: &s.follow.synced,
+		report: s.report, wakes: s.wakes, guard: s.guard, following: s.follow.following.Load, synced: &s.follow.synced,
 		delivered: s.follow.delivered.Load, seen: &s.follow.deliveries})
 	return nil
 }
