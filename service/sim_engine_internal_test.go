@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"iter"
+	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/jetlock/jetlock/streams"
@@ -33,9 +35,21 @@ var simNow = time.Unix(1_700_000_000, 0)
 // engineOp starts op, a lock, election or permit request, as a coroutine
 // that runs the engine.
 func (s *sim) engineOp(op *simOp) {
-	op.next, op.stop = iter.Pull(func(yield func(struct{}) bool) {
+	op.next, op.stop = iterPull(op, func() { s.runEngineOp(op) })
+}
+
+// iterPull makes run op's coroutine. A panic in it is passed on by
+// iter.Pull without the coroutine's stack, so the stack is printed first.
+func iterPull(op *simOp, run func()) (func() (struct{}, bool), func()) {
+	return iter.Pull(func(yield func(struct{}) bool) {
 		op.yield = yield
-		s.runEngineOp(op)
+		defer func() {
+			if r := recover(); r != nil {
+				os.Stderr.Write(debug.Stack())
+				panic(r)
+			}
+		}()
+		run()
 	})
 }
 
@@ -72,24 +86,21 @@ func (op *simOp) grantOf() *grantReq {
 
 // runEngineOp runs op's grant on the engine and checks its answer.
 func (s *sim) runEngineOp(op *simOp) {
+	switch op.kind {
+	case "wait":
+		s.runWaitOp(op)
+		return
+	case "cancel":
+		s.runCancel(op)
+		return
+	}
 	g := op.grantOf()
 	var err error
 	switch {
 	case op.session != "":
 		err = s.runSetOp(op)
 	case op.limit == 0:
-		_, err = commitLoop(context.Background(), simRaces{op}, "", false, engineSteps[grantSnap, struct{}, *streams.LeaseResponse]{
-			read: func(_ context.Context, fresh bool) (grantSnap, bool, error) { return s.readToGrant(op, g, fresh) },
-			decide: func(sn grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
-				return decideGrant(g, sn, fresh)
-			},
-			prove: func(_ context.Context, sn grantSnap) (*streams.LeaseResponse, outcome, error) {
-				return s.renew(op, g.key, sn.o)
-			},
-			commit: func(_ context.Context, sn grantSnap, _ struct{}) (*streams.LeaseResponse, outcome, error) {
-				return s.grant(op, g, sn.o)
-			},
-		})
+		_, err = s.lockGrant(op, g)
 	default:
 		_, err = commitLoop(context.Background(), simRaces{op}, "", false, engineSteps[permitsRead, struct{}, *streams.LeaseResponse]{
 			read:   func(_ context.Context, fresh bool) (permitsRead, bool, error) { return s.readPermits(op, g, fresh) },
@@ -123,7 +134,7 @@ func (s *sim) readToGrant(op *simOp, g *grantReq, fresh bool) (sn grantSnap, aga
 	if sn.o, again, err = s.claimName(op, g.resource, sn.o, 0, fresh); again || err != nil {
 		return sn, again, err
 	}
-	sn.claim.ok = true
+	sn.claim = s.claimFor(op, g.resource)
 	sn.facts = s.facts()
 	return sn, false, nil
 }
@@ -171,7 +182,7 @@ func (s *sim) readAt(inst int, key string, fresh bool) entry {
 	if s.rnd.IntN(4) == 0 {
 		v.catchUp(&s.b, s.rnd.IntN(3))
 	}
-	return v.keys[key]
+	return v.get(&s.b, key)
 }
 
 // claimName is the name rule of the read step, as nameOps.claimName

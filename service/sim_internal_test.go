@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -21,17 +22,22 @@ import (
 // plain write decided by its place in the stream; sim.following). Replies
 // are lost (their clients retry with the same request id), sessions
 // close, a sweep ends the leases of ended sessions, and instances die
-// mid-request. Every grant and retry runs the service's own commitLoop
-// and deciders (decideGrant, decidePermit, decideSet, decideEarlierSet,
-// decideName, mayRetire) and commits the writes that grantWrites and
-// setGrantWrites plan (sim_engine_internal_test.go); releases, closes and
-// the sweep are modelled here. One seed drives every choice, and the
+// mid-request. Acquires of locks wait in queues: a release hands the
+// lock over to the head waiter, waiters claim a free lock in turn, and
+// clients cancel waits (sim_wait_internal_test.go). Every grant, retry,
+// enqueue and hand-over runs the service's own commitLoop and deciders
+// (decideGrant, decidePermit, decideSet, decideEarlierSet, decideName,
+// mayRetire, decideEnqueue, decideHandover) and commits the writes that
+// grantWrites, setGrantWrites and leaseWrites plan
+// (sim_engine_internal_test.go); plain releases, closes, cancels and the
+// sweep are modelled here. One seed drives every choice, and the
 // invariants are checked after every step: no write replaces a live
 // lease, and a grant or a retry answered held holds its keys then (1); a
-// request is granted at most once (6); a set is held whole, and answered
-// held only while its session lives (9); a name is one kind and one limit
-// at a time (10); all across instances (12). A failure prints its seed
-// and the command that replays it.
+// request is granted at most once, and never once its cancel was
+// answered (6); a set is held whole, and answered held only while its
+// session lives (9); a name is one kind and one limit at a time (10); all
+// across instances (12). A failure prints its seed and the command that
+// replays it.
 //
 // It adds to the tests against real clusters; it does not replace them:
 // the model is of the bucket's semantics, not of nats-server.
@@ -51,9 +57,12 @@ type simRules struct {
 	// order: a plain grant to a session (instances that follow the bucket)
 	// counts only if its session was live at its place in the stream.
 	order bool
+	// handoverID: a hand-over grants the waiter with its request's grant
+	// message id, which its cancel's tombstone takes first.
+	handoverID bool
 }
 
-var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true, order: true}
+var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true, order: true, handoverID: true}
 
 // simBucket is the model of the bucket: the last write of every key (its
 // entry, whose rev is the write's revision) and every write in commit
@@ -63,14 +72,19 @@ type simBucket struct {
 	last map[string]entry
 	log  []simWrite
 	ids  map[string]bool // the message ids of every write (the duplicate window, forever)
-	// sessions are the writes of each session key, in order.
-	sessions map[string][]entry
+	// history are the writes of each key, in order.
+	history map[string][]entry
 	// replaced is the first live lease a write replaced.
 	replaced string
 	// grants counts the commits that granted each request id; twice is
 	// the first granted twice.
 	grants map[string]int
 	twice  string
+	// cancelled are the requests whose cancel was answered; afterCancel
+	// is the first granted after it.
+	cancelled   map[string]bool
+	afterCancel string
+	debug       func(ws []write, grant string, over bool, ok, dup bool)
 }
 
 type simWrite struct {
@@ -84,6 +98,19 @@ type simWrite struct {
 // when set, is the request whose grant ws are: the model counts the
 // grants of each request.
 func (b *simBucket) commit(ws []write, grant string) (ok, dup bool) {
+	return b.apply(ws, grant, false)
+}
+
+// commitOver commits a hand-over: ws's first write grants the lease at
+// its key over the live lease it ends.
+func (b *simBucket) commitOver(ws []write, grant string) (ok, dup bool) {
+	return b.apply(ws, grant, true)
+}
+
+func (b *simBucket) apply(ws []write, grant string, over bool) (ok, dup bool) {
+	if b.debug != nil {
+		defer func() { b.debug(ws, grant, over, ok, dup) }()
+	}
 	for _, w := range ws {
 		if w.msgID != "" && b.ids[w.msgID] {
 			return false, true
@@ -94,14 +121,14 @@ func (b *simBucket) commit(ws []write, grant string) (ok, dup bool) {
 			return false, false
 		}
 	}
-	for _, w := range ws {
+	for i, w := range ws {
 		if w.msgID != "" {
 			b.ids[w.msgID] = true
 		}
 		if w.check {
 			continue
 		}
-		if last := b.last[w.key]; last.held() && !w.e.held() && w.e.sem != 0 || last.held() && w.e.held() && last.rec.RequestID != w.e.rec.RequestID {
+		if last := b.last[w.key]; !(over && i == 0) && (last.held() && !w.e.held() && w.e.sem != 0 || last.held() && w.e.held() && last.rec.RequestID != w.e.rec.RequestID) {
 			// No lease expires in the model: one is ended only by a
 			// delete (a release, a close).
 			if b.replaced == "" {
@@ -117,11 +144,12 @@ func (b *simBucket) commit(ws []write, grant string) (ok, dup bool) {
 		e.rev = b.rev
 		b.last[w.key] = e
 		b.log = append(b.log, simWrite{w.key, e})
-		if strings.HasPrefix(w.key, streams.SessionKeyPrefix) {
-			b.sessions[w.key] = append(b.sessions[w.key], e)
-		}
+		b.history[w.key] = append(b.history[w.key], e)
 	}
 	if grant != "" {
+		if b.cancelled[grant] && b.afterCancel == "" {
+			b.afterCancel = grant
+		}
 		if b.grants[grant]++; b.grants[grant] == 2 && b.twice == "" {
 			b.twice = grant
 		}
@@ -131,7 +159,12 @@ func (b *simBucket) commit(ws []write, grant string) (ok, dup bool) {
 
 // sessionAt returns the last write of session key before revision rev.
 func (b *simBucket) sessionAt(key string, rev uint64) entry {
-	ws := b.sessions[key]
+	return b.before(key, rev)
+}
+
+// before returns the last write of key before revision rev.
+func (b *simBucket) before(key string, rev uint64) entry {
+	ws := b.history[key]
 	i := sort.Search(len(ws), func(i int) bool { return ws[i].rev >= rev })
 	if i == 0 {
 		return entry{}
@@ -147,11 +180,28 @@ func (b *simBucket) liveAt(key, secret string, rev uint64) bool {
 	return e.held() && e.rec.LeaseID == secret
 }
 
-// simView is an instance's view of the bucket: the writes its watcher
-// has delivered, a prefix of the log.
+// simView is an instance's view of the bucket: the bucket as it stood
+// when its watcher last started (at that revision), and the writes the
+// watcher has delivered since, a part of the log.
 type simView struct {
+	at        uint64
 	delivered int
 	keys      map[string]entry
+}
+
+// restart makes v the bucket as it stands, as a watcher that starts
+// again reads it (as follow.go's scan does), before it delivers what
+// follows.
+func (v *simView) restart(b *simBucket) {
+	v.at, v.delivered, v.keys = b.rev, len(b.log), map[string]entry{}
+}
+
+// get returns key as v shows it.
+func (v *simView) get(b *simBucket, key string) entry {
+	if e, ok := v.keys[key]; ok {
+		return e
+	}
+	return b.before(key, v.at+1)
 }
 
 func (v *simView) catchUp(b *simBucket, n int) {
@@ -193,6 +243,10 @@ type simOp struct {
 	// once its place in the stream was known.
 	secret    string
 	grantedAt uint64
+	// waitRev is the revision of a waiting acquire's record (0: not
+	// queued); target is the waiting acquire a cancel cancels.
+	waitRev uint64
+	target  *simOp
 }
 
 type sim struct {
@@ -219,6 +273,8 @@ type sim struct {
 	failed  string
 	// granted counts the grants of each kind, and retries answered held.
 	granted map[string]int
+	// waiters are the waiter records written, by name (queue).
+	waiters map[string][]simWaiter
 }
 
 const (
@@ -229,7 +285,8 @@ const (
 
 func newSim(seed uint64, rules simRules) *sim {
 	s := &sim{seed: seed, following: seed%2 == 1, granted: map[string]int{}, setByID: map[string]*simOp{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rules: rules,
-		b: simBucket{last: map[string]entry{}, ids: map[string]bool{}, grants: map[string]int{}, sessions: map[string][]entry{}}, views: make([]simView, 3)}
+		b:     simBucket{last: map[string]entry{}, ids: map[string]bool{}, grants: map[string]int{}, history: map[string][]entry{}, cancelled: map[string]bool{}},
+		views: make([]simView, 3), waiters: map[string][]simWaiter{}}
 	for i := range s.views {
 		s.views[i].keys = map[string]entry{}
 	}
@@ -245,7 +302,15 @@ func (s *sim) sessionKey(i int) string { return streams.SessionKey(fmt.Sprintf("
 // from its instance's view.
 func (s *sim) read(op *simOp, key string) entry { return s.readAt(op.inst, key, op.fresh) }
 
-func (s *sim) name(i int) string { return fmt.Sprintf("n%d", i) }
+func (s *sim) name(i int) string { return simNameList[i] }
+
+// simNameList are the names the simulation's requests ask for.
+var simNameList = func() (ns [simNames]string) {
+	for i := range ns {
+		ns[i] = fmt.Sprintf("n%d", i)
+	}
+	return ns
+}()
 
 // start begins a new request of a random kind on a random instance.
 func (s *sim) start() {
@@ -255,8 +320,13 @@ func (s *sim) start() {
 	switch r := s.rnd.IntN(100); {
 	case r < 8 && len(s.retries) > 0:
 		op, s.retries = s.retries[0], s.retries[1:]
-	case r < 18:
+	case r < 14:
 		op.kind, op.names = "lock", []string{n}
+	case r < 19:
+		op.kind, op.names = "wait", []string{n}
+	case r < 20 && s.waiting() != nil:
+		op.kind, op.target = "cancel", s.waiting()
+		op.names = op.target.names
 	case r < 22:
 		op.kind, op.names, op.value = "election", []string{n}, "v"
 	case r < 47:
@@ -281,6 +351,17 @@ func (s *sim) start() {
 		s.engineOp(op)
 	}
 	s.ops = append(s.ops, op)
+}
+
+// waiting returns a waiting acquire in flight, the first one started
+// (nil: none).
+func (s *sim) waiting() *simOp {
+	for _, op := range s.ops {
+		if op.kind == "wait" && op.waitRev != 0 {
+			return op
+		}
+	}
+	return nil
 }
 
 // step advances op by one step: it commits its plan, or decides. It
@@ -352,7 +433,16 @@ func (s *sim) decideRelease(op *simOp) bool {
 		return true
 	}
 	key := held[s.rnd.IntN(len(held))]
+	if q := s.queued(held); len(q) > 0 && s.rnd.IntN(2) == 0 {
+		key = q[s.rnd.IntN(len(q))] // half the time, one that waiters wait for
+	}
 	e := s.b.last[key]
+	if name, ok := strings.CutPrefix(key, streams.LeaseKeyPrefix); ok && e.rec.Set == "" && !strings.Contains(name, "#") {
+		// A lock's or an election's: handed over to its head waiter.
+		op.kind = "handover"
+		op.next, op.stop = iterPull(op, func() { s.handOver(op, decodedResource(name), key, observation{entry: e}) })
+		return false
+	}
 	op.plan = s.ends([]string{key})
 	if e.rec.Set != "" {
 		op.plan = s.ends(s.keysOf(e.rec.LeaseID))
@@ -427,16 +517,19 @@ func (s *sim) fail(format string, args ...any) {
 // check checks the invariants on the bucket: a name is a lock or a
 // semaphore of one limit, never both; a permit is within its limit.
 func (s *sim) check() {
+	keys := s.leaseKeys() // per name: its lease key, then its permits'
 	for i := range simNames {
-		n := s.name(i)
-		lease := s.b.last[streams.LeaseKey(n)]
-		limits := map[int]bool{}
+		n, at := s.name(i), i*(1+simMaxLimit)
+		lease := s.b.last[keys[at]]
+		var limits []int
 		for k := 1; k <= simMaxLimit; k++ {
-			p := s.b.last[permitKey(n, k)]
+			p := s.b.last[keys[at+k]]
 			if !p.held() {
 				continue
 			}
-			limits[p.rec.Limit] = true
+			if !slices.Contains(limits, p.rec.Limit) {
+				limits = append(limits, p.rec.Limit)
+			}
 			if k > p.rec.Limit {
 				s.fail("%s: permit %d held under limit %d", n, k, p.rec.Limit)
 			}
@@ -453,6 +546,9 @@ func (s *sim) check() {
 	}
 	if s.b.replaced != "" {
 		s.fail("%s", s.b.replaced)
+	}
+	if s.b.afterCancel != "" {
+		s.fail("request %s granted after its cancel was answered", s.b.afterCancel)
 	}
 	s.checkSets()
 }
@@ -487,19 +583,25 @@ func (s *sim) run(ops int) string {
 			v := &s.views[s.rnd.IntN(len(s.views))]
 			v.catchUp(&s.b, s.rnd.IntN(40))
 		case r < 39:
-			// A watcher that starts again delivers everything anew.
-			s.views[s.rnd.IntN(len(s.views))] = simView{keys: map[string]entry{}}
+			// A watcher that starts again first reads every record (as
+			// follow.go's scan does), then delivers what follows.
+			s.views[s.rnd.IntN(len(s.views))].restart(&s.b)
 		case r < 40 && s.following:
 			s.sweep()
 		case r < 41 && len(s.ops) > 0:
 			// An instance dies: its requests in flight end unanswered.
 			dead := s.rnd.IntN(len(s.views))
+			var gone []*simOp
 			s.ops = slicesDeleteFunc(s.ops, func(op *simOp) bool {
 				if op.inst == dead && op.stop != nil {
 					op.stop()
 				}
+				if op.inst == dead {
+					gone = append(gone, op)
+				}
 				return op.inst == dead
 			})
+			s.dropWaiters(gone)
 		default:
 			if len(s.ops) == 0 {
 				continue
@@ -540,9 +642,9 @@ func TestEngineSimulation(t *testing.T) {
 	if v := s.run(*simOps); v != "" {
 		t.Fatalf("seed %d: %s\nreplay: go test ./service -run 'TestEngineSimulation$' -sim.seed=%d", seed, v, seed)
 	}
-	for _, kind := range []string{"lock", "election", "permit", "set", "retry held"} {
+	for _, kind := range []string{"lock", "election", "permit", "set", "retry held", "wait", "handover", "cancel"} {
 		if s.granted[kind] < max(1, *simOps/5000) {
-			t.Fatalf("seed %d: %d grants of kind %s in %d requests: the simulation exercised too little", seed, s.granted[kind], kind, *simOps)
+			t.Fatalf("seed %d: %d grants of kind %s in %d requests: the simulation exercised too little (%v)", seed, s.granted[kind], kind, *simOps, s.granted)
 		}
 	}
 	t.Logf("seed %d: %d requests, %d steps, %d writes, granted %v", seed, *simOps, s.steps, s.b.rev, s.granted)
@@ -552,11 +654,12 @@ func TestEngineSimulation(t *testing.T) {
 // each within a few seeds' runs.
 func TestEngineSimulationFindsTheRacesWithoutTheirRules(t *testing.T) {
 	for name, rules := range map[string]simRules{
-		"a request granted twice (no message id, no end mark)":                  {nameRecord: true, limit: true, retryProof: true, order: true},
-		"a lock and a semaphore at once (no name record)":                       {once: true, limit: true, retryProof: true, order: true},
-		"one semaphore under two limits (no limit rule)":                        {once: true, nameRecord: true, retryProof: true, order: true},
-		"a set retry held after its session's close (no proof)":                 {once: true, nameRecord: true, limit: true, order: true},
-		"a grant to a session answered after its session's end (no order rule)": {once: true, nameRecord: true, limit: true, retryProof: true},
+		"a request granted twice (no message id, no end mark)":                       {nameRecord: true, limit: true, retryProof: true, order: true, handoverID: true},
+		"a lock and a semaphore at once (no name record)":                            {once: true, limit: true, retryProof: true, order: true, handoverID: true},
+		"one semaphore under two limits (no limit rule)":                             {once: true, nameRecord: true, retryProof: true, order: true, handoverID: true},
+		"a set retry held after its session's close (no proof)":                      {once: true, nameRecord: true, limit: true, order: true, handoverID: true},
+		"a grant to a session answered after its session's end (no order rule)":      {once: true, nameRecord: true, limit: true, retryProof: true, handoverID: true},
+		"a waiter handed the lock after its cancel (no message id in the hand-over)": {once: true, nameRecord: true, limit: true, retryProof: true, order: true},
 	} {
 		found := ""
 		for seed := uint64(1); seed <= 20 && found == ""; seed++ {
