@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/jetlock/jetlock/streams"
@@ -90,21 +91,12 @@ func (s *sim) head(inst int, name string, gone []string) (waiterInfo, bool) {
 	var best waiterInfo
 	for _, w := range s.queue(name) {
 		e := s.readAt(inst, w.key, false)
-		if !e.held() || contains(gone, w.hash) || best.hash != "" && e.rev >= best.rev {
+		if !e.held() || slices.Contains(gone, w.hash) || best.hash != "" && e.rev >= best.rev {
 			continue
 		}
 		best = waiterInfo{hash: w.hash, ticket: e.rev, rev: e.rev, requestID: w.id, owner: "o"}
 	}
 	return best, best.hash != ""
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
 
 // runWaitOp runs a waiting acquire of a lock: attempts on the engine; when
