@@ -17,9 +17,9 @@
 // setIndex, nameIndex, instanceIndex, waitCaps) in types of their own.
 // The transport (endpoints.go, gate.go, waiting.go, wake.go, follow.go)
 // receives requests, admits them (gate.go: the gate, the workers, the
-// deadlines), runs them and replies: request.go decodes each request, and endpoints.go
-// holds each operation's handler, which hands the decoded request to the
-// lock logic. service.go wires the two and runs them, with the background
+// deadlines), runs them and replies: request.go decodes each request, and
+// endpoints.go holds each operation's handler, which hands the decoded
+// request to the lock logic. service.go wires the two and runs them, with the background
 // sweep (sweep.go); stream.go watches the bucket's stream.
 //
 // Every decision runs in one engine (engine.go): every grant (of a lock,
