@@ -206,9 +206,16 @@ func (v *simView) get(b *simBucket, key string) entry {
 
 func (v *simView) catchUp(b *simBucket, n int) {
 	for ; n > 0 && v.delivered < len(b.log); n-- {
-		w := b.log[v.delivered]
-		v.keys[w.key] = w.e
+		v.learn(b, b.log[v.delivered].key, b.log[v.delivered].e)
 		v.delivered++
+	}
+}
+
+// learn takes in e, a write of key (delivered, or read fresh), unless v
+// knows a later one (as tracker.observe keeps the latest revision).
+func (v *simView) learn(b *simBucket, key string, e entry) {
+	if e.rev >= v.get(b, key).rev {
+		v.keys[key] = e
 	}
 }
 
@@ -340,7 +347,7 @@ func (s *sim) start() {
 		}
 	case r < 69 && len(s.sets) > 0:
 		// One of the last sets granted: most older ones have ended.
-		set := s.sets[max(0, len(s.sets)-1-s.rnd.IntN(4))]
+		set := s.sets[max(0, len(s.sets)-1-s.rnd.IntN(2))]
 		op.kind, op.id, op.names, op.session, op.secret = "retry", set.id, set.names, set.session, set.secret
 	case r < 94:
 		op.kind = "release"

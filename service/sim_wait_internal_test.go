@@ -277,7 +277,7 @@ func (s *sim) handOver(op *simOp, name, key string, o observation) {
 				s.b.commit(end, "")
 				return struct{}{}, committed, nil
 			}
-			out, err := s.commitHandover(name, key, o, sn.w, &gone)
+			out, err := s.commitHandover(op, name, key, o, sn.w, &gone)
 			decided = out == committed
 			return struct{}{}, out, err
 		},
@@ -290,8 +290,9 @@ func (s *sim) handOver(op *simOp, name, key string, o observation) {
 // commitHandover commits the hand-over of the lease o at key to waiter w,
 // and reports as commitHandover does: a duplicate drops the waiter (stale:
 // pick again); a conflict is the lease's (the release is decided again by
-// its caller: over) or the waiter record's (stale).
-func (s *sim) commitHandover(name, key string, o observation, w waiterInfo, gone *[]string) (outcome, error) {
+// its caller: over) or the waiter record's (stale, the record read fresh
+// into op's view, as the service's fresh reads feed its tracker).
+func (s *sim) commitHandover(op *simOp, name, key string, o observation, w waiterInfo, gone *[]string) (outcome, error) {
 	wkey := streams.WaitKey(name, w.hash)
 	rec := &streams.Record{LeaseID: w.requestID + "-h", RequestID: w.requestID, Owner: w.owner}
 	msgID := grantMsgID(w.hash)
@@ -313,5 +314,6 @@ func (s *sim) commitHandover(name, key string, o observation, w waiterInfo, gone
 	case s.b.last[key].rev != o.rev:
 		return committed, nil
 	}
+	s.views[op.inst].learn(&s.b, wkey, s.b.last[wkey])
 	return stale, nil
 }
