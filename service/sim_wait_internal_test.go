@@ -189,6 +189,12 @@ func (s *sim) removeWaiter(op *simOp) {
 	if op.waitRev == 0 || !op.await() {
 		return
 	}
+	s.deleteRecord(op)
+}
+
+// deleteRecord deletes op's waiter record, if it stands, by
+// compare-and-set.
+func (s *sim) deleteRecord(op *simOp) {
 	key := streams.WaitKey(op.names[0], op.grantOf().hash)
 	if e := s.b.last[key]; e.held() && e.rec.RequestID == op.id {
 		s.b.commit([]write{{key: key, expect: e.rev}}, "")
@@ -203,7 +209,6 @@ func (s *sim) removeWaiter(op *simOp) {
 // From its answer on, the request must never be granted, nor hold.
 func (s *sim) cancel(by, op *simOp) {
 	g := op.grantOf()
-	wkey := streams.WaitKey(g.resource, g.hash)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if !by.await() {
 			return
@@ -218,9 +223,7 @@ func (s *sim) cancel(by, op *simOp) {
 				continue
 			}
 		}
-		if w := s.b.last[wkey]; w.held() {
-			s.b.commit([]write{{key: wkey, expect: w.rev}}, "")
-		}
+		s.deleteRecord(op)
 		s.b.cancelled[op.id] = true
 		s.granted["cancel"]++
 		if s.holds(op) {
@@ -240,12 +243,8 @@ func (s *sim) runCancel(op *simOp) {
 // is gone (instances.go).
 func (s *sim) dropWaiters(dead []*simOp) {
 	for _, op := range dead {
-		if op.kind != "wait" || op.waitRev == 0 {
-			continue
-		}
-		key := streams.WaitKey(op.names[0], op.grantOf().hash)
-		if e := s.b.last[key]; e.held() && e.rec.RequestID == op.id {
-			s.b.commit([]write{{key: key, expect: e.rev}}, "")
+		if op.kind == "wait" && op.waitRev != 0 {
+			s.deleteRecord(op)
 		}
 	}
 }
