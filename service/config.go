@@ -11,18 +11,6 @@ import (
 	"github.com/jetlock/jetlock/streams"
 )
 
-// Clock supplies wall-clock time. jetlock uses it only for the times it
-// reports (expires_at); every expiry decision runs on the monotonic clock
-// reading that time.Now carries, so a skewed wall clock cannot expire a
-// lease early. Tests inject a skewed clock.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // Config configures a Service. Start from DefaultConfig.
 type Config struct {
 	// Prefix is the subject prefix. The default is "jetlock".

@@ -120,7 +120,7 @@ func (s *Service) dispatch(op string, r micro.Request) {
 // release or keepalive of a lease it holds), which is decoded first to
 // tell.
 func (s *Service) admit(op string, r micro.Request) (*call, *opError) {
-	if n, limit := len(r.Data()), s.cfg.maxBody(); n > limit {
+	if n, limit := len(r.Data()), s.maxBody; n > limit {
 		return nil, newOpError(streams.CodeInvalidRequest, "body of %d bytes: at most %d", n, limit)
 	}
 	who := s.requestOrigin(r.Headers())
@@ -362,7 +362,9 @@ func (s *Service) acquireLock(ctx context.Context, c *call, sl *slot) (any, erro
 	if err := s.leaseCap(c.grant); err != nil {
 		return nil, err
 	}
-	s.report.touched(c.resource)
+	// Counted for the hot list once answered: reporting is no part of the
+	// decision.
+	defer s.report.touched(c.resource)
 	if c.wait > 0 {
 		return s.acquireWaiting(c.grant, c.wait, sl)
 	}
@@ -490,9 +492,11 @@ func (s *Service) acquireSet(ctx context.Context, c *call, sl *slot) (any, error
 			return nil, newOpError(streams.CodeTooManyWaiters, "this NATS user holds %d leases and the set needs %d more: the cap is %d", n, len(r.keys), s.cfg.MaxLeasesPerTenant)
 		}
 	}
-	for _, res := range r.resources {
-		s.report.touched(res)
-	}
+	defer func() {
+		for _, res := range r.resources {
+			s.report.touched(res)
+		}
+	}()
 	if c.wait > 0 {
 		return waits{s}.wait(s.locks.sets.newSetWaiter(r), r.hash, c.wait, sl)
 	}

@@ -100,7 +100,7 @@ func (l *handoverOps) end(ctx context.Context, resource, key string, o observati
 	_, err := commitLoop(ctx, l.engineDeps, "", false, engineSteps[handSnap, handPlan, struct{}]{
 		read: func(context.Context, bool) (handSnap, bool, error) {
 			w, ok := l.handing.next(l.tracker, enc, gone)
-			return handSnap{w: w, ok: ok, guard: l.guard.grants()}, false, nil
+			return handSnap{w: w, ok: ok, guard: l.guardRefusal()}, false, nil
 		},
 		decide: func(s handSnap, _ bool) verdict[struct{}, handPlan] {
 			return verdict[struct{}, handPlan]{kind: writePlan, plan: decideHandover(s, o)}

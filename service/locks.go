@@ -51,7 +51,7 @@ func attempts(session string) int {
 //     semaphore, and their bulk grants;
 //   - handover (handoverOps, handover.go, waiter.go): the end of a lease,
 //     its hand-over to the head waiter, expiry, and single waits;
-//   - names (nameOps, name_rule.go, name_index.go, caps.go): what a name
+//   - names (nameOps, name_rule.go, caps.go): what a name
 //     is (the name rule) and the waiter caps.
 //
 // What they share is engineDeps: the dependencies, and the reads, key
@@ -388,9 +388,6 @@ func (l *leaseOps) tryGrant(ctx context.Context, g *grantReq, fresh bool) (*stre
 	if g.limit != 0 {
 		return l.sems.trySem(ctx, g, fresh)
 	}
-	if l.tracker.retry.hasEnded(g.key, g.requestID, g.tenant) {
-		return nil, leaseEnded(g.requestID)
-	}
 	return commitLoop(ctx, l.engineDeps, g.session, fresh, engineSteps[grantSnap, struct{}, *streams.LeaseResponse]{
 		read: func(ctx context.Context, fresh bool) (grantSnap, bool, error) {
 			return l.readToGrant(ctx, g, fresh)
@@ -415,6 +412,7 @@ type grantSnap struct {
 	o, sess observation
 	orphan  bool
 	expired bool // o has expired as this instance observes it
+	ended   bool // the retry memory has g's lease ended (retryMemory)
 	claim   claim
 	facts   viewFacts
 }
@@ -432,7 +430,7 @@ type viewFacts struct {
 }
 
 // claim says whether a request may claim a free resource before the
-// waiters queued for it (mayClaim), and how many are ahead.
+// waiters queued for it (tracker.claim), and how many are ahead.
 type claim struct {
 	ok    bool
 	ahead int
@@ -440,7 +438,7 @@ type claim struct {
 
 // viewFacts returns the view's facts, now (room: none).
 func (l *engineDeps) viewFacts() viewFacts {
-	return viewFacts{now: l.cfg.Clock.Now(), window: l.tracker.window, following: l.following(), guard: l.guard.grants()}
+	return viewFacts{now: l.cfg.Clock.Now(), window: l.tracker.window, following: l.following(), guard: l.guardRefusal()}
 }
 
 // factsFor returns the view's facts for a decision on g, now.
@@ -452,11 +450,15 @@ func (l *leaseOps) factsFor(g *grantReq) viewFacts {
 	return f
 }
 
-// readToGrant reads what a decision on g's grant rests on: g's session
-// (if any), the key under the name rule (claimName), whether the lease
+// readToGrant reads what a decision on g's grant rests on: whether the
+// retry memory has g's lease ended (then nothing else), g's session (if
+// any), the key under the name rule (claimName), whether the lease
 // found there is of a session that a fresh read does not find, and the
 // view's facts. again asks to decide on fresh reads.
 func (l *leaseOps) readToGrant(ctx context.Context, g *grantReq, fresh bool) (s grantSnap, again bool, err error) {
+	if s.ended = l.tracker.retry.hasEnded(g.key, g.requestID, g.tenant); s.ended {
+		return s, false, nil // decided on that alone
+	}
 	if g.session != "" {
 		if s.sess, err = l.sessions.session(ctx, g, fresh); err != nil {
 			return s, false, err
@@ -475,16 +477,19 @@ func (l *leaseOps) readToGrant(ctx context.Context, g *grantReq, fresh bool) (s 
 			return s, false, err
 		}
 	}
-	s.claim.ok, s.claim.ahead = l.handover.mayClaim(resourceOf(g.key), g.hash, s.o)
+	s.claim = l.tracker.claim(resourceOf(g.key), g.hash, s.o, l.cfg.Reservation)
 	s.facts = l.factsFor(g)
 	return s, false, nil
 }
 
-// decideGrant is the verdict on g's grant from the snapshot s: prove a
-// retry of g (the lease is its own), refuse, decide on fresh reads, or
-// write the lease. It is a function of its arguments alone.
+// decideGrant is the verdict on g's grant from the snapshot s: lease_lost
+// to a retry of g whose lease ended, prove a retry of g (the lease is its
+// own), refuse, decide on fresh reads, or write the lease. It is a function of its arguments alone.
 func decideGrant(g *grantReq, s grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
 	type v = verdict[*streams.LeaseResponse, struct{}]
+	if s.ended {
+		return answer[*streams.LeaseResponse, struct{}](nil, leaseEnded(g.requestID))
+	}
 	if s.o.held() && g.mine(s.o.rec) {
 		return v{kind: proveRetry}
 	}

@@ -21,7 +21,7 @@ import (
 // acquire runs code in, from its request to its commit (see
 // TestAcquirePath). It is where the path stands, kept from growing; the
 // target is eight.
-const maxAcquirePathFiles = 18
+const maxAcquirePathFiles = 10
 
 // TestAcquirePath measures the path of one acquire through the package:
 // it builds the package with every function and function literal

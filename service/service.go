@@ -4,29 +4,31 @@
 // contract; docs/protocol.md describes it for users.
 //
 // The package has two halves. The lock logic (locks.go, handover.go,
-// waiter.go, store.go, tracker.go, keylocks.go, records.go) decides every
-// request by compare-and-set on the bucket. It is locks, a set of roles
-// that each hold one kind of request and reach the others through fields:
-// leaseOps (one lease: locks.go), sessionOps (sessions.go), setOps (lock
-// sets: sets.go, sets_wait.go), semOps (semaphores: semaphores.go,
-// sem_bulk.go), handoverOps (the end of a lease and its hand-over to a
-// waiter: handover.go, waiter.go) and nameOps (the name rule and the
-// waiter caps: name_rule.go, name_index.go, caps.go); engineDeps holds
+// waiter.go, store.go, tracker.go, records.go) decides every request by
+// compare-and-set on the bucket. It is locks, a set of roles that each
+// hold one kind of request and reach the others through fields: leaseOps
+// (one lease: locks.go), sessionOps (sessions.go), setOps (lock sets:
+// sets.go, sets_wait.go), semOps (semaphores: semaphores.go, sem_bulk.go),
+// handoverOps (the end of a lease and its hand-over to a waiter:
+// handover.go, waiter.go) and nameOps (the name rule, in the bucket and on
+// the view, and the waiter caps: name_rule.go, caps.go); engineDeps holds
 // what they share. The tracker (tracker.go) is the instance's view of the
-// bucket: observations and their expiry, with its indexes (sessionIndex,
-// setIndex, nameIndex, instanceIndex, waitCaps) in types of their own.
-// The transport (endpoints.go, gate.go, waiting.go, wake.go, follow.go)
-// receives requests, admits them (gate.go: the gate, the workers, the
-// deadlines), runs them and replies: request.go decodes each request, and
-// endpoints.go holds each operation's handler, which hands the decoded
-// request to the lock logic. service.go wires the two and runs them, with the background
-// sweep (sweep.go); stream.go watches the bucket's stream.
+// bucket: observations and their expiry, the waiter queues and the claim
+// they leave a request, with the retry memory (retry_memory.go) and its
+// indexes (sessionIndex, setIndex, nameIndex, instanceIndex, waitCaps) in
+// types of their own. The transport (endpoints.go, gate.go, waiting.go,
+// wake.go, follow.go) receives requests, admits them (gate.go: the gate,
+// the workers, the deadlines and the fair-use limits), runs them and
+// replies: request.go decodes each request, and endpoints.go holds each
+// operation's handler, which hands the decoded request to the lock logic.
+// service.go wires the two and runs them, with the background sweep
+// (sweep.go); stream.go watches the bucket's stream.
 //
-// Every decision runs in one engine (engine.go): every grant (of a lock,
-// a permit of a semaphore, a lock set), renewal, release and hand-over,
-// every request about a session, and the writes of waiters. Each
-// primitive supplies a read step, which gathers a snapshot of the records
-// its decision rests on (on the instance's view, or fresh from the stream
+// Every decision runs in one engine (engine.go): every grant (of a lock, a
+// permit of a semaphore, a lock set), renewal, release and hand-over,
+// every request about a session, and the writes of waiters. Each primitive
+// supplies a read step, which gathers a snapshot of the records its
+// decision rests on (on the instance's view, or fresh from the stream
 // leader) and of what the view adds (the clock's reading, expiry, waiters
 // ahead, the guard, room under the caps); a decider, a function of that
 // snapshot and the request alone, which returns a verdict value: answer
@@ -34,12 +36,13 @@
 // answer a retry of the same request, or write a plan (a grant's writes
 // are values, committed by the store as one atomic batch); and a commit
 // step, which writes the plan and reports whether it committed, lost a
-// race or found an earlier write of the request. One commit loop runs the
-// steps for every primitive and owns what they share: the bound of
-// attempts, the switch to fresh reads and the answer when every attempt
-// lost a race. Errors are failures and refusals; none of them steers the
-// loop. The simulation in the tests runs the same loop and deciders
-// against a model of the bucket.
+// race or found an earlier write of the request. One commit loop (with the
+// key locks that serialise an instance's own work on a key, and the clock
+// a snapshot is read at) runs the steps for every primitive and owns what
+// they share: the bound of attempts, the switch to fresh reads and the
+// answer when every attempt lost a race. Errors are failures and refusals;
+// none of them steers the loop. The simulation in the tests runs the same
+// loop and deciders against a model of the bucket.
 package service
 
 import (
@@ -68,6 +71,7 @@ import (
 // concurrent use.
 type Service struct {
 	cfg     Config
+	maxBody int        // the largest request body decoded (Config.maxBody)
 	nc      *nats.Conn // requests, replies, wakes, heartbeats: no JetStream rights
 	storeNC *nats.Conn // the bucket and the JetStream API
 	js      jetstream.JetStream
@@ -130,7 +134,7 @@ func New(nc, store *nats.Conn, cfg Config) (*Service, error) {
 	id := nuid.Next()
 	m := newMetrics()
 	s := &Service{
-		cfg: cfg, nc: nc, storeNC: store, js: js, log: log, metrics: m, id: id,
+		cfg: cfg, maxBody: cfg.maxBody(), nc: nc, storeNC: store, js: js, log: log, metrics: m, id: id,
 		report:     newReporter(m, cfg.Audit, log, id),
 		tracker:    newTracker(cfg.ExpiryGrace, cfg.MaxTTL, cmp.Or(cfg.Bucket.RetryWindow, streams.DefaultRetryWindow)),
 		deadlines:  newDeadlines(cfg.QueueWait + cfg.OpTimeout),

@@ -28,7 +28,7 @@ import (
 // waiters and set waiters share the queues. A set is granted when it may
 // claim every key (it is at the head of each, and each is free); a set
 // waiter at the head of a free key keeps it while the set's other keys are
-// held (mayClaim). Ending a lease whose head waiter waits for a set wakes
+// held (tracker.claim). Ending a lease whose head waiter waits for a set wakes
 // it rather than handing it the one key.
 
 // setOps decides the requests on lock sets: acquire, renew, release,
@@ -232,7 +232,7 @@ func (l *setOps) readSet(ctx context.Context, r *setReq, fresh bool) (s setSnap,
 	s.expired, s.claims = make([]bool, len(s.obs)), make([]claim, len(s.obs))
 	for i, o := range s.obs {
 		s.expired[i] = l.tracker.expired(o, now)
-		s.claims[i].ok, s.claims[i].ahead = l.handover.mayClaim(resourceOf(r.keys[i]), r.hashes[i], o)
+		s.claims[i] = l.tracker.claim(resourceOf(r.keys[i]), r.hashes[i], o, l.cfg.Reservation)
 	}
 	s.facts = l.viewFacts()
 	if r.session != "" {

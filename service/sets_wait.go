@@ -41,7 +41,7 @@ func (w *setWaiter) endsAt(t time.Time) { w.until = t }
 // step claims the set if every key may be claimed, and otherwise queues
 // the set's places (see waiter.step).
 func (w *setWaiter) step(ctx context.Context, woken bool) (any, bool, error) {
-	if err := w.l.guard.grants(); err != nil && w.queued() {
+	if err := w.l.guardRefusal(); err != nil && w.queued() {
 		return nil, true, err // see waiter.step
 	}
 	unlock, err := w.l.lockAll(ctx, w.r.keys)

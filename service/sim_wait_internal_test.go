@@ -12,7 +12,7 @@ import (
 // Waiters in the simulation: an acquire of a lock that waits, the
 // hand-over of a released lock to the head of its queue, and the cancel of
 // a waiting acquire. The waiter's grants run the lock's engine (decideGrant,
-// its claim on the waiters ahead as mayClaim counts them), its record is
+// its claim on the waiters ahead as tracker.claim counts them), its record is
 // written as the service decides it (decideEnqueue), and a release hands
 // the lock over as handoverOps.end does: on the commit loop, the waiter
 // picked next as the snapshot, decideHandover, and the writes leaseWrites
@@ -35,7 +35,7 @@ type simWaiter struct {
 const simWaitRounds = 6
 
 // claimFor is the claim of op's grant on name over the waiters queued
-// there, as mayClaim counts them on the instance's view: it may claim when
+// there, as tracker.claim counts them on the instance's view: it may claim when
 // none is ahead of its own record (a request not queued is behind every
 // waiter).
 func (s *sim) claimFor(op *simOp, name string) claim {

@@ -58,14 +58,8 @@ type Health struct {
 	Checked  time.Time `json:"checked"`
 }
 
-// grants returns the error that refuses grants while the stream is below
-// the high-water mark, or nil.
-func (g *streamGuard) grants() error {
-	if g.below.Load() {
-		return fmt.Errorf("%w: the bucket's stream went back below the token high-water mark (recreated or restored behind the service's back); grants resume once its sequence is above the mark again (see lockd check)", errUnavailable)
-	}
-	return nil
-}
+// errBelowHighWater refuses grants while the guard's below is set.
+var errBelowHighWater = fmt.Errorf("%w: the bucket's stream went back below the token high-water mark (recreated or restored behind the service's back); grants resume once its sequence is above the mark again (see lockd check)", errUnavailable)
 
 // regressed is called when a write committed at or below the high-water
 // mark: the service stops trusting what it knows, reads afresh, and

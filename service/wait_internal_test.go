@@ -82,7 +82,8 @@ func TestClaimOrderFollowsTickets(t *testing.T) {
 	queue("w2", 11)
 	queue("w3", 12)
 	claims := func(hash string, freeFor time.Duration) (bool, int) {
-		return s.handover.mayClaim(enc, hash, observation{seen: time.Now().Add(-freeFor)})
+		c := s.tracker.claim(enc, hash, observation{seen: time.Now().Add(-freeFor)}, s.cfg.Reservation)
+		return c.ok, c.ahead
 	}
 	for _, c := range []struct {
 		hash    string

@@ -17,7 +17,7 @@ import (
 // resource to the head waiter in the same write (handover.go) and sends it
 // the grant on that subject. Wake messages are at-most-once, so every
 // waiter also re-checks on a timer; a free resource is then claimed in
-// ticket order (mayClaim). The record is written once: it lives while its
+// ticket order (tracker.claim). The record is written once: it lives while its
 // instance does (instances.go), so a waiter costs no write while nothing
 // changes, and a waiter whose instance died frees its place within
 // seconds. While the lock stays held, a waiter checks it on the tracker
@@ -57,7 +57,7 @@ func (l *handoverOps) newWaiter(g *grantReq) *waiter {
 // release it was woken for. When the tracker already shows the lock free,
 // no read is needed.
 func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseResponse, done bool, err error) {
-	if err := w.l.guard.grants(); err != nil && w.queued.rev != 0 {
+	if err := w.l.guardRefusal(); err != nil && w.queued.rev != 0 {
 		// No grant can come while the stream is below its high-water
 		// mark: the wait ends with that answer (unavailable), its record
 		// removed, and its caller retries.
@@ -428,37 +428,6 @@ func (l *handoverOps) deleteRecord(ctx context.Context, key string) (bool, error
 			return quiet(settled(err == nil, err))
 		},
 	})
-}
-
-// mayClaim reports whether request hash may take the free (or expired)
-// resource observed in o. The waiter k places behind the head may claim
-// once the resource has been free, with no waiter leaving the queue, for k
-// reservation periods: the head claims at once, a dead head delays the
-// next by one period, and skips keep ticket order too. A request that is
-// not queued counts as behind every waiter. It also returns the number of
-// waiters ahead of hash.
-//
-// A waiter for a lock set holds its place at the head of a free resource
-// while the other resources of its set are still held: it is not skipped
-// while its record lives (its instance refreshes it), or the sets would
-// starve behind single waiters. Its record leaves the queue when its
-// instance dies, and the waiters behind it claim then.
-func (l *handoverOps) mayClaim(enc, hash string, o observation) (bool, int) {
-	ahead, sets, left := l.tracker.ahead(enc, hash)
-	if ahead == 0 {
-		return true, 0
-	}
-	if sets > 0 {
-		return false, ahead
-	}
-	since := o.seen
-	if o.held() || o.foreign {
-		since = l.tracker.deadline(&o)
-	}
-	if left.After(since) {
-		since = left
-	}
-	return time.Since(since) > time.Duration(ahead)*l.cfg.Reservation, ahead
 }
 
 // cancel makes sure the request holds nothing and waits for nothing. Its
