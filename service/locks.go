@@ -484,7 +484,8 @@ func (l *leaseOps) readToGrant(ctx context.Context, g *grantReq, fresh bool) (s 
 
 // decideGrant is the verdict on g's grant from the snapshot s: lease_lost
 // to a retry of g whose lease ended, prove a retry of g (the lease is its
-// own), refuse, decide on fresh reads, or write the lease. It is a function of its arguments alone.
+// own), refuse, decide on fresh reads, or write the lease. It is a
+// function of its arguments alone.
 func decideGrant(g *grantReq, s grantSnap, fresh bool) verdict[*streams.LeaseResponse, struct{}] {
 	type v = verdict[*streams.LeaseResponse, struct{}]
 	if s.ended {

@@ -136,7 +136,7 @@ func (r *reporter) shed(op, reason string, waited time.Duration) {
 	r.m.observe(op, "unavailable", waited)
 }
 
-// touched: a request named resource.
+// touched: an acquire of resource was answered.
 func (r *reporter) touched(resource string) { r.hot.touch(resource) }
 
 // commit: a write to the bucket took d.
@@ -235,7 +235,7 @@ type hotCollector struct {
 
 func newHotCollector(h *hot, t *tracker) *hotCollector {
 	return &hotCollector{hot: h, tracker: t,
-		requests: prometheus.NewDesc("jetlock_hot_resource_requests", "Requests for the busiest resources over the last minute (the top 10, by rank).", []string{"rank", "resource"}, nil),
+		requests: prometheus.NewDesc("jetlock_hot_resource_requests", "Acquires answered for the busiest resources over the last minute (the top 10, by rank).", []string{"rank", "resource"}, nil),
 		waiters:  prometheus.NewDesc("jetlock_hot_resource_waiters", "Waiters queued on the resources with the longest queues (the top 10, by rank).", []string{"rank", "resource"}, nil),
 		leases:   prometheus.NewDesc("jetlock_leases_active", "Leases held, as this instance knows them.", nil, nil),
 		queued:   prometheus.NewDesc("jetlock_waiters", "Waiters queued, as this instance knows them.", nil, nil),

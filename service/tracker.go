@@ -30,13 +30,13 @@ import (
 // released before its deadline, not one per renewal.
 //
 // The tracker itself holds the observations, their expiry, the waiter
-// queues (tracker.go), and the retry memory (retry_memory.go). What it indexes besides is in
-// types of its own, each kept under the tracker's mu and reached through
-// its fields: sessionIx (the members of each session: session_index.go),
-// setIx (the keys of each lock set: set_index.go), nameIx (semaphores by
-// name: name_rule.go), instances (the other instances and their waiter
-// records: instances.go) and caps (the places being written, for the
-// waiter caps: caps.go).
+// queues (tracker.go), and the retry memory (retry_memory.go). What it
+// indexes besides is in types of its own, each kept under the tracker's mu
+// and reached through its fields: sessionIx (the members of each session:
+// session_index.go), setIx (the keys of each lock set: set_index.go),
+// nameIx (semaphores by name: name_rule.go), instances (the other
+// instances and their waiter records: instances.go) and caps (the places
+// being written, for the waiter caps: caps.go).
 type tracker struct {
 	grace, foreignTTL time.Duration
 
@@ -586,12 +586,13 @@ func (t *tracker) ahead(enc, hash string) (n, sets int, left time.Time) {
 }
 
 // claim reports whether request hash may take the free (or expired)
-// resource observed in o, reserved for waiters for reservation each. The waiter k places behind the head may claim
-// once the resource has been free, with no waiter leaving the queue, for k
-// reservation periods: the head claims at once, a dead head delays the
-// next by one period, and skips keep ticket order too. A request that is
-// not queued counts as behind every waiter. It also returns the number of
-// waiters ahead of hash.
+// resource observed in o, reserved for waiters for reservation each. The
+// waiter k places behind the head may claim once the resource has been
+// free, with no waiter leaving the queue, for k reservation periods: the
+// head claims at once, a dead head delays the next by one period, and
+// skips keep ticket order too. A request that is not queued counts as
+// behind every waiter. It also returns the number of waiters ahead of
+// hash.
 //
 // A waiter for a lock set holds its place at the head of a free resource
 // while the other resources of its set are still held: it is not skipped

@@ -17,9 +17,9 @@ import (
 // resource to the head waiter in the same write (handover.go) and sends it
 // the grant on that subject. Wake messages are at-most-once, so every
 // waiter also re-checks on a timer; a free resource is then claimed in
-// ticket order (tracker.claim). The record is written once: it lives while its
-// instance does (instances.go), so a waiter costs no write while nothing
-// changes, and a waiter whose instance died frees its place within
+// ticket order (tracker.claim). The record is written once: it lives while
+// its instance does (instances.go), so a waiter costs no write while
+// nothing changes, and a waiter whose instance died frees its place within
 // seconds. While the lock stays held, a waiter checks it on the tracker
 // alone, without the key's lock (idle); one read from the stream leader a
 // queue every third of the liveness window (wakes.recheckDue), whatever
