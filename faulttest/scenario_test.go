@@ -333,10 +333,14 @@ func TestWaiterCancelDuringFailover(t *testing.T) {
 		switch {
 		case op.Result == OK:
 			c := waiters[op.Client-1001]
-			if rn := c.Renew(res, op.LeaseID, ttl); rn.Result == OK && cancelled {
+			rn := c.Renew(res, op.LeaseID, ttl)
+			if rn.Result == OK && cancelled {
 				t.Errorf("cancelled waiter %s still holds its lease: %v", op.RequestID, &rn)
 			}
-			c.Release(res, op.LeaseID)
+			// Logged, for a waiter behind it that is not granted: a
+			// release that failed leaves the lock held for its TTL.
+			rl := c.Release(res, op.LeaseID)
+			t.Logf("  then: %v; %v", &rn, &rl)
 			if !cancelled {
 				granted++
 			}
