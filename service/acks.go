@@ -170,3 +170,184 @@ func (s *store) ambiguity(e *jetstream.APIError, expect uint64) (wait time.Durat
 }
 
 const minSecondAnswer = 100 * time.Millisecond
+
+// A write's round trip: the store publishes a write on a reply subject of
+// its own (acks), waits for its answer, and reads the acknowledgement.
+
+// pubAck is JetStream's answer to a publish.
+type pubAck struct {
+	Error     *jetstream.APIError `json:"error"`
+	Stream    string              `json:"stream"`
+	Seq       uint64              `json:"seq"`
+	Duplicate bool                `json:"duplicate"`
+	Batch     string              `json:"batch"`
+	Count     int                 `json:"count"`
+}
+
+// noResponderRetries and noResponderWait bound the retries of a publish
+// that found no stream leader listening, as during a leader change.
+const (
+	noResponderRetries = 10
+	noResponderWait    = 100 * time.Millisecond
+)
+
+// publish sends m to the stream and waits for its acknowledgement (see
+// write).
+func (s *store) publish(ctx context.Context, op string, m *nats.Msg) (uint64, bool, error) {
+	return s.resend(ctx, func() (uint64, bool, error) { return s.write(ctx, op, m, expectedRev(m)) })
+}
+
+// expectedRev is the revision m's compare-and-set is based on (0: none).
+func expectedRev(m *nats.Msg) uint64 {
+	n, _ := strconv.ParseUint(m.Header.Get(jetstream.ExpectedLastSubjSeqHeader), 10, 64)
+	return n
+}
+
+// write sends m to the stream and waits for its acknowledgement: the
+// request jetstream.PublishMsg makes, with a faster decoder for the
+// acknowledgement, which every write pays. expect is the highest revision
+// the write's compare-and-sets are based on. Only a publish that reached
+// no stream leader ("no responders": certainly not written) is retried;
+// any other failure goes back to the caller, which decides again on fresh
+// state.
+func (s *store) write(ctx context.Context, op string, m *nats.Msg, expect uint64) (uint64, bool, error) {
+	floor, start := s.floor.Load(), time.Now()
+	msg, err := s.request(ctx, m, expect)
+	if err != nil {
+		return 0, false, classify(err)
+	}
+	d := time.Since(start)
+	s.commit(op, d)
+	// Racy by design: a lost update of a moving mean costs nothing.
+	mean := s.mean.Load()
+	s.mean.Store(mean - mean/8 + int64(d)/8)
+	seq, dup, err := s.parseAck(msg.Data)
+	if err == nil && !dup && seq <= floor {
+		s.regressed(seq, floor)
+		if op == "handover" || op == "grant" || m.Header.Get(jetstream.MsgIDHeader) != "" {
+			// A grant whose token went backwards is never handed out.
+			return 0, false, fmt.Errorf("%w: the stream committed at %d, at or below the token high-water mark %d: it was recreated or restored", errUnavailable, seq, floor)
+		}
+	}
+	return seq, dup, err
+}
+
+// request publishes m on a reply subject of its own (see acks) and returns
+// its answer: the first, unless that is a refusal that may have come from
+// a node that no longer leads the stream (answerWait): then the next
+// answer that is not from behind, if one comes within the wait.
+func (s *store) request(ctx context.Context, m *nats.Msg, expect uint64) (*nats.Msg, error) {
+	reply, ch, done, err := s.acks.open()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	m.Reply = reply
+	var msg *nats.Msg
+	for r := 0; ; r++ {
+		if err := s.nc.PublishMsg(m); err != nil {
+			return nil, err
+		}
+		if msg, err = await(ctx, ch); err != nil {
+			return nil, err
+		}
+		if !isNoResponders(msg) {
+			break
+		}
+		if r == noResponderRetries {
+			return nil, nats.ErrNoResponders
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(noResponderWait):
+		}
+	}
+	wait, _, ambiguous := s.answerWait(msg.Data, expect)
+	if !ambiguous {
+		return msg, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		next, err := await(wctx, ch)
+		if err != nil {
+			// The only answer: the key's last write expired, or the
+			// current leader's answer is late. The caller decides again
+			// on a fresh read; an end is sent again (del).
+			return msg, nil
+		}
+		if _, alsoBehind, _ := s.answerWait(next.Data, expect); !alsoBehind && !isNoResponders(next) {
+			return next, nil
+		}
+	}
+}
+
+// parseAck decodes an acknowledgement.
+func (s *store) parseAck(b []byte) (uint64, bool, error) {
+	if seq, dup, ok := s.quickAck(b); ok {
+		return seq, dup, nil
+	}
+	var ack pubAck
+	if err := jsonv2.Unmarshal(b, &ack); err != nil {
+		return 0, false, fmt.Errorf("%w: bad publish acknowledgement: %w", errUnavailable, err)
+	}
+	if ack.Error != nil {
+		return 0, false, classify(ack.Error)
+	}
+	if ack.Stream != s.stream || ack.Seq == 0 {
+		return 0, false, fmt.Errorf("%w: publish acknowledged by stream %q at %d, want %q", errUnavailable, ack.Stream, ack.Seq, s.stream)
+	}
+	return ack.Seq, ack.Duplicate, nil
+}
+
+// quickAck reads the two acknowledgements that nats-server writes on every
+// write to the bucket's stream without a JSON decoder:
+// {"stream":"KV_b","seq":N} and {"stream":"KV_b","seq":N,"duplicate": true}.
+// Anything else (an error, a domain, a batch) is left to the decoder.
+func (s *store) quickAck(b []byte) (seq uint64, dup, ok bool) {
+	rest, found := bytes.CutPrefix(b, s.ackPrefix)
+	if !found {
+		return 0, false, false
+	}
+	i := 0
+	for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+		i++
+	}
+	seq, err := strconv.ParseUint(string(rest[:i]), 10, 64)
+	if err != nil || seq == 0 {
+		return 0, false, false
+	}
+	switch string(rest[i:]) {
+	case "}":
+		return seq, false, true
+	case `,"duplicate": true}`, `,"duplicate":true}`:
+		return seq, true, true
+	}
+	return 0, false, false
+}
+
+// classify maps a NATS or JetStream error to errConflict, errDuplicate,
+// errUnavailable (outcome unknown or no quorum) or a plain error, keeping
+// the cause: errors.As(err, **jetstream.APIError) and errors.Is(err,
+// context.DeadlineExceeded) see through it.
+func classify(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case codeWrongLastSeq:
+			return fmt.Errorf("%w: %w", errConflict, err)
+		case codeWrongLastSeqInFlight, codeDuplicateInProcess:
+			return fmt.Errorf("%w: %w: %w", errConflict, errInFlight, err)
+		case codeBatchDuplicate:
+			return fmt.Errorf("%w: %w", errDuplicate, err)
+		case codeBatchInflight, codeBatchIncomplete:
+			return fmt.Errorf("%w: %w: %w", errUnavailable, errBatchRefused, err)
+		}
+		if apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 500 || apiErr.Code == 429 {
+			return fmt.Errorf("%w: %w", errUnavailable, err)
+		}
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	return fmt.Errorf("%w: %w", errUnavailable, err)
+}

@@ -7,6 +7,8 @@ import (
 	"hash/maphash"
 	"sync"
 	"time"
+
+	"github.com/jetlock/jetlock/streams"
 )
 
 // The engine: every grant (a lock, a permit of a semaphore, a lock set),
@@ -37,6 +39,12 @@ import (
 // waiter enqueues, the end of a session's leases and sets, and a few
 // single-key writes (a waiter record's delete, cancel tombstones) run on
 // it too.
+//
+// This file holds the loop and what every primitive's steps share: the
+// clock a snapshot is read at, the guard's verdict, the key locks the loop
+// runs under, and the name rule, which every grant's read step applies.
+// Each primitive's read step and decider are in its own file (locks.go,
+// semaphores.go, sets.go, sessions.go).
 
 // verdictKind says what the loop does with a decision.
 type verdictKind uint8
@@ -411,3 +419,172 @@ func (p *keyLocks) waiting(key string) int {
 	}
 	return 0
 }
+
+// The name rule, which the read step of every grant applies (claimName):
+// a name is one thing at a time, a lock (a lock-set member, an election)
+// or a semaphore of one limit, decided in the commit that grants, on any
+// number of instances.
+//
+// A lock, a set member and an election live at the name's lease key, so
+// two of them collide on that key's compare-and-set. A semaphore's permits
+// live at keys of their own; so every grant of a permit writes, in the
+// same atomic batch, the semaphore's name record (streams.AppendNameRecord)
+// at the name's lease key, by compare-and-set on the revision read. Then:
+//
+//   - a lock and a permit granted at once on one name compare-and-set the
+//     same key: one commits, the other decides again and finds the name
+//     held as the other kind;
+//   - two permits of different limits likewise: the second finds the name
+//     record of the first's limit;
+//   - a permit granted before the name record's revision is found by
+//     reading the permits, proven current by checks that commit after that
+//     revision; one granted after it has moved the name's key, which fails
+//     the compare-and-set of whoever replaces the name record.
+//
+// A name record stays once the permits end (a semaphore is used again
+// with the same limit without a read of every permit). A grant of another
+// kind or limit retires it: it proves every permit of its limit free and
+// deletes the record by compare-and-set, then decides again. The sweep
+// retires the records of semaphores idle for the retry window the same
+// way (Service.retireIdle).
+
+// nameOps keeps a name one thing at a time: the name rule in the bucket
+// (here) and on the view (sameKind, name_index.go); and the waiter caps
+// (caps.go).
+type nameOps struct {
+	*engineDeps
+}
+
+// nameAction is what the name rule asks of a grant (decideName).
+type nameAction int
+
+const (
+	nameGrant  nameAction = iota // commit over the name's key as read
+	nameRefuse                   // the name is held as another kind
+	nameRetire                   // retire the name record first, then decide again
+)
+
+// decideName is the name rule for a grant of a permit of a semaphore of
+// limit (0: a lock, a set member or an election) on a name whose lease key
+// holds e: a pure function of what was read. A permit is refused while the
+// key holds a lease (or a foreign value); a grant of another kind or limit
+// than a name record's must retire it first.
+func decideName(e entry, limit int) nameAction {
+	switch {
+	case limit != 0 && (e.held() || e.foreign):
+		return nameRefuse
+	case e.sem == limit || e.sem == 0:
+		return nameGrant
+	}
+	return nameRetire
+}
+
+// mayRetire reports whether a name record may be retired, given its
+// permits as read: none of them is held (nor holds a foreign value).
+func mayRetire(permits []entry) bool {
+	for _, p := range permits {
+		if p.held() || p.foreign {
+			return false
+		}
+	}
+	return true
+}
+
+// claimName applies the name rule to a grant on name, of a permit of a
+// semaphore of limit (0: a lock, a set member or an election), whose lease
+// key was observed in o (fresh: read from the stream leader). It returns
+// what the grant's commit must find at that key: o itself, or the delete
+// that retired a name record. A refusal is an *opError; again asks to
+// decide on fresh reads (the view may lag, or the retirement lost a race).
+func (l *nameOps) claimName(ctx context.Context, name string, o observation, limit int, fresh bool) (_ observation, again bool, _ error) {
+	switch decideName(o.entry, limit) {
+	case nameGrant:
+		return o, false, nil
+	case nameRetire:
+		retired, out, err := l.retireName(ctx, name, o, limit, fresh)
+		if out == conflicted {
+			return o, true, nil
+		}
+		return retired, false, err
+	}
+	switch {
+	case !fresh && l.following():
+		return o, true, nil // the view may lag the lease's end
+	case o.foreign:
+		return o, false, lockedError(o, origin{})
+	}
+	return o, false, errKind(name, nameUse{election: o.rec.Value != "", lock: o.rec.Value == ""}, limit)
+}
+
+// retireName retires the name record of semaphore name (its limit o.sem)
+// for a grant of another kind or limit: if any of its permits is held, the
+// grant is refused; otherwise every permit is proven free and the record
+// deleted, in commits that check each permit's revision as read (the last
+// of them deletes the record by compare-and-set on o's revision). With
+// fresh, the permits are read from the stream leader. It reports, as an
+// outcome (settled), whether the retirement committed or lost a race
+// (the name record or a permit moved on): the caller then reads again.
+func (l *nameOps) retireName(ctx context.Context, name string, o observation, limit int, fresh bool) (observation, outcome, error) {
+	keys, revs, err := l.freePermits(ctx, name, o, limit, fresh)
+	if err == nil {
+		o, err = l.deleteName(ctx, name, o, keys, revs)
+	}
+	return settled(o, err)
+}
+
+// freePermits reads the permits of the semaphore name (its limit o.sem),
+// each one seen held read again fresh, and returns their keys and the
+// revisions read, or refuses the grant of limit while one is held.
+func (l *nameOps) freePermits(ctx context.Context, name string, o observation, limit int, fresh bool) (keys []string, revs []uint64, err error) {
+	keys = make([]string, o.sem)
+	revs = make([]uint64, o.sem)
+	for k := 1; k <= o.sem; k++ {
+		key := permitKey(name, k)
+		p, err := l.current(ctx, key, fresh)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !mayRetire([]entry{p.entry}) {
+			// Held as this instance knows it: refused only on a read.
+			if p, err = l.current(ctx, key, true); err != nil {
+				return nil, nil, err
+			}
+		}
+		if !mayRetire([]entry{p.entry}) {
+			return nil, nil, errKind(name, nameUse{limit: o.sem}, limit)
+		}
+		keys[k-1], revs[k-1] = key, p.rev
+	}
+	return keys, revs, nil
+}
+
+// deleteName deletes the name record of name, observed in o, by
+// compare-and-set on its revision, in commits that check the permits
+// keys at the revisions revs.
+func (l *nameOps) deleteName(ctx context.Context, name string, o observation, keys []string, revs []uint64) (observation, error) {
+	nameKey := streams.LeaseKey(name)
+	seq, err := l.store.prove(ctx, keys, revs, l.store.deleteMsg(nameKey, o.rev, nil))
+	if err != nil {
+		// The name record or a permit moved on, or a permit's delete
+		// marker the view knew has left the bucket: read them again.
+		l.tracker.forget(nameKey)
+		for _, k := range keys {
+			l.tracker.forget(k)
+		}
+		return o, err
+	}
+	return l.tracker.observe(nameKey, entry{rev: seq}), nil
+}
+
+// errKind refuses a request for name as a semaphore of limit (0: a lock or
+// an election) while it is used as u.
+func errKind(name string, u nameUse, limit int) *opError {
+	asked := "a lock"
+	if limit != 0 {
+		asked = fmt.Sprintf("a semaphore of limit %d", limit)
+	}
+	return newOpError(streams.CodeInvalidRequest, "%s is %s, asked for as %s: a name is one thing at a time (a lock, an election, or a semaphore of one limit)", quoteName(name), u, asked)
+}
+
+// quoteName quotes a resource name for an answer.
+func quoteName(name string) string { return fmt.Sprintf("%q", name) }

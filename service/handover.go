@@ -147,7 +147,7 @@ const (
 // waiter for a lock set claims all of its resources at once (sets.go): it
 // is woken to, rather than handed this one. So is a waiter for a permit
 // that names another limit than the one the permit was granted under,
-// which is its semaphore's while any permit is held (name_rule.go): it
+// which is its semaphore's while any permit is held (the name rule, engine.go): it
 // decides again and is refused.
 func decideHandover(s handSnap, o observation) handPlan {
 	if !s.ok || s.guard != nil || s.w.set != "" || s.w.limit != o.rec.Limit {

@@ -51,7 +51,7 @@ func attempts(session string) int {
 //     semaphore, and their bulk grants;
 //   - handover (handoverOps, handover.go, waiter.go): the end of a lease,
 //     its hand-over to the head waiter, expiry, and single waits;
-//   - names (nameOps, name_rule.go, caps.go): what a name
+//   - names (nameOps, engine.go, caps.go): what a name
 //     is (the name rule) and the waiter caps.
 //
 // What they share is engineDeps: the dependencies, and the reads, key
@@ -671,7 +671,7 @@ func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Rec
 // expect: the lease with the request's message id, and the session's
 // check if session names a key (leaseWrites); for a permit, also its
 // semaphore's name record, by compare-and-set on the revision the name
-// rule read (name_rule.go), last.
+// rule read (engine.go), last.
 func grantWrites(g *grantReq, rec *streams.Record, expect uint64, session check) []write {
 	ws := leaseWrites(g.key, rec, expect, grantMsgID(g.hash), session)
 	if g.limit != 0 {

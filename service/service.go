@@ -4,14 +4,14 @@
 // contract; docs/protocol.md describes it for users.
 //
 // The package has two halves. The lock logic (locks.go, handover.go,
-// waiter.go, store.go, tracker.go, records.go) decides every request by
+// waiter.go, store.go, tracker.go) decides every request by
 // compare-and-set on the bucket. It is locks, a set of roles that each
 // hold one kind of request and reach the others through fields: leaseOps
 // (one lease: locks.go), sessionOps (sessions.go), setOps (lock sets:
 // sets.go, sets_wait.go), semOps (semaphores: semaphores.go, sem_bulk.go),
 // handoverOps (the end of a lease and its hand-over to a waiter:
 // handover.go, waiter.go) and nameOps (the name rule, in the bucket and on
-// the view, and the waiter caps: name_rule.go, caps.go); engineDeps holds
+// the view, and the waiter caps: engine.go, name_index.go, caps.go); engineDeps holds
 // what they share. The tracker (tracker.go) is the instance's view of the
 // bucket: observations and their expiry, the waiter queues and the claim
 // they leave a request, with the retry memory (retry_memory.go) and its

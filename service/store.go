@@ -1,8 +1,11 @@
 package service
 
 import (
-	"bytes"
 	"context"
+	crand "crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -586,180 +589,198 @@ func (e *encoded) free() {
 	}
 }
 
-// pubAck is JetStream's answer to a publish.
-type pubAck struct {
-	Error     *jetstream.APIError `json:"error"`
-	Stream    string              `json:"stream"`
-	Seq       uint64              `json:"seq"`
-	Duplicate bool                `json:"duplicate"`
-	Batch     string              `json:"batch"`
-	Count     int                 `json:"count"`
+// The records: what the store reads and writes at each key of the bucket
+// (an entry), how a record's key and ids are made, and the lease record
+// every primitive grants.
+
+// entry is one observation of a key of the bucket: the revision of its
+// last write and, unless that write deleted it, the record.
+type entry struct {
+	rev uint64
+	rec *streams.Record  // nil when the key is absent, deleted or foreign
+	end *streams.EndMark // what a delete marker says it ended, if anything
+	// foreign is set when the value is not a jetlock record. It is nobody's
+	// lease or waiter; a lease key holding one is taken over once it has
+	// stood for the maximum TTL (see tracker.expired).
+	foreign bool
+	// sem is the limit of the semaphore whose name record the key holds
+	// (streams.AppendNameRecord), 0 for any other value: nobody's lease,
+	// never foreign, replaced only under the name rule (engine.go).
+	sem int
 }
 
-// noResponderRetries and noResponderWait bound the retries of a publish
-// that found no stream leader listening, as during a leader change.
-const (
-	noResponderRetries = 10
-	noResponderWait    = 100 * time.Millisecond
-)
+func (e entry) held() bool { return e.rec != nil }
 
-// publish sends m to the stream and waits for its acknowledgement (see
-// write).
-func (s *store) publish(ctx context.Context, op string, m *nats.Msg) (uint64, bool, error) {
-	return s.resend(ctx, func() (uint64, bool, error) { return s.write(ctx, op, m, expectedRev(m)) })
-}
-
-// expectedRev is the revision m's compare-and-set is based on (0: none).
-func expectedRev(m *nats.Msg) uint64 {
-	n, _ := strconv.ParseUint(m.Header.Get(jetstream.ExpectedLastSubjSeqHeader), 10, 64)
-	return n
-}
-
-// write sends m to the stream and waits for its acknowledgement: the
-// request jetstream.PublishMsg makes, with a faster decoder for the
-// acknowledgement, which every write pays. expect is the highest revision
-// the write's compare-and-sets are based on. Only a publish that reached
-// no stream leader ("no responders": certainly not written) is retried;
-// any other failure goes back to the caller, which decides again on fresh
-// state.
-func (s *store) write(ctx context.Context, op string, m *nats.Msg, expect uint64) (uint64, bool, error) {
-	floor, start := s.floor.Load(), time.Now()
-	msg, err := s.request(ctx, m, expect)
+// decodeEntry turns the last write of key (its revision, whether it
+// deleted the key, and its value) into an entry. A value that is not a
+// complete jetlock record is reported through foreign and becomes a
+// foreign entry, never an error: no value anybody writes can wedge a key.
+func decodeEntry(key string, rev uint64, deleted bool, data []byte, wakeRoot string, foreign func(key string, rev uint64, err error)) entry {
+	e := entry{rev: rev}
+	if rev == 0 {
+		return e
+	}
+	if deleted {
+		e.end = streams.DecodeEndMark(data)
+		return e
+	}
+	var err error
+	switch {
+	case strings.HasPrefix(key, streams.LeaseKeyPrefix):
+		if n, ok := streams.ParseNameRecord(data); ok {
+			e.sem = n
+			return e
+		}
+		e.rec, err = streams.ParseLease(data, rev)
+	case strings.HasPrefix(key, streams.WaitKeyPrefix):
+		e.rec, err = streams.ParseWaiter(data, rev, wakeRoot)
+	case strings.HasPrefix(key, streams.SessionKeyPrefix):
+		e.rec, err = streams.ParseSession(data, rev)
+	default:
+		err = fmt.Errorf("%w: key outside the lease and wait prefixes", streams.ErrForeign)
+	}
 	if err != nil {
-		return 0, false, classify(err)
-	}
-	d := time.Since(start)
-	s.commit(op, d)
-	// Racy by design: a lost update of a moving mean costs nothing.
-	mean := s.mean.Load()
-	s.mean.Store(mean - mean/8 + int64(d)/8)
-	seq, dup, err := s.parseAck(msg.Data)
-	if err == nil && !dup && seq <= floor {
-		s.regressed(seq, floor)
-		if op == "handover" || op == "grant" || m.Header.Get(jetstream.MsgIDHeader) != "" {
-			// A grant whose token went backwards is never handed out.
-			return 0, false, fmt.Errorf("%w: the stream committed at %d, at or below the token high-water mark %d: it was recreated or restored", errUnavailable, seq, floor)
+		e.rec, e.foreign = nil, true
+		if foreign != nil {
+			foreign(key, rev, err)
 		}
 	}
-	return seq, dup, err
+	return e
 }
 
-// request publishes m on a reply subject of its own (see acks) and returns
-// its answer: the first, unless that is a refusal that may have come from
-// a node that no longer leads the stream (answerWait): then the next
-// answer that is not from behind, if one comes within the wait.
-func (s *store) request(ctx context.Context, m *nats.Msg, expect uint64) (*nats.Msg, error) {
-	reply, ch, done, err := s.acks.open()
+func newLeaseID() string {
+	var b [16]byte // 128 random bits
+	if _, err := crand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand failed: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// requestHash names one logical acquire: the message id of its granting
+// write, the key of its cancel tombstone and its waiter key derive from it.
+// The tenant is part of it, so two tenants' requests of the same id are two
+// requests; a request of no tenant hashes as it did before tenants.
+func requestHash(resource, requestID, tenant string) string {
+	s := resource + "\x00" + requestID
+	if tenant != "" {
+		s += "\x00" + tenant
+	}
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:20])
+}
+
+func grantMsgID(hash string) string { return "acq-" + hash }
+
+func cancelKey(hash string) string { return "cancel." + hash }
+
+func sameLease(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+// resourceOf returns the encoded resource of a lease or waiter key.
+func resourceOf(key string) string {
+	if rest, ok := strings.CutPrefix(key, streams.LeaseKeyPrefix); ok {
+		return rest
+	}
+	enc, _, _ := strings.Cut(strings.TrimPrefix(key, streams.WaitKeyPrefix), ".")
+	return enc
+}
+
+// decodedResource returns the resource name of an encoded one, or the
+// encoded form when it does not decode (a foreign key).
+func decodedResource(enc string) string {
+	if !strings.Contains(enc, "=") {
+		return enc // nothing escaped: the same string, no copy
+	}
+	if r, err := streams.DecodeResource(enc); err == nil {
+		return r
+	}
+	return enc
+}
+
+// newLease builds the record of a lease granted now to requestID of owner
+// and tenant for ttl, held at most until holdUntil (zero: no cap).
+func newLease(now time.Time, requestID, owner, tenant string, ttl time.Duration, holdUntil time.Time) *streams.Record {
+	rec := &streams.Record{
+		LeaseID:   newLeaseID(),
+		Owner:     owner,
+		Tenant:    tenant,
+		RequestID: requestID,
+		GrantedAt: streams.FormatTime(now),
+	}
+	setExpiry(rec, now, ttl, holdUntil)
+	return rec
+}
+
+// setExpiry sets rec's TTL and times for a write at now: ttl, shortened so
+// that the lease never outlasts holdUntil.
+func setExpiry(rec *streams.Record, now time.Time, ttl time.Duration, holdUntil time.Time) {
+	if !holdUntil.IsZero() {
+		ttl = min(ttl, holdUntil.Sub(now))
+		rec.HoldUntil = streams.FormatTime(holdUntil)
+	}
+	rec.TTLms = ttl.Milliseconds()
+	rec.RenewedAt = streams.FormatTime(now)
+	rec.ExpiresAt = streams.FormatTime(now.Add(ttl))
+}
+
+// holdUntil returns the hold limit a lease record carries, or the zero
+// time.
+func holdUntil(rec *streams.Record) time.Time {
+	if rec.HoldUntil == "" {
+		return time.Time{}
+	}
+	t, err := streams.ParseTime(rec.HoldUntil)
 	if err != nil {
-		return nil, err
+		return time.Time{}
 	}
-	defer done()
-	m.Reply = reply
-	var msg *nats.Msg
-	for r := 0; ; r++ {
-		if err := s.nc.PublishMsg(m); err != nil {
-			return nil, err
-		}
-		if msg, err = await(ctx, ch); err != nil {
-			return nil, err
-		}
-		if !isNoResponders(msg) {
-			break
-		}
-		if r == noResponderRetries {
-			return nil, nats.ErrNoResponders
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(noResponderWait):
-		}
-	}
-	wait, _, ambiguous := s.answerWait(msg.Data, expect)
-	if !ambiguous {
-		return msg, nil
-	}
-	wctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	for {
-		next, err := await(wctx, ch)
-		if err != nil {
-			// The only answer: the key's last write expired, or the
-			// current leader's answer is late. The caller decides again
-			// on a fresh read; an end is sent again (del).
-			return msg, nil
-		}
-		if _, alsoBehind, _ := s.answerWait(next.Data, expect); !alsoBehind && !isNoResponders(next) {
-			return next, nil
-		}
-	}
+	return t
 }
 
-// parseAck decodes an acknowledgement.
-func (s *store) parseAck(b []byte) (uint64, bool, error) {
-	if seq, dup, ok := s.quickAck(b); ok {
-		return seq, dup, nil
-	}
-	var ack pubAck
-	if err := jsonv2.Unmarshal(b, &ack); err != nil {
-		return 0, false, fmt.Errorf("%w: bad publish acknowledgement: %w", errUnavailable, err)
-	}
-	if ack.Error != nil {
-		return 0, false, classify(ack.Error)
-	}
-	if ack.Stream != s.stream || ack.Seq == 0 {
-		return 0, false, fmt.Errorf("%w: publish acknowledged by stream %q at %d, want %q", errUnavailable, ack.Stream, ack.Seq, s.stream)
-	}
-	return ack.Seq, ack.Duplicate, nil
+// errHoldOver is returned when a lease has been held for its max hold.
+var errHoldOver = errors.New("lease held for its max hold")
+
+// leaseResponse is the answer that hands out the lease rec, whose token is
+// token.
+func leaseResponse(resource string, token uint64, rec *streams.Record) *streams.LeaseResponse {
+	return &streams.LeaseResponse{Resource: resource, LeaseID: rec.LeaseID, Token: token, TTLms: rec.TTLms,
+		ExpiresAt: rec.ExpiresAt, HoldUntil: rec.HoldUntil}
 }
 
-// quickAck reads the two acknowledgements that nats-server writes on every
-// write to the bucket's stream without a JSON decoder:
-// {"stream":"KV_b","seq":N} and {"stream":"KV_b","seq":N,"duplicate": true}.
-// Anything else (an error, a domain, a batch) is left to the decoder.
-func (s *store) quickAck(b []byte) (seq uint64, dup, ok bool) {
-	rest, found := bytes.CutPrefix(b, s.ackPrefix)
-	if !found {
-		return 0, false, false
-	}
-	i := 0
-	for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
-		i++
-	}
-	seq, err := strconv.ParseUint(string(rest[:i]), 10, 64)
-	if err != nil || seq == 0 {
-		return 0, false, false
-	}
-	switch string(rest[i:]) {
-	case "}":
-		return seq, false, true
-	case `,"duplicate": true}`, `,"duplicate":true}`:
-		return seq, true, true
-	}
-	return 0, false, false
+// The name rule's writes (engine.go): a semaphore's name record, and the
+// proof that its permits are free before the record is retired.
+
+// maxChecks bounds the messages of one atomic batch of checks: well under
+// JetStream's largest atomic batch (1,000 messages by default).
+const maxChecks = 500
+
+// nameMsg is the write of the name record of semaphore name of limit, by
+// compare-and-set on expect, for the atomic batch of a permit's grant.
+func (s *store) nameMsg(name string, limit int, expect uint64) *batchMsg {
+	return s.putMsg(streams.LeaseKey(name), streams.AppendNameRecord(nil, limit), expect, "")
 }
 
-// classify maps a NATS or JetStream error to errConflict, errDuplicate,
-// errUnavailable (outcome unknown or no quorum) or a plain error, keeping
-// the cause: errors.As(err, **jetstream.APIError) and errors.Is(err,
-// context.DeadlineExceeded) see through it.
-func classify(err error) error {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch apiErr.ErrorCode {
-		case codeWrongLastSeq:
-			return fmt.Errorf("%w: %w", errConflict, err)
-		case codeWrongLastSeqInFlight, codeDuplicateInProcess:
-			return fmt.Errorf("%w: %w: %w", errConflict, errInFlight, err)
-		case codeBatchDuplicate:
-			return fmt.Errorf("%w: %w", errDuplicate, err)
-		case codeBatchInflight, codeBatchIncomplete:
-			return fmt.Errorf("%w: %w: %w", errUnavailable, errBatchRefused, err)
+// prove proves that each of keys is still at its revision in revs, by
+// atomic batches of checks that commit only if it is (checkMsg), and
+// writes then, if not nil, in the last of them; so then commits only if
+// every key is still at its revision. It returns the last batch's
+// revision. Each batch commits after every read it proves: a key proven
+// at its revision by an earlier batch was there when that batch
+// committed.
+func (s *store) prove(ctx context.Context, keys []string, revs []uint64, then *batchMsg) (uint64, error) {
+	var seq uint64
+	for len(keys) > 0 || then != nil {
+		n := min(len(keys), maxChecks)
+		msgs := make([]*batchMsg, n, n+1)
+		for i := range n {
+			msgs[i] = &batchMsg{Msg: s.checkMsg(keys[i], revs[i])}
 		}
-		if apiErr.Code == 503 || apiErr.Code == 408 || apiErr.Code == 500 || apiErr.Code == 429 {
-			return fmt.Errorf("%w: %w", errUnavailable, err)
+		keys, revs = keys[n:], revs[n:]
+		if len(keys) == 0 && then != nil {
+			msgs, then = append(msgs, then), nil
 		}
-		return fmt.Errorf("jetstream: %w", err)
+		var err error
+		if seq, err = s.batch(ctx, "confirm", msgs); err != nil {
+			return 0, err
+		}
 	}
-	return fmt.Errorf("%w: %w", errUnavailable, err)
+	return seq, nil
 }

@@ -34,7 +34,7 @@ import (
 // indexes besides is in types of its own, each kept under the tracker's mu
 // and reached through its fields: sessionIx (the members of each session:
 // session_index.go), setIx (the keys of each lock set: set_index.go),
-// nameIx (semaphores by name: name_rule.go), instances (the other
+// nameIx (semaphores by name: name_index.go), instances (the other
 // instances and their waiter records: instances.go) and caps (the places
 // being written, for the waiter caps: caps.go).
 type tracker struct {
@@ -284,7 +284,7 @@ func (t *tracker) place(o *observation, due time.Duration, now time.Time) {
 		t.keys[key] = *o
 		delete(t.deleted, id)
 	case e.sem != 0:
-		t.keys[key] = *o // a semaphore's name record (name_rule.go)
+		t.keys[key] = *o // a semaphore's name record (the name rule, engine.go)
 		delete(t.deleted, id)
 		t.nameIx.noteNameRecord(key, at)
 	case e.end != nil:
