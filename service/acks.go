@@ -67,15 +67,14 @@ func (a *acks) stop() {
 	}
 }
 
-// open returns a reply subject for one request (a write, or a batched
-// read), the channel its answers arrive on, up to answers of them
-// buffered, and the function that ends the wait (answers after it are
+// open returns a reply subject for one write, the channel its answers
+// arrive on, and the function that ends the wait (answers after it are
 // dropped).
-func (a *acks) open(answers int) (string, <-chan *nats.Msg, func(), error) {
+func (a *acks) open() (string, <-chan *nats.Msg, func(), error) {
 	if err := a.start(); err != nil {
 		return "", nil, nil, err
 	}
-	ch := make(chan *nats.Msg, answers)
+	ch := make(chan *nats.Msg, 2)
 	a.mu.Lock()
 	a.next++
 	id := a.next
@@ -89,9 +88,8 @@ func (a *acks) open(answers int) (string, <-chan *nats.Msg, func(), error) {
 	return a.prefix + strconv.FormatUint(id, 10), ch, done, nil
 }
 
-// route hands an answer to its request's wait, if it is still open; an
-// answer beyond those its wait buffers (a third to one write, which no
-// node sends) is dropped.
+// route hands an answer to its write's wait, if it is still open; a third
+// answer to one write, which no node sends, is dropped.
 func (a *acks) route(m *nats.Msg) {
 	id, err := strconv.ParseUint(strings.TrimPrefix(m.Subject, a.prefix), 10, 64)
 	if err != nil {
@@ -239,7 +237,7 @@ func (s *store) write(ctx context.Context, op string, m *nats.Msg, expect uint64
 // a node that no longer leads the stream (answerWait): then the next
 // answer that is not from behind, if one comes within the wait.
 func (s *store) request(ctx context.Context, m *nats.Msg, expect uint64) (*nats.Msg, error) {
-	reply, ch, done, err := s.acks.open(2)
+	reply, ch, done, err := s.acks.open()
 	if err != nil {
 		return nil, err
 	}

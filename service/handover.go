@@ -289,7 +289,7 @@ func (l *handoverOps) handOver(ctx context.Context, resource, key string, o obse
 	granted := l.tracker.observe(key, entry{rev: token, rec: rec})
 	l.tracker.observe(wkey, entry{rev: removed})
 	if w.session != "" {
-		if err := l.sessions.validInSession(ctx, key, token, w.session, ""); err != nil {
+		if err := l.sessions.validInSession(ctx, token, w.session, ""); err != nil {
 			if isCode(err, streams.CodeLeaseLost) {
 				l.sessions.endOrphan(ctx, key, granted)
 			}

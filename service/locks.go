@@ -550,7 +550,7 @@ func (l *leaseOps) sameRequest(ctx context.Context, g *grantReq, o observation) 
 		return nil, lockedError(o, g.who)
 	}
 	if g.session != "" {
-		if err := l.sessions.validInSession(ctx, g.key, o.rev, g.session, g.secret); err != nil {
+		if err := l.sessions.validInSession(ctx, o.rev, g.session, g.secret); err != nil {
 			if isCode(err, streams.CodeLeaseLost) {
 				l.sessions.endOrphan(ctx, g.key, o)
 			}
@@ -624,7 +624,7 @@ func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess o
 		l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
 		return leaseResponse(g.resource, seq, rec), nil
 	}
-	if err := l.sessions.validInSession(ctx, g.key, seq, g.session, g.secret); err != nil {
+	if err := l.sessions.validInSession(ctx, seq, g.session, g.secret); err != nil {
 		if isCode(err, streams.CodeLeaseLost) {
 			l.sessions.endOrphan(ctx, g.key, granted)
 		}
@@ -872,7 +872,7 @@ func (l *leaseOps) releaseCounts(ctx context.Context, key, hash string) (bool, e
 		return true, nil
 	}
 	o, _ := l.tracker.get(key)
-	if err := l.sessions.validInSession(ctx, key, o.rev, hash, ""); isCode(err, streams.CodeLeaseLost) {
+	if err := l.sessions.validInSession(ctx, o.rev, hash, ""); isCode(err, streams.CodeLeaseLost) {
 		return false, nil
 	} else if err != nil {
 		return false, err

@@ -107,7 +107,9 @@ func scanOne(ctx context.Context, ch <-chan *nats.Msg, subjPfx string, prefixes 
 		if !ok || !hasAnyPrefix(key, prefixes) {
 			continue
 		}
-		fn(scanned{key: key, rev: seq, deleted: deletedMsg(m.Header), data: m.Data})
+		op := m.Header.Get(kvOperationHeader)
+		deleted := op == "DEL" || op == "PURGE" || m.Header.Get("Nats-Marker-Reason") != ""
+		fn(scanned{key: key, rev: seq, deleted: deleted, data: m.Data})
 	}
 }
 

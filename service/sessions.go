@@ -447,16 +447,16 @@ func (l *sessionOps) inStreamOrder() bool {
 	return l.delivered != nil && l.synced != nil && l.synced.Load() && l.following()
 }
 
-// validInSession decides whether a grant at revision rev, at key, to
-// session hash counts: only if no end of its session precedes it in the
-// stream. Every grant to a session (a lease, a permit, a set, a hand-over
-// to a waiter of a session) is the same compare-and-set write as any
-// grant, on one instance or many, and this is the one proof that it
-// counts, for a grant and for a retry that finds it. Whoever ends a
-// session later finds the lease (endSession). When the session has ended,
-// validInSession answers lease_lost: the caller ends the grant (an orphan,
-// when the end came first; otherwise it ended with its session) and never
-// tells its requester it holds it.
+// validInSession decides whether a grant at revision rev to session hash
+// counts: only if no end of its session precedes it in the stream. Every
+// grant to a session (a lease, a permit, a set, a hand-over to a waiter of
+// a session) is the same compare-and-set write as any grant, on one
+// instance or many, and this is the one proof that it counts, for a grant
+// and for a retry that finds it. Whoever ends a session later finds the
+// lease (endSession). When the session has ended, validInSession answers
+// lease_lost: the caller ends the grant (an orphan, when the end came
+// first; otherwise it ended with its session) and never tells its
+// requester it holds it.
 //
 // While the instance follows the bucket, its watcher's deliveries tell:
 // once the watcher has delivered rev, it has delivered every write before
@@ -465,14 +465,14 @@ func (l *sessionOps) inStreamOrder() bool {
 // secret, the caller's, when given: an ended session never lives again)
 // was not ended before the grant. Otherwise (a lone instance, which
 // follows no watcher; a watcher not yet through its first scan;
-// deliveries that do not show the session live) the stream as a replica
-// that holds the grant has it decides (provenLive). When a following
-// instance's watcher has not delivered rev within OpTimeout, the answer is
-// unavailable and the grant stays: a retry of the same request decides it
-// again.
-func (l *sessionOps) validInSession(ctx context.Context, key string, rev uint64, hash, secret string) error {
+// deliveries that do not show the session live) the session's record,
+// read on the stream leader after the grant committed, decides
+// (provenLive). When a following instance's watcher has not delivered rev
+// within OpTimeout, the answer is unavailable and the grant stays: a retry
+// of the same request decides it again.
+func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secret string) error {
 	if l.seen == nil || !l.inStreamOrder() {
-		return l.provenLive(ctx, key, rev, hash, secret)
+		return l.provenLive(ctx, hash, secret, rev)
 	}
 	give := time.NewTimer(l.cfg.OpTimeout)
 	defer give.Stop()
@@ -480,7 +480,7 @@ func (l *sessionOps) validInSession(ctx context.Context, key string, rev uint64,
 		if live, known := l.seen.liveAt(hash, secret, rev); known && live {
 			return nil
 		} else if known {
-			return l.provenLive(ctx, key, rev, hash, secret)
+			return l.provenLive(ctx, hash, secret, rev)
 		}
 		select {
 		case <-ctx.Done():
@@ -490,52 +490,34 @@ func (l *sessionOps) validInSession(ctx context.Context, key string, rev uint64,
 		}
 		break
 	}
-	return errOrderUnknown()
-}
-
-// errOrderUnknown answers a grant to a session whose place in the stream
-// is not known yet: it stays, and a retry decides it.
-func errOrderUnknown() *opError {
 	return newOpError(streams.CodeUnavailable, "the grant was written but its session's order in the stream is not confirmed yet: retry with the same request_id")
 }
 
-// provenTries bounds the reads of provenLive that find a replica which
-// does not hold the grant yet; each waits about a commit before the next.
-const provenTries = 8
-
-// provenLive decides a grant at rev, at key, to session hash by one read
-// of the last records of the session and of key, which one replica
-// answers from one state of the stream (store.lastAt). If key's last
-// revision there is rev or later, that state holds the grant and every
-// write before it; its session record, live (holding secret, or any, when
-// secret is empty: a hand-over to a waiter of the session), was live at
-// the grant too, since an ended session never lives again, whether the
-// record is older than the grant or a keepalive after it: the grant
-// counts. A delete there, or no record, is an end the stream committed,
-// before the grant or after it: lease_lost. No proof by a write is
-// needed either way, and none serializes the grants of one session: the
-// answer rests on a replica's committed prefix that includes the grant,
-// never on what a stream leader cut off by a partition still believes. A
-// replica that does not hold the grant yet is asked again after a pause;
-// after provenTries the answer is unavailable, and the grant stays.
-func (l *sessionOps) provenLive(ctx context.Context, key string, rev uint64, hash, secret string) error {
-	for try := 1; ; try++ {
-		es, err := l.store.lastAt(ctx, streams.SessionKey(hash), key)
-		if err != nil {
-			return err
-		}
-		if sess := es[0]; es[1].rev >= rev {
-			if sess.held() && (secret == "" || sameLease(sess.rec.LeaseID, secret)) {
-				return nil
-			}
-			l.log.Debug("a grant to a session that has ended", "session", hash, "revision", rev, "session_revision", sess.rev)
-			return errNoSession()
-		}
-		if try == provenTries {
-			return errOrderUnknown()
-		}
-		l.conflictPause(ctx)
-	}
+// provenLive decides a grant at rev to session hash on the stream leader:
+// the session's record read fresh after the grant committed, a negative
+// proven current (confirmSession). Holding secret (any, when secret is
+// empty: a hand-over to a waiter of the session), the session was never
+// ended, so it was live at every revision since it was opened, before any
+// grant asked for in it: the grant counts. Otherwise the session has
+// ended, before the grant or after it, and the answer is lease_lost.
+// A negative answer is proven as every other is (see confirmNegative):
+// deliveries is a fast path that does not show a session whose records
+// its watcher skipped (one opened and kept alive while the watcher's
+// consumer was made again, see deliveries), whose grant it would end.
+func (l *sessionOps) provenLive(ctx context.Context, hash, secret string, rev uint64) error {
+	_, err := onSession(ctx, l, hash, true, recordSteps[struct{}]{
+		live: func(s recordSnap) bool {
+			return s.held() && (secret == "" || sameLease(s.rec.LeaseID, secret)) && !s.expired
+		},
+		act: func(context.Context, observation) (struct{}, outcome, error) {
+			return struct{}{}, committed, nil
+		},
+		negative: func(observation) (struct{}, error) {
+			l.log.Debug("a grant to a session that is not live after it", "session", hash, "revision", rev, "delivered", l.delivered())
+			return struct{}{}, errNoSession()
+		},
+	})
+	return err
 }
 
 // endOrphan ends the lease observed in o at key, a grant to a session that

@@ -409,14 +409,11 @@ func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, que
 // ends it whole when its session has ended. The caller holds every key's
 // lock.
 func (l *setOps) validSet(ctx context.Context, r *setReq, obs []observation) error {
-	var key string
 	var rev uint64
-	for i, o := range obs {
-		if o.rev > rev {
-			key, rev = r.keys[i], o.rev
-		}
+	for _, o := range obs {
+		rev = max(rev, o.rev)
 	}
-	err := l.sessions.validInSession(ctx, key, rev, r.session, r.secret)
+	err := l.sessions.validInSession(ctx, rev, r.session, r.secret)
 	if isCode(err, streams.CodeLeaseLost) {
 		match := make([]bool, len(obs))
 		for i := range match {

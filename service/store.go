@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,7 +94,6 @@ type store struct {
 	subjPfx   string // "$KV.<bucket>."
 	stream    string // "KV_<bucket>"
 	getSubj   string // "$JS.API.STREAM.MSG.GET.KV_<bucket>"
-	direct    string // "$JS.API.DIRECT.GET.KV_<bucket>"
 	ackPrefix []byte // `{"stream":"KV_<bucket>","seq":`, how nats-server starts an ack
 	ttlHeader string // Nats-TTL of delete markers and cancel tombstones: the retry window
 
@@ -127,7 +125,6 @@ func newStore(nc *nats.Conn, bucket string, retryWindow time.Duration) *store {
 		subjPfx:   streams.SubjectPrefix(bucket),
 		stream:    stream,
 		getSubj:   "$JS.API.STREAM.MSG.GET." + stream,
-		direct:    "$JS.API.DIRECT.GET." + stream,
 		ackPrefix: []byte(`{"stream":"` + stream + `","seq":`),
 		ttlHeader: strconv.FormatInt(int64((retryWindow+time.Second-1)/time.Second), 10) + "s",
 		decode: func(key string, rev uint64, deleted bool, data []byte) entry {
@@ -169,62 +166,6 @@ func (s *store) keyAt(ctx context.Context, seq uint64) (string, error) {
 		return "", err
 	}
 	return strings.TrimPrefix(m.Subject, s.subjPfx), nil
-}
-
-// lastAt reads the last records of keys in one batched direct get, which
-// one replica of the stream answers from one state of it (it reads them
-// under the stream's lock): a prefix of the stream, the one that replica
-// holds, never ahead of what a quorum committed and perhaps behind the
-// leader. So the entries are what the stream held, together, at the
-// highest revision among them or later. A key the replica holds no record
-// of is entry{rev: 0}.
-func (s *store) lastAt(ctx context.Context, keys ...string) ([]entry, error) {
-	subjs := make([]string, len(keys))
-	for i, k := range keys {
-		subjs[i] = s.subjPfx + k
-	}
-	req, err := json.Marshal(struct {
-		MultiLast []string `json:"multi_last"`
-	}{subjs})
-	if err != nil {
-		return nil, err
-	}
-	reply, ch, done, err := s.acks.open(len(keys) + 1)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	if err := s.nc.PublishRequest(s.direct, reply, req); err != nil {
-		return nil, classify(err)
-	}
-	out := make([]entry, len(keys))
-	for {
-		m, err := await(ctx, ch)
-		if err != nil {
-			return nil, classify(err)
-		}
-		if status := m.Header.Get("Status"); status != "" && len(m.Data) == 0 {
-			if status == "204" || status == "404" { // the end of the batch; no record of any key
-				return out, nil
-			}
-			return nil, fmt.Errorf("%w: direct get answered %s %s", errUnavailable, status, m.Header.Get("Description"))
-		}
-		seq, _ := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
-		key := strings.TrimPrefix(m.Header.Get("Nats-Subject"), s.subjPfx)
-		i := slices.Index(keys, key)
-		if i < 0 || seq == 0 {
-			return nil, fmt.Errorf("%w: direct get answered subject %q at %d", errUnavailable, m.Header.Get("Nats-Subject"), seq)
-		}
-		out[i] = s.decode(key, seq, deletedMsg(m.Header), m.Data)
-	}
-}
-
-// deletedMsg reports whether a message read with a direct get, by its
-// headers, deletes its key: a delete or purge marker, or a marker the
-// server wrote when a message's TTL expired.
-func deletedMsg(h nats.Header) bool {
-	op := h.Get(kvOperationHeader)
-	return op == "DEL" || op == "PURGE" || h.Get("Nats-Marker-Reason") != ""
 }
 
 // lastOf is the request for key's last message.

@@ -32,7 +32,7 @@ func grantInGap(ctx context.Context, t *testing.T, s *Service, g *grantReq) uint
 // the view as the follower feeds it, a grant in that session delivered
 // in between finds the session not live at its revision, though it was:
 // the soak's "watcher-fed view that lacked a live session". The proof on
-// a replica that holds the grant (provenLive) answers it right.
+// the stream leader (provenLive) answers it right.
 func TestAResumedWatcherShowsASessionOnlyAtItsLastWrite(t *testing.T) {
 	cl := startCluster(t)
 	s := following(t, cl)
@@ -86,8 +86,8 @@ func TestAResumedWatcherShowsASessionOnlyAtItsLastWrite(t *testing.T) {
 	if live, known := f.deliveries.liveAt(g.session, g.secret, granted); !live || !known {
 		t.Fatalf("after the keepalive's delivery: live %v known %v; want live", live, known)
 	}
-	if err := s.locks.sessions.provenLive(ctx, g.key, granted, g.session, g.secret); err != nil {
-		t.Fatalf("the proof on a replica of a live session: %v; want the grant counted", err)
+	if err := s.locks.sessions.provenLive(ctx, g.session, g.secret, granted); err != nil {
+		t.Fatalf("the proof on the stream leader of a live session: %v; want the grant counted", err)
 	}
 }
 
