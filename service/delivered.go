@@ -20,7 +20,7 @@ import (
 // records still there, so a session opened and kept alive meanwhile is
 // first delivered at its keepalive, and one ended meanwhile never shows
 // live. A session it does not show live may have been live: liveAt's
-// negative is proven on the stream leader (sessionOps.provenLive).
+// negative is proven on the stream leader (sessionOps.notLiveAt).
 //
 // It also tells the requests that wait for a revision's delivery when it
 // has come: each waits on a channel of its own, closed once the watcher

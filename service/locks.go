@@ -17,11 +17,10 @@ import (
 // compare-and-set means another writer made progress.
 const maxAttempts = 8
 
-// sessionAttempts bounds that loop instead for the requests about a
-// session and those made in it, whose writes or proofs check or rewrite
-// its record (its keepalives, its end, the proof of a retry in it).
+// sessionAttempts bounds that loop instead for the writes that check or
+// rewrite a session's record (grants to it, its keepalives, its end).
 // JetStream refuses such a write while another that checks the same
-// record is being proposed, and the writes of one session served by two
+// record is being proposed, and the grants of one session served by two
 // instances can keep each other out for a while: each loses to the
 // other's commit, pauses for about a commit (conflictPause) and tries
 // again, within the request's deadline.
@@ -550,7 +549,7 @@ func (l *leaseOps) sameRequest(ctx context.Context, g *grantReq, o observation) 
 		return nil, lockedError(o, g.who)
 	}
 	if g.session != "" {
-		if err := l.sessions.validInSession(ctx, o.rev, g.session, g.secret); err != nil {
+		if err := l.sessions.validInSession(ctx, o.rev, g.session, g.secret, false); err != nil {
 			if isCode(err, streams.CodeLeaseLost) {
 				l.sessions.endOrphan(ctx, g.key, o)
 			}
@@ -597,16 +596,19 @@ func (l *leaseOps) heldInSession(ctx context.Context, g *grantReq, keys []string
 }
 
 // grant writes a new lease for g over the revision observed in o. A lease
-// of a session (observed in sess) is answered once it is proven to count
-// (validInSession).
+// of a session is one compare-and-set write answered once its place in
+// the stream is confirmed (validInSession), or, on a lone instance, commits
+// with the check that the session observed in sess has not moved on (see
+// leaseWrites).
 func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess observation) (*streams.LeaseResponse, error) {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, g.requestID, g.owner, g.tenant, g.ttl, l.holdLimit(now, g.maxHold))
 	rec.Limit, rec.Value = g.limit, g.value
+	plain := g.session == "" || l.sessions.inStreamOrder()
 	if g.session != "" {
 		sessionLease(rec, now, g.session, l.holdLimit(now, g.maxHold))
 	}
-	seq, nameSeq, dup, err := l.writeGrant(ctx, g, rec, o.rev)
+	seq, nameSeq, dup, err := l.writeGrant(ctx, g, rec, o.rev, sess, plain)
 	if err != nil {
 		if !errors.Is(err, errConflict) {
 			l.tracker.forget(g.key)
@@ -624,7 +626,7 @@ func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess o
 		l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
 		return leaseResponse(g.resource, seq, rec), nil
 	}
-	if err := l.sessions.validInSession(ctx, seq, g.session, g.secret); err != nil {
+	if err := l.sessions.validInSession(ctx, seq, g.session, g.secret, plain); err != nil {
 		if isCode(err, streams.CodeLeaseLost) {
 			l.sessions.endOrphan(ctx, g.key, granted)
 		}
@@ -635,12 +637,27 @@ func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess o
 }
 
 // writeGrant writes the lease rec for g over revision expect
-// (grantWrites). It returns the grant's revision and, for a permit, its
-// name record's (nameSeq), or dup when an earlier write of the request (or
-// its cancel) was found.
-func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64) (seq, nameSeq uint64, dup bool, err error) {
-	revs, dup, err := l.store.commitWrites(ctx, "grant", grantWrites(g, rec, expect))
+// (grantWrites): when not plain, with the check of the session observed in
+// sess, through the session's gate (a lease of a session, on a lone
+// instance). It returns the grant's revision and, for a permit, its name
+// record's (nameSeq), or dup when an earlier write of the request (or its
+// cancel) was found.
+func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (seq, nameSeq uint64, dup bool, err error) {
+	var session check
+	var gate *keyLock
+	if !plain {
+		if gate, err = l.sessions.sessionGate(ctx, g.session); err != nil {
+			return 0, 0, false, err
+		}
+		session = check{key: streams.SessionKey(g.session), rev: sess.rev}
+	}
+	revs, dup, err := l.store.commitWrites(ctx, "grant", grantWrites(g, rec, expect, session))
+	if gate != nil {
+		gate.unlock()
+	}
 	switch {
+	case err != nil && isConflict(err) && !plain:
+		l.conflictPause(ctx) // perhaps another instance's write to the session
 	case err != nil || dup:
 	case g.limit != 0:
 		seq, nameSeq = revs[0], revs[len(revs)-1] // the name record is last
@@ -651,11 +668,12 @@ func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Rec
 }
 
 // grantWrites are the writes of the grant of rec to g over revision
-// expect: the lease with the request's message id (leaseWrites); for a
-// permit, also its semaphore's name record, by compare-and-set on the
-// revision the name rule read (engine.go), last.
-func grantWrites(g *grantReq, rec *streams.Record, expect uint64) []write {
-	ws := leaseWrites(g.key, rec, expect, grantMsgID(g.hash))
+// expect: the lease with the request's message id, and the session's
+// check if session names a key (leaseWrites); for a permit, also its
+// semaphore's name record, by compare-and-set on the revision the name
+// rule read (engine.go), last.
+func grantWrites(g *grantReq, rec *streams.Record, expect uint64, session check) []write {
+	ws := leaseWrites(g.key, rec, expect, grantMsgID(g.hash), session)
 	if g.limit != 0 {
 		ws = append(ws, write{key: streams.LeaseKey(g.sem), expect: g.nameRev, e: entry{sem: g.limit}})
 	}
@@ -663,12 +681,20 @@ func grantWrites(g *grantReq, rec *streams.Record, expect uint64) []write {
 }
 
 // leaseWrites are the writes of the grant of rec at key over revision
-// expect, with message id msgID: a second grant of the request is a
-// duplicate. A grant to a session carries no check of the session's
-// record; it counts only if its session was live at its place in the
-// stream (validInSession).
-func leaseWrites(key string, rec *streams.Record, expect uint64, msgID string) []write {
-	return []write{{key: key, expect: expect, e: entry{rec: rec}, msgID: msgID}}
+// expect, with message id msgID (a second grant of the request is a
+// duplicate), and, when session names a key, the check that the session
+// record is still at its revision. Written as one atomic batch, the grant
+// commits only if the session has not moved on since it was read: had it
+// ended (its record deleted by a close or an expiry), the batch fails
+// whole. So a grant never follows its session's end in the stream, which
+// is what lets whoever ends a session find every lease it holds (see
+// endSession).
+func leaseWrites(key string, rec *streams.Record, expect uint64, msgID string, session check) []write {
+	ws := []write{{key: key, expect: expect, e: entry{rec: rec}, msgID: msgID}}
+	if session.key != "" {
+		ws = append(ws, write{key: session.key, expect: session.rev, check: true})
+	}
+	return ws
 }
 
 // earlierGrant answers an acquire whose granting write JetStream reported
@@ -866,13 +892,14 @@ func (l *leaseOps) release(ctx context.Context, resource, leaseID string, who or
 // releaseCounts reports whether a release that ended a lease of session
 // hash ("" for none), its end now key's last write, counts: only if the
 // session had not ended before it in the stream, as for a grant to a
-// session (validInSession). If it had, the lease had ended with it.
+// session (validInSession), when the instance follows the bucket; its view
+// of the session may lag. If it had, the lease had ended with it.
 func (l *leaseOps) releaseCounts(ctx context.Context, key, hash string) (bool, error) {
-	if hash == "" {
+	if hash == "" || !l.sessions.inStreamOrder() {
 		return true, nil
 	}
 	o, _ := l.tracker.get(key)
-	if err := l.sessions.validInSession(ctx, o.rev, hash, ""); isCode(err, streams.CodeLeaseLost) {
+	if err := l.sessions.validInSession(ctx, o.rev, hash, "", true); isCode(err, streams.CodeLeaseLost) {
 		return false, nil
 	} else if err != nil {
 		return false, err

@@ -26,19 +26,21 @@ import (
 // while its session is: it counts only if no end of its session precedes
 // it in the stream.
 //
-//   - A grant to a session (a lease, a permit, a set, a hand-over to a
-//     waiter of a session) is the same compare-and-set write as any grant,
-//     on one instance or many: no check of the session record, which
-//     keepalives rewrite, so grants and keepalives never conflict, and the
-//     grants of one session never wait for each other. Its place in the
-//     stream decides it: the instance answers it only once it knows the
-//     session was live there (validInSession): from its watcher's
-//     deliveries up to the grant's revision when it follows the bucket,
-//     else from the session's record read on the stream leader after the
-//     grant. A grant that landed after its session's end is an orphan: the
-//     instance ends it at once and its requester is told lease_lost; should
-//     the instance die first, every instance that follows the bucket sees a
-//     lease of an ended session (tracker.expired) and ends it.
+//   - While the instance follows the bucket, a grant to a session (a lease,
+//     a permit, a set, a hand-over to a waiter of a session) is the same
+//     compare-and-set write as any grant: no check of the session record,
+//     which keepalives rewrite, so grants and keepalives never conflict.
+//     Its place in the stream decides it: the instance answers it only once
+//     its watcher has delivered the stream up to the grant's revision with
+//     the session's record still live (see validInSession). A grant that
+//     landed after its session's end is an orphan: the instance ends it at
+//     once and its requester is told lease_lost; should the instance die
+//     first, every other instance sees a lease of an ended session
+//     (tracker.expired) and ends it.
+//   - A lone instance follows no watcher: it commits a grant to a session
+//     in one atomic batch with a check that the session record is still at
+//     the revision read (leaseWrites), so no grant of its follows the
+//     session's end in the stream.
 //   - Ending a session is one compare-and-set delete of its record (so a
 //     keepalive that landed first wins), after which its leases count as
 //     ended everywhere (tracker.expired): anyone may take them over by
@@ -47,11 +49,7 @@ import (
 //     committed before — and then ends every lease (handing it to the next
 //     waiter, or deleting it in atomic batches of many keys) and every
 //     wait of the session that its index lists. Other instances make the
-//     same leases due a little later, in case it died meanwhile. A lone
-//     instance follows no watcher: each of its grants is in its index
-//     before the grant's proof reads the session, so a grant proven before
-//     the end committed is listed when the end's members are, and one
-//     whose proof comes after the end finds it and ends itself.
+//     same leases due a little later, in case it died meanwhile.
 
 // sessionBatch bounds the lease keys one atomic batch deletes when a
 // session ends: well under JetStream's largest atomic batch (1,000
@@ -72,12 +70,12 @@ const (
 
 // sessionGate serialises, within this instance, the writes that commit
 // with a check of session hash's record or rewrite it: its keepalives, its
-// end and the proofs of a negative answer about it (grants to it carry no
+// end, the proofs of a negative answer about it, and a lone instance's
+// grants to it (an instance that follows the bucket grants without a
 // check, see above). JetStream refuses a second write whose check names a
 // key while one is being proposed (it answers a conflict), so without the
-// gate the concurrent writes of one session would fail each other. Between
-// instances such conflicts remain; they are retried after a pause
-// (conflictPause). The gate is always the last
+// gate the concurrent writes of one session would fail each other. Between instances such conflicts remain; they
+// are retried after a pause (conflictPause). The gate is always the last
 // lock taken (after the session's key and a lease key), so it cannot
 // deadlock.
 func (l *sessionOps) sessionGate(ctx context.Context, hash string) (*keyLock, error) {
@@ -401,11 +399,11 @@ func (l *sessionOps) endSession(ctx context.Context, key string, o observation, 
 	}
 	l.tracker.observe(key, entry{rev: seq, end: end})
 	l.report.session(string(why), o.rec.Owner, who)
-	// Once the watcher has delivered seq, the index lists every grant to
-	// the session committed before it. A lone instance, which follows no
-	// watcher, lists those it made (see above; what an instance it had not
-	// heard of yet granted is ended by the instances that follow the
-	// bucket, or by the hold limit).
+	// Every grant to the session committed before seq (see leaseWrites);
+	// once the watcher has delivered seq, the index lists them all. A lone
+	// instance, which follows no watcher, made them itself (and what an
+	// instance it had not heard of yet granted is ended by the instances
+	// that follow the bucket, or by the hold limit).
 	l.awaitDelivered(ctx, seq)
 	return l.endMembers(ctx, hash, why), nil
 }
@@ -440,80 +438,77 @@ func (l *sessionOps) waitDelivered(ctx context.Context, seq uint64) bool {
 	return l.delivered() >= seq
 }
 
-// inStreamOrder reports whether the watcher's deliveries can tell a
-// grant's place in the stream (see validInSession): while the instance
-// follows the bucket and its watcher has delivered every record once.
+// inStreamOrder reports whether a grant to a session commits now as a
+// plain compare-and-set write, its validity decided by its place in the
+// stream (see validInSession): while the instance follows the bucket and
+// its watcher has delivered every record once.
 func (l *sessionOps) inStreamOrder() bool {
 	return l.delivered != nil && l.synced != nil && l.synced.Load() && l.following()
 }
 
 // validInSession decides whether a grant at revision rev to session hash
-// counts: only if no end of its session precedes it in the stream. Every
-// grant to a session (a lease, a permit, a set, a hand-over to a waiter of
-// a session) is the same compare-and-set write as any grant, on one
-// instance or many, and this is the one proof that it counts, for a grant
-// and for a retry that finds it. Whoever ends a session later finds the
-// lease (endSession). When the session has ended, validInSession answers
-// lease_lost: the caller ends the grant (an orphan, when the end came
-// first; otherwise it ended with its session) and never tells its
+// counts. plain says it was written without a check of the session record
+// (inStreamOrder); a lease read back on a retry is decided the same way
+// whenever the instance follows the bucket, since any instance may have
+// written it. Once the watcher has delivered rev, it has delivered every
+// write before it (deliveries, which only the watcher feeds: no read of a
+// stale stream leader enters it): a session record still live there
+// (holding secret, the caller's, when given: an ended session never lives
+// again) was not ended before the grant, and whoever ends it later finds
+// the lease (endSession waits for its own end's delivery). Otherwise the
+// session has ended and validInSession answers lease_lost: the caller
+// ends the grant (an orphan, when the end came first) and never tells its
 // requester it holds it.
-//
-// While the instance follows the bucket, its watcher's deliveries tell:
-// once the watcher has delivered rev, it has delivered every write before
-// it (deliveries, which only the watcher feeds: no read of a stale stream
-// leader enters it), so a session record still live there (holding
-// secret, the caller's, when given: an ended session never lives again)
-// was not ended before the grant. Otherwise (a lone instance, which
-// follows no watcher; a watcher not yet through its first scan;
-// deliveries that do not show the session live) the session's record,
-// read on the stream leader after the grant committed, decides
-// (provenLive). When a following instance's watcher has not delivered rev
-// within OpTimeout, the answer is unavailable and the grant stays: a retry
-// of the same request decides it again.
-func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secret string) error {
-	if l.seen == nil || !l.inStreamOrder() {
-		return l.provenLive(ctx, hash, secret, rev)
+// When the watcher has not delivered rev within OpTimeout the answer is
+// unavailable and the grant stays: a retry of the same request decides
+// it again.
+func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secret string, plain bool) error {
+	if !plain && !l.inStreamOrder() {
+		return nil // committed with a check of the session record, or a lone instance's view
 	}
-	give := time.NewTimer(l.cfg.OpTimeout)
-	defer give.Stop()
-	for {
-		if live, known := l.seen.liveAt(hash, secret, rev); known && live {
-			return nil
-		} else if known {
-			return l.provenLive(ctx, hash, secret, rev)
+	if l.seen != nil {
+		give := time.NewTimer(l.cfg.OpTimeout)
+		defer give.Stop()
+		for {
+			if live, known := l.seen.liveAt(hash, secret, rev); known && live {
+				return nil
+			} else if known {
+				return l.notLiveAt(ctx, hash, secret, rev)
+			}
+			select {
+			case <-ctx.Done():
+			case <-give.C:
+			case <-l.seen.wait(rev):
+				continue
+			}
+			break
 		}
-		select {
-		case <-ctx.Done():
-		case <-give.C:
-		case <-l.seen.wait(rev):
-			continue
-		}
-		break
 	}
 	return newOpError(streams.CodeUnavailable, "the grant was written but its session's order in the stream is not confirmed yet: retry with the same request_id")
 }
 
-// provenLive decides a grant at rev to session hash on the stream leader:
-// the session's record read fresh after the grant committed, a negative
-// proven current (confirmSession). Holding secret (any, when secret is
-// empty: a hand-over to a waiter of the session), the session was never
-// ended, so it was live at every revision since it was opened, before any
-// grant asked for in it: the grant counts. Otherwise the session has
-// ended, before the grant or after it, and the answer is lease_lost.
+// notLiveAt decides a grant at rev to session hash that the watcher's
+// deliveries do not show live there, before it is ended as an orphan: on
+// the stream leader, the session's record read fresh and proven current
+// (confirmSession). Holding secret (any, when secret is empty: a
+// hand-over to a waiter of the session), it was never ended, so it was
+// live at every revision since it was opened, before any grant asked for
+// in it: the grant counts. Otherwise the grant is an orphan (lease_lost).
 // A negative answer is proven as every other is (see confirmNegative):
 // deliveries is a fast path that does not show a session whose records
 // its watcher skipped (one opened and kept alive while the watcher's
 // consumer was made again, see deliveries), whose grant it would end.
-func (l *sessionOps) provenLive(ctx context.Context, hash, secret string, rev uint64) error {
+func (l *sessionOps) notLiveAt(ctx context.Context, hash, secret string, rev uint64) error {
 	_, err := onSession(ctx, l, hash, true, recordSteps[struct{}]{
 		live: func(s recordSnap) bool {
 			return s.held() && (secret == "" || sameLease(s.rec.LeaseID, secret)) && !s.expired
 		},
 		act: func(context.Context, observation) (struct{}, outcome, error) {
+			l.log.Debug("a session the watcher did not show live at a grant's revision is live", "session", hash, "revision", rev, "delivered", l.delivered())
 			return struct{}{}, committed, nil
 		},
 		negative: func(observation) (struct{}, error) {
-			l.log.Debug("a grant to a session that is not live after it", "session", hash, "revision", rev, "delivered", l.delivered())
+			l.log.Debug("a grant to a session that was not live at its place in the stream", "session", hash, "revision", rev, "delivered", l.delivered())
 			return struct{}{}, errNoSession()
 		},
 	})
@@ -807,23 +802,23 @@ func (l *sessionOps) sessionRoom(hash string) error {
 	return nil
 }
 
-// waiterSession refuses a hand-over to a waiter of session hash when the
-// session has ended as the tracker (or a fresh read) has it: errDuplicate,
-// its waiter can never be granted. A live one is proven after the grant
-// (validInSession).
-func (l *sessionOps) waiterSession(ctx context.Context, hash string) error {
+// sessionCheck returns the check a grant to a waiter of session hash
+// commits with: that the session record is still at the revision the
+// tracker (or a fresh read) has. A session that has ended is errDuplicate:
+// its waiter can never be granted.
+func (l *sessionOps) sessionCheck(ctx context.Context, hash string) (check, error) {
 	key := streams.SessionKey(hash)
 	o, known := l.tracker.get(key)
 	if !known {
 		var err error
 		if o, err = l.current(ctx, key, true); err != nil {
-			return err
+			return check{}, err
 		}
 	}
 	if !o.held() {
-		return errDuplicate
+		return check{}, errDuplicate
 	}
-	return nil
+	return check{key: key, rev: o.rev}, nil
 }
 
 // sessionLease makes rec, a lease granted at now, a lease of session hash:

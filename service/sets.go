@@ -369,11 +369,22 @@ func setLocked(r *setReq, obs []observation, expired []bool, all bool) *opError 
 
 // grantSet writes the set's lease on every key over the revisions in obs
 // and removes r's waiter records (revisions in queued), all in one atomic
-// batch. A set of a session (observed in sess) is answered once it is
-// proven to count (validSet).
+// batch. A set of a session is answered once its place in the stream is
+// confirmed (validSet), or, on a lone instance, the batch also checks r's
+// session (observed in sess).
 func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, queued []uint64, sess observation) (*streams.SetLeaseResponse, error) {
+	plain := r.session == "" || l.sessions.inStreamOrder()
 	rec := l.setRecord(r)
-	ws := setGrantWrites(r, rec, obs, queued)
+	var session check
+	if !plain {
+		session = check{key: streams.SessionKey(r.session), rev: sess.rev}
+		gate, err := l.sessions.sessionGate(ctx, r.session)
+		if err != nil {
+			return nil, err
+		}
+		defer gate.unlock()
+	}
+	ws := setGrantWrites(r, rec, obs, queued, session)
 	revs, dup, err := l.store.commitWrites(ctx, "grant", ws)
 	switch {
 	case dup:
@@ -391,10 +402,12 @@ func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, que
 		out[i] = l.tracker.observe(k, entry{rev: revs[i], rec: rec})
 	}
 	for i, w := range ws[len(r.keys):] {
-		l.tracker.observe(w.key, entry{rev: revs[len(r.keys)+i]})
+		if !w.check {
+			l.tracker.observe(w.key, entry{rev: revs[len(r.keys)+i]})
+		}
 	}
 	if r.session != "" {
-		if err := l.validSet(ctx, r, out); err != nil {
+		if err := l.validSet(ctx, r, out, plain); err != nil {
 			return nil, err
 		}
 	}
@@ -408,12 +421,12 @@ func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, que
 // lease of r's session that every key holds (observed in obs) counts, and
 // ends it whole when its session has ended. The caller holds every key's
 // lock.
-func (l *setOps) validSet(ctx context.Context, r *setReq, obs []observation) error {
+func (l *setOps) validSet(ctx context.Context, r *setReq, obs []observation, plain bool) error {
 	var rev uint64
 	for _, o := range obs {
 		rev = max(rev, o.rev)
 	}
-	err := l.sessions.validInSession(ctx, rev, r.session, r.secret)
+	err := l.sessions.validInSession(ctx, rev, r.session, r.secret, plain)
 	if isCode(err, streams.CodeLeaseLost) {
 		match := make([]bool, len(obs))
 		for i := range match {
@@ -432,7 +445,7 @@ func (l *setOps) validSet(ctx context.Context, r *setReq, obs []observation) err
 // current (heldInSession), the set's lease; lease_lost when the session
 // has ended. On errConflict the caller decides again on fresh reads.
 func (l *setOps) setHeldInSession(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
-	if err := l.validSet(ctx, r, obs); err != nil {
+	if err := l.validSet(ctx, r, obs, false); err != nil {
 		return nil, err
 	}
 	sess, err := l.leases.heldInSession(ctx, r.grantReq(0), r.keys, obs)
@@ -457,9 +470,10 @@ func (l *setOps) setRecord(r *setReq) *streams.Record {
 // batch: rec at every key over the revision in obs, each with the message
 // id of the request at that key (a second grant of the request is a
 // duplicate); the delete of each of r's waiter records (revisions in
-// queued, 0: none). A set of a session carries no check of the session's
-// record (see leaseWrites).
-func setGrantWrites(r *setReq, rec *streams.Record, obs []observation, queued []uint64) []write {
+// queued, 0: none); and when session names a key, the check that the
+// session's record is still at its revision (a lone instance's grant to a
+// session, see leaseWrites).
+func setGrantWrites(r *setReq, rec *streams.Record, obs []observation, queued []uint64, session check) []write {
 	var ws []write
 	for i, k := range r.keys {
 		ws = append(ws, write{key: k, expect: obs[i].rev, e: entry{rec: rec}, msgID: grantMsgID(r.hashes[i])})
@@ -468,6 +482,9 @@ func setGrantWrites(r *setReq, rec *streams.Record, obs []observation, queued []
 		if rev != 0 {
 			ws = append(ws, write{key: streams.WaitKey(r.resources[i], r.hashes[i]), expect: rev})
 		}
+	}
+	if session.key != "" {
+		ws = append(ws, write{key: session.key, expect: session.rev, check: true})
 	}
 	return ws
 }

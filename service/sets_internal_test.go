@@ -36,7 +36,7 @@ func TestSetGrantCrashAtEveryStep(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ws := setGrantWrites(r, s.locks.sets.setRecord(r), obs, nil)
+		ws := setGrantWrites(r, s.locks.sets.setRecord(r), obs, nil, check{})
 		msgs := make([]*batchMsg, len(ws))
 		for i, w := range ws {
 			msgs[i] = s.locks.store.msgOf(w)

@@ -237,7 +237,7 @@ func (s *sim) grant(op *simOp, g *grantReq, o observation) (*streams.LeaseRespon
 		return nil, committed, errSimDead
 	}
 	rec := &streams.Record{LeaseID: op.id, RequestID: op.id, Owner: g.owner, Limit: g.limit, Value: g.value}
-	ok, dup := s.b.commit(s.ruled(grantWrites(g, rec, o.rev)), op.id)
+	ok, dup := s.b.commit(s.ruled(grantWrites(g, rec, o.rev, check{})), op.id)
 	switch {
 	case dup:
 		return s.earlierGrant(op)
@@ -338,9 +338,9 @@ func (op *simOp) setOf() *setReq {
 }
 
 // runSetOp runs op's grant of a lock set in its session on the engine:
-// decideSet, the set's writes (setGrantWrites) answered once proven to
-// count (provenLive); a retry found held is proven (every key and the
-// session checked in one commit) before it is answered.
+// decideSet, with the set's writes (setGrantWrites) checking the session's
+// record, as a lone instance commits them; a retry found held is proven
+// (every key and the session checked in one commit) before it is answered.
 func (s *sim) runSetOp(op *simOp) error {
 	r := op.setOf()
 	_, err := commitLoop(context.Background(), simRaces{op}, r.session, false, engineSteps[setSnap, struct{}, *streams.SetLeaseResponse]{
@@ -393,14 +393,17 @@ func (s *sim) readSet(op *simOp, r *setReq, fresh bool) (sn setSnap, again bool,
 }
 
 // grantSet is the commit step of a set's grant: the writes setGrantWrites
-// plans, with the simulation's rules applied, a plain write answered once
-// it is proven to count (validSet), which takes a step.
+// plans, with the session's check, and the simulation's rules applied.
 func (s *sim) grantSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseResponse, outcome, error) {
 	if !op.await() {
 		return nil, committed, errSimDead
 	}
 	rec := &streams.Record{LeaseID: op.id, RequestID: op.id, Owner: r.owner, Set: r.set, SetSize: len(r.keys), Session: r.session}
-	ok, dup := s.b.commit(s.ruled(setGrantWrites(r, rec, sn.obs, nil)), op.id)
+	session := check{key: r.session, rev: sn.sess.rev}
+	if s.following {
+		session = check{} // a plain write: its place in the stream decides it
+	}
+	ok, dup := s.b.commit(s.ruled(setGrantWrites(r, rec, sn.obs, nil, session)), op.id)
 	switch {
 	case dup:
 		return nil, duplicated, nil
@@ -414,28 +417,20 @@ func (s *sim) grantSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 	if s.rnd.IntN(20) == 0 {
 		return nil, committed, errSimLost
 	}
-	if !op.await() {
-		return nil, committed, errSimDead
-	}
-	if s.rules.order && !s.provenLive(r.session, op.secret, granted) {
-		s.endSet(op.id) // an orphan, or a set that ended with its session
-		return nil, committed, errNoSession()
-	}
-	op.grantedAt = granted
-	return &streams.SetLeaseResponse{}, committed, nil
-}
-
-// provenLive is validInSession's answer on a grant at revision granted to
-// session key, holding secret: when the instances follow the bucket, its
-// watcher's, the session live at the grant's place in the stream; on a
-// lone instance, the session's record read after the grant, live now (so
-// live then: an ended session never lives again).
-func (s *sim) provenLive(key, secret string, granted uint64) bool {
 	if s.following {
-		return s.b.liveAt(key, secret, granted)
+		// Answered once the watcher has delivered the grant (a step), if
+		// the session was live at its place in the stream; an orphan is
+		// ended (validSet).
+		if !op.await() {
+			return nil, committed, errSimDead
+		}
+		if s.rules.order && !s.b.liveAt(r.session, op.secret, granted) {
+			s.endSet(op.id)
+			return nil, committed, errNoSession()
+		}
+		op.grantedAt = granted
 	}
-	last := s.b.last[key]
-	return last.held() && last.rec.LeaseID == secret
+	return &streams.SetLeaseResponse{}, committed, nil
 }
 
 // endSet ends the set lease id wherever the bucket holds it, in one
@@ -446,9 +441,8 @@ func (s *sim) endSet(id string) {
 	}
 }
 
-// sweep ends, as the instances that follow the bucket do (tracker.expired;
-// a lone instance follows it too once it starts again), every set whose
-// session ended since its grant or was not live at it.
+// sweep ends, as the instances that follow the bucket do (tracker.expired),
+// every set whose session ended since its grant or was not live at it.
 func (s *sim) sweep() {
 	for _, k := range s.leaseKeys() {
 		e := s.b.last[k]
@@ -510,8 +504,8 @@ func (s *sim) proveSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 }
 
 // answeredHeld checks a set's grant, or its retry, answered held against
-// the bucket: every key holds it and its session lives (for a grant, its
-// session lived at its commit).
+// the bucket: every key holds it and its session lives (for a plain grant,
+// its session lived at its commit).
 func (s *sim) answeredHeld(op *simOp) {
 	if op.kind == "retry" {
 		s.granted["retry held"]++

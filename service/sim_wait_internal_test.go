@@ -298,7 +298,7 @@ func (s *sim) commitHandover(op *simOp, name, key string, o observation, w waite
 	if !s.rules.handoverID {
 		msgID = ""
 	}
-	ws := append(s.ruled(leaseWrites(key, rec, o.rev, msgID)), write{key: wkey, expect: w.rev})
+	ws := append(s.ruled(leaseWrites(key, rec, o.rev, msgID, check{})), write{key: wkey, expect: w.rev})
 	ok, dup := s.b.commitOver(ws, w.requestID)
 	switch {
 	case dup:

@@ -365,10 +365,11 @@ func (s *store) cancelMark(ctx context.Context, hash string) error {
 // waiter at leaseKey over the lease revision leaseRev, and the removal of
 // the waiter's record at waitKey, revision waitRev. The grant carries
 // msgID, the waiter's grant message id, so a cancelled waiter is never
-// granted (errDuplicate). It returns the grant's revision, its token, and
-// the revision of the waiter record's removal.
-func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Record, leaseRev uint64, msgID, waitKey string, waitRev uint64) (token, removed uint64, err error) {
-	ws := append(leaseWrites(leaseKey, rec, leaseRev, msgID), write{key: waitKey, expect: waitRev})
+// granted (errDuplicate). A grant to a waiter of a session also checks
+// the session (see leaseWrites). It returns the grant's revision, its
+// token, and the revision of the waiter record's removal.
+func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Record, leaseRev uint64, msgID, waitKey string, waitRev uint64, session check) (token, removed uint64, err error) {
+	ws := append(leaseWrites(leaseKey, rec, leaseRev, msgID, session), write{key: waitKey, expect: waitRev})
 	revs, dup, err := s.commitWrites(ctx, "handover", ws)
 	switch {
 	case dup:
@@ -427,6 +428,14 @@ func (s *store) msgOf(w write) *batchMsg {
 		m.Header.Set(jetstream.MsgIDHeader, w.msgID)
 	}
 	return m
+}
+
+// check names a key whose last revision a write must find unchanged: the
+// session record a session's grant depends on. The zero check checks
+// nothing.
+type check struct {
+	key string
+	rev uint64
 }
 
 // putMsg is the write of body at key if its last revision is still expect,

@@ -32,7 +32,7 @@ func grantInGap(ctx context.Context, t *testing.T, s *Service, g *grantReq) uint
 // the view as the follower feeds it, a grant in that session delivered
 // in between finds the session not live at its revision, though it was:
 // the soak's "watcher-fed view that lacked a live session". The proof on
-// the stream leader (provenLive) answers it right.
+// the stream leader (notLiveAt) answers it right.
 func TestAResumedWatcherShowsASessionOnlyAtItsLastWrite(t *testing.T) {
 	cl := startCluster(t)
 	s := following(t, cl)
@@ -86,7 +86,7 @@ func TestAResumedWatcherShowsASessionOnlyAtItsLastWrite(t *testing.T) {
 	if live, known := f.deliveries.liveAt(g.session, g.secret, granted); !live || !known {
 		t.Fatalf("after the keepalive's delivery: live %v known %v; want live", live, known)
 	}
-	if err := s.locks.sessions.provenLive(ctx, g.session, g.secret, granted); err != nil {
+	if err := s.locks.sessions.notLiveAt(ctx, g.session, g.secret, granted); err != nil {
 		t.Fatalf("the proof on the stream leader of a live session: %v; want the grant counted", err)
 	}
 }

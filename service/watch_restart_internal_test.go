@@ -41,7 +41,7 @@ func TestARestartedWatcherKnowsWhatItsInitialDeliveryCovers(t *testing.T) {
 		t.Fatalf("delivered %d once caught up; want at least the last record's %d", d, granted)
 	}
 	start := time.Now()
-	if err := s.locks.sessions.validInSession(ctx, granted, g.session, g.secret); err != nil {
+	if err := s.locks.sessions.validInSession(ctx, granted, g.session, g.secret, true); err != nil {
 		t.Fatalf("the grant judged after %v: %v; want it counted", time.Since(start), err)
 	}
 }
