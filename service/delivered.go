@@ -20,7 +20,10 @@ import (
 // records still there, so a session opened and kept alive meanwhile is
 // first delivered at its keepalive, and one ended meanwhile never shows
 // live. A session it does not show live may have been live: liveAt's
-// negative is proven on the stream leader (sessionOps.notLiveAt).
+// negative is proven on the stream leader (sessionOps.notLiveAt), unless
+// the watcher delivered the session's end before the grant
+// (endedEarlier): that end is committed, and a read of a stream leader
+// cut off by a partition could still show the session live.
 //
 // It also tells the requests that wait for a revision's delivery when it
 // has come: each waits on a channel of its own, closed once the watcher
@@ -183,6 +186,27 @@ func (d *deliveries) liveAt(hash, secret string, rev uint64) (live, known bool) 
 		}
 	}
 	return false, true
+}
+
+// endedEarlier reports, once every revision up to rev has been delivered,
+// whether the last end of session hash that the watcher delivered (of the
+// session holding secret, when secret is not empty) came before rev, no
+// session of that hash live since. That end is committed in the stream,
+// so a grant at rev is an orphan, known without a read.
+func (d *deliveries) endedEarlier(hash, secret string, rev uint64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.ready || d.at < rev {
+		return false
+	}
+	if _, live := d.sessions[hash]; live {
+		return false
+	}
+	e, ok := d.ended[hash]
+	if !ok {
+		e, ok = d.endedBefore[hash]
+	}
+	return ok && e.rev < rev && (secret == "" || sameLease(e.secret, secret))
 }
 
 // stopped wakes every wait: the watcher has stopped, and a wait whose

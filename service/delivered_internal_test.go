@@ -120,3 +120,34 @@ func TestDeliveriesJudgeASessionAtTheGrantsRevision(t *testing.T) {
 		t.Error("the newest end was forgotten")
 	}
 }
+
+// A grant after a session's delivered end is known an orphan from the
+// deliveries alone (no read of a stream leader, which could answer from
+// old state); a session ended after the grant, one reopened since its end
+// (another secret, live), or one whose end the watcher never delivered
+// is not.
+func TestDeliveriesKnowAnEndBeforeAGrant(t *testing.T) {
+	var d deliveries
+	d.restart()
+	d.caughtUp()
+	key := streams.SessionKey("h1")
+	d.session(key, entry{rev: 3, rec: &streams.Record{LeaseID: "secret"}})
+	d.session(key, entry{rev: 6})
+	if d.endedEarlier("h1", "secret", 7) {
+		t.Fatal("known before the grant's revision was delivered")
+	}
+	d.delivered(8)
+	for _, c := range []struct {
+		hash, secret string
+		rev          uint64
+		ended        bool
+	}{{"h1", "secret", 7, true}, {"h1", "", 7, true}, {"h1", "secret", 5, false}, {"h1", "another", 7, false}, {"h2", "", 7, false}} {
+		if got := d.endedEarlier(c.hash, c.secret, c.rev); got != c.ended {
+			t.Errorf("session %s (secret %q) at %d: ended before %v; want %v", c.hash, c.secret, c.rev, got, c.ended)
+		}
+	}
+	d.session(key, entry{rev: 8, rec: &streams.Record{LeaseID: "reopened"}})
+	if d.endedEarlier("h1", "", 8) {
+		t.Error("a session reopened under the same hash is taken for ended")
+	}
+}

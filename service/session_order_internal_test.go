@@ -419,6 +419,14 @@ func TestAGrantIsJudgedAtItsOwnRevision(t *testing.T) {
 	if err := a.locks.sessions.validInSession(ctx, end+1, later.session, later.secret, true); !isCode(err, streams.CodeLeaseLost) {
 		t.Fatalf("a grant after its session's end at %d: %v; want lease_lost", end, err)
 	}
+	// Decided on the watcher's deliveries alone, with no read (a stream
+	// leader cut off by a partition could answer one from old state): so
+	// even a request whose context has ended gets its answer.
+	gone, stop := context.WithCancel(ctx)
+	stop()
+	if err := a.locks.sessions.validInSession(gone, end+1, later.session, later.secret, true); !isCode(err, streams.CodeLeaseLost) {
+		t.Fatalf("a grant after its session's delivered end at %d, judged without a read: %v; want lease_lost", end, err)
+	}
 }
 
 // A session's end never ends a set of it in part: an instance that does

@@ -472,6 +472,12 @@ func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secre
 		for {
 			if live, known := l.seen.liveAt(hash, secret, rev); known && live {
 				return nil
+			} else if known && l.seen.endedEarlier(hash, secret, rev) {
+				// The watcher delivered the session's end before the
+				// grant: committed, so no read decides it again (a
+				// stream leader cut off by a partition that has just
+				// healed could still show the session live).
+				return errNoSession()
 			} else if known {
 				return l.notLiveAt(ctx, hash, secret, rev)
 			}
@@ -488,7 +494,8 @@ func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secre
 }
 
 // notLiveAt decides a grant at rev to session hash that the watcher's
-// deliveries do not show live there, before it is ended as an orphan: on
+// deliveries do not show live there, nor ended before it (a session whose
+// records the watcher skipped), before it is ended as an orphan: on
 // the stream leader, the session's record read fresh and proven current
 // (confirmSession). Holding secret (any, when secret is empty: a
 // hand-over to a waiter of the session), it was never ended, so it was
