@@ -5,19 +5,298 @@ import (
 	"container/list"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
-	"github.com/jetlock/jetlock/streams"
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 	"golang.org/x/time/rate"
+
+	"github.com/jetlock/jetlock/streams"
 )
 
-// Admission: the gate that admits requests in order of urgency and sheds
-// what cannot be served in time, the workers that run admitted requests,
-// the deadlines that bound each one's work, and the fair-use limits of
-// each owner and tenant (limits). This is the part of a request's path
-// before it is decided.
+// A request's way in, before it is decided: the transport and admission.
+// Requests arrive through micro endpoints (addEndpoints); dispatch drops
+// those whose reply subject the service must not publish on, admit checks
+// the body's size and the sender (as the NATS server names it: origin)
+// and has the body decoded once (request.go), and the gate admits requests
+// in order of urgency and sheds what cannot be served in time. Workers run
+// the admitted requests within their deadlines; the fair-use limits of
+// each owner and tenant (limits) are charged on the way. The handlers,
+// which hand a decoded request to the engine, and the replies are in
+// request.go.
+
+// addEndpoints registers one micro endpoint per operation on svc.
+func (s *Service) addEndpoints(svc micro.Service) error {
+	grp := svc.AddGroup(s.cfg.Prefix + "." + streams.APIVersion)
+	for _, op := range streams.Operations {
+		// micro endpoint names allow no dots: "admin.revoke" is endpoint
+		// admin_revoke on subject <prefix>.v1.admin.revoke.
+		name := strings.ReplaceAll(op, ".", "_")
+		if err := grp.AddEndpoint(name, micro.HandlerFunc(func(r micro.Request) { s.dispatch(op, r) }), micro.WithEndpointSubject(op)); err != nil {
+			return fmt.Errorf("add endpoint %s: %w", op, err)
+		}
+	}
+	return nil
+}
+
+// replyAllowed reports whether the service may publish a reply on subject.
+// It never publishes on a subject that starts with '$' (the JetStream, KV
+// and system APIs) or lies under its own prefix (its request, wake and
+// heartbeat subjects), nor on one that is not a valid subject: a request
+// names its reply subject, and a reply published there would act with the
+// service's rights. A request without a reply subject (a plain publish) is
+// not executed either: nobody could learn its outcome, a lease it granted
+// would be nobody's, and it would cost a write for nothing.
+func (s *Service) replyAllowed(subject string) bool {
+	if subject == "" {
+		return false
+	}
+	if subject[0] == '$' || subject == s.cfg.Prefix || strings.HasPrefix(subject, s.cfg.Prefix+".") {
+		return false
+	}
+	return !strings.ContainsAny(subject, "*> \t\r\n") && !strings.Contains(subject, "..") &&
+		subject[0] != '.' && subject[len(subject)-1] != '.'
+}
+
+// dispatch answers a request in a worker goroutine, so that one slow store
+// round trip never holds up the subscription. A request whose reply
+// subject the service must not publish on is dropped before any work, and
+// a body over the cap (Config.MaxBodyBytes) is refused before it is decoded. The body is
+// then decoded once (decodeCall), and that call is what the gate ranks,
+// fair use charges and the handler serves. The gate bounds the requests
+// processed at once (MaxInFlight) and queues the next MaxQueued; beyond
+// those, or after QueueWait in the queue, the service sheds load: it
+// answers unavailable rather than letting requests queue until their
+// callers have given up. Renewals and releases of leases the instance
+// knows go first, the lease closest to expiry first, and while any wait,
+// other requests are shed at once.
+func (s *Service) dispatch(op string, r micro.Request) {
+	if !s.replyAllowed(r.Reply()) {
+		s.report.refusedReply(op, r.Reply())
+		return
+	}
+	received := time.Now()
+	c, oe := s.admit(op, r)
+	if oe != nil {
+		s.replyError(r, oe)
+		s.report.request(op, oe.code, time.Since(received))
+		return
+	}
+	s.dispatched.Add(1)
+	s.inflight.Add(1)
+	s.gate.enter(pending{
+		at:     received,
+		urgent: c.known,
+		due:    c.due,
+		run: func(sl *slot) {
+			defer func() {
+				sl.release()
+				s.inflight.Done()
+			}()
+			resp, err := s.serve(s.deadlines.get(received), c, sl)
+			code := ""
+			if err != nil {
+				oe := toOpError(err)
+				code = oe.code
+				if oe.code == streams.CodeInternal {
+					s.log.Error("internal error", "op", op, "err", err)
+				}
+				s.replyError(r, oe)
+			} else {
+				s.replyJSON(r, resp)
+			}
+			s.report.request(op, code, time.Since(received))
+		},
+		shed: func(reason string, waited time.Duration) {
+			defer s.inflight.Done()
+			s.replyError(r, s.shedError(reason, waited))
+			s.report.shed(op, reason, waited)
+		},
+	})
+}
+
+// admit checks a request's size and sender and decodes it, or returns the
+// answer that refuses it. A tenant with no fair-use token left is refused
+// before its body is decoded, unless the request may be free (a renewal,
+// release or keepalive of a lease it holds), which is decoded first to
+// tell.
+func (s *Service) admit(op string, r micro.Request) (*call, *opError) {
+	if n, limit := len(r.Data()), s.maxBody; n > limit {
+		return nil, newOpError(streams.CodeInvalidRequest, "body of %d bytes: at most %d", n, limit)
+	}
+	who := s.requestOrigin(r.Headers())
+	if n := len(who.tenant()); n > streams.MaxTenantLen {
+		// Records carry the tenant, and a record with a longer one would
+		// read as foreign: nobody's lease, its key blocked.
+		return nil, newOpError(streams.CodeInvalidRequest, "the sender's account and user name take %d bytes: at most %d", n, streams.MaxTenantLen)
+	}
+	if !mayBeFree(op) && !who.operator {
+		if err := s.limits.spent(who); err != nil {
+			return nil, toOpError(err)
+		}
+	}
+	c, err := s.decodeCall(op, r.Data(), who)
+	if err != nil {
+		return nil, toOpError(err)
+	}
+	if !c.known && c.cost > 0 && mayBeFree(op) {
+		if err := s.limits.spent(who); err != nil {
+			return nil, toOpError(err)
+		}
+	}
+	return c, nil
+}
+
+// shedError is the answer to a request the gate shed for reason.
+func (s *Service) shedError(reason string, waited time.Duration) *opError {
+	var oe *opError
+	switch reason {
+	case shedWaited:
+		oe = newOpError(streams.CodeUnavailable, "service overloaded: the request waited %v for one of %d places; retry with backoff", waited.Round(time.Millisecond), s.cfg.MaxInFlight)
+	case shedUrgent:
+		oe = newOpError(streams.CodeUnavailable, "service overloaded: renewals go first; retry with backoff")
+	default:
+		oe = newOpError(streams.CodeUnavailable, "service overloaded: %d requests in progress and %d queued; retry with backoff", s.cfg.MaxInFlight, s.cfg.MaxQueued)
+	}
+	oe.retryAfter = s.shedRetryAfter()
+	return oe
+}
+
+// shedRetryAfter is the retry_after_ms of a shed request: a quarter of the
+// queue wait, jittered, so that shed callers do not come back together.
+func (s *Service) shedRetryAfter() time.Duration {
+	base := max(s.cfg.QueueWait/4, 50*time.Millisecond)
+	return base/2 + rand.N(base)
+}
+
+// requestInfoHeader is the header in which the NATS server stamps who sent
+// a request that crosses an account import (nats-server's ClientInfoHdr).
+const requestInfoHeader = "Nats-Request-Info"
+
+// requestOrigin returns who sent a request, from the Nats-Request-Info
+// header the NATS server sets on requests that cross an account import
+// (deploy/ makes callers and operators reach the service that way, and the
+// server replaces whatever header of that name the sender set, so the
+// header is the server's word, not the caller's). Within the service's own
+// account nothing is stamped: there only the service's users may publish
+// requests (see deploy/).
+//
+// A connection's header is the same on each of its requests (until the
+// server updates its round-trip time), so the origins of the last headers
+// seen are kept (origins) rather than decoded on every request.
+func (s *Service) requestOrigin(h micro.Headers) origin {
+	info := nats.Header(h).Get(requestInfoHeader)
+	if info == "" {
+		return origin{}
+	}
+	if o, ok := s.origins.get(info); ok {
+		return o
+	}
+	var ci struct {
+		Account string `json:"acc"`
+		User    string `json:"user"`
+	}
+	if jsonv2.Unmarshal([]byte(info), &ci, jsonv2.RejectUnknownMembers(false)) != nil {
+		return origin{}
+	}
+	o := origin{account: ci.Account, user: ci.User}
+	o.operator = s.isOperator(o)
+	s.origins.put(info, o)
+	return o
+}
+
+// originCache maps Nats-Request-Info headers to what they say. It holds at
+// most maxOrigins headers: when full it starts again empty, so a flood of
+// new connections costs decoding, never memory.
+type originCache struct {
+	mu sync.RWMutex
+	m  map[string]origin
+}
+
+const maxOrigins = 4096
+
+func (c *originCache) get(info string) (origin, bool) {
+	c.mu.RLock()
+	o, ok := c.m[info]
+	c.mu.RUnlock()
+	return o, ok
+}
+
+func (c *originCache) put(info string, o origin) {
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= maxOrigins {
+		c.m = make(map[string]origin)
+	}
+	c.m[info] = o
+	c.mu.Unlock()
+}
+
+// isOperator reports whether o is on the operator list.
+func (s *Service) isOperator(o origin) bool {
+	if o.account == "" {
+		return false
+	}
+	for _, op := range s.cfg.Operators {
+		acc, user, one := strings.Cut(op, "/")
+		if acc == o.account && (!one || user == o.user) {
+			return true
+		}
+	}
+	return false
+}
+
+// origin is who sent a request, as the NATS server vouched for it on an
+// account import (the Nats-Request-Info header); empty when unknown.
+// operator is set when that identity is on the service's operator list.
+type origin struct {
+	account, user string
+	operator      bool
+}
+
+// tenant names the caller whose leases and waits a request may touch by
+// request id: "ACCOUNT/user", or empty for a request that crossed no
+// import (every such caller is one tenant). A '/' or '%' inside either
+// name is written %2F or %25, so that no two (account, user) pairs give
+// one tenant: account X with user y/z is "X/y%2Fz", account X/y with user
+// z "X%2Fy/z". Names without them, all that deploy/ uses, read as before.
+func (o origin) tenant() string {
+	if o.account == "" && o.user == "" {
+		return ""
+	}
+	return escapeTenantPart(o.account) + "/" + escapeTenantPart(o.user)
+}
+
+// escapeTenantPart writes '%' and '/' of a tenant's account or user name
+// as %25 and %2F.
+func escapeTenantPart(name string) string {
+	if !strings.ContainsAny(name, "%/") {
+		return name
+	}
+	return strings.NewReplacer("%", "%25", "/", "%2F").Replace(name)
+}
+
+// sees reports whether o may see the owner of rec: its own tenant's
+// records, and every record for an operator.
+func (o origin) sees(rec *streams.Record) bool {
+	return o.operator || rec.Tenant == o.tenant()
+}
+
+// ownerFor returns rec's owner as who may see it: empty for another
+// tenant's lease.
+func ownerFor(rec *streams.Record, who origin) string {
+	if who.sees(rec) {
+		return rec.Owner
+	}
+	return ""
+}
+
+// Admission: the gate, the workers that run admitted requests, the
+// deadlines that bound each one's work, and the fair-use limits.
 
 // Reasons a request is shed, the label of jetlock_requests_shed_total.
 const (

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -38,7 +37,7 @@ func attempts(session string) int {
 // locks makes every lock decision — grant, renew, release, cancel,
 // revoke, expire, hand over — and commits each by compare-and-set on the
 // bucket. It knows nothing of how requests arrive or how replies leave;
-// the transport (endpoints.go) calls its roles with validated requests.
+// the request path (request.go) calls its roles with validated requests.
 // Each role is a type of its own, and reaches the others through fields
 // set in newLocks:
 //
@@ -106,51 +105,6 @@ func newLocks(d *engineDeps) *locks {
 	l.sems.leases, l.sems.sessions, l.sems.handover, l.sems.names = l.leases, l.sessions, l.handover, l.names
 	l.handover.leases, l.handover.sessions, l.handover.sets, l.handover.sems, l.handover.names = l.leases, l.sessions, l.sets, l.sems, l.names
 	return l
-}
-
-// origin is who sent a request, as the NATS server vouched for it on an
-// account import (the Nats-Request-Info header); empty when unknown.
-// operator is set when that identity is on the service's operator list.
-type origin struct {
-	account, user string
-	operator      bool
-}
-
-// tenant names the caller whose leases and waits a request may touch by
-// request id: "ACCOUNT/user", or empty for a request that crossed no
-// import (every such caller is one tenant). A '/' or '%' inside either
-// name is written %2F or %25, so that no two (account, user) pairs give
-// one tenant: account X with user y/z is "X/y%2Fz", account X/y with user
-// z "X%2Fy/z". Names without them, all that deploy/ uses, read as before.
-func (o origin) tenant() string {
-	if o.account == "" && o.user == "" {
-		return ""
-	}
-	return escapeTenantPart(o.account) + "/" + escapeTenantPart(o.user)
-}
-
-// escapeTenantPart writes '%' and '/' of a tenant's account or user name
-// as %25 and %2F.
-func escapeTenantPart(name string) string {
-	if !strings.ContainsAny(name, "%/") {
-		return name
-	}
-	return strings.NewReplacer("%", "%25", "/", "%2F").Replace(name)
-}
-
-// sees reports whether o may see the owner of rec: its own tenant's
-// records, and every record for an operator.
-func (o origin) sees(rec *streams.Record) bool {
-	return o.operator || rec.Tenant == o.tenant()
-}
-
-// ownerFor returns rec's owner as who may see it: empty for another
-// tenant's lease.
-func ownerFor(rec *streams.Record, who origin) string {
-	if who.sees(rec) {
-		return rec.Owner
-	}
-	return ""
 }
 
 // grantReq is one validated acquire.

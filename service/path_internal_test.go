@@ -19,9 +19,8 @@ import (
 
 // maxAcquirePathFiles bounds the files of service/ that one uncontended
 // acquire runs code in, from its request to its commit (see
-// TestAcquirePath). It is where the path stands, kept from growing; the
-// target is eight.
-const maxAcquirePathFiles = 9
+// TestAcquirePath): at most eight, and kept from growing.
+const maxAcquirePathFiles = 8
 
 // TestAcquirePath measures the path of one acquire through the package:
 // it builds the package with every function and function literal
@@ -104,7 +103,7 @@ type acquirePath struct {
 // pathOf reads a recording: per goroutine, a stack of the files of the
 // frames entered while recording (a return from a frame entered before
 // the recording began is ignored). The request's goroutines are those
-// that ran code of endpoints.go, where every request is dispatched and
+// that ran code of request.go, where every request is decoded and
 // served: the connection's handler and the worker that served it; the
 // watcher and the acknowledgement reader, which serve every request
 // together, are not counted.
@@ -114,7 +113,7 @@ func pathOf(events []pathEvent) acquirePath {
 	committed := false
 	mine := map[uint64]bool{}
 	for _, e := range events {
-		mine[e.G] = mine[e.G] || e.File == "endpoints.go"
+		mine[e.G] = mine[e.G] || e.File == "request.go"
 	}
 	for _, e := range events {
 		if !mine[e.G] {

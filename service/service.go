@@ -16,11 +16,12 @@
 // bucket: observations and their expiry, the waiter queues and the claim
 // they leave a request, with the retry memory (retry_memory.go) and its
 // indexes (sessionIndex, setIndex, nameIndex, instanceIndex, waitCaps) in
-// types of their own. The transport (endpoints.go, gate.go, waiting.go,
-// wake.go, follow.go) receives requests, admits them (gate.go: the gate,
-// the workers, the deadlines and the fair-use limits), runs them and
-// replies: request.go decodes each request, and endpoints.go holds each
-// operation's handler, which hands the decoded request to the lock logic.
+// types of their own. The transport (gate.go, request.go, waiting.go,
+// wake.go, follow.go) receives requests, admits them (gate.go: the
+// endpoints, the reply subject guard, the caller's origin, the gate, the
+// workers, the deadlines and the fair-use limits), runs them and replies:
+// request.go decodes each request and holds each operation's handler,
+// which hands the decoded request to the lock logic, and the replies.
 // service.go wires the two and runs them, with the background sweep
 // (sweep.go); stream.go watches the bucket's stream.
 //
