@@ -248,15 +248,17 @@ func (l *semOps) grantBulk(ctx context.Context, g *grantReq, k int, o observatio
 	return mine, nil
 }
 
-// maxJoinedRecords bounds the waiter records one commit writes: well
-// under JetStream's largest atomic batch.
+// maxJoinedRecords bounds the waiter records one commit writes (each with
+// the check of its cancel, so twice as many messages): well under
+// JetStream's largest atomic batch.
 const maxJoinedRecords = 64
 
 // enqueueBulk queues w, a waiting acquire of a permit that found none it
 // may take (or of a held lock) and has no record yet, and with it the
 // pending waiting acquires of its key that have none either: their waiter records
 // in one atomic batch, in the order they came (one commit instead of one
-// each, while the semaphore's lock is held). A joined acquire that the
+// each, while the semaphore's lock is held), each with the check of its
+// cancel. A cancel of any of them fails the batch. A joined acquire that the
 // caps or a record of its own keep out decides on its own. If the batch
 // fails, w queues on its own (enqueue). The caller holds the lock.
 func (w *waiter) enqueueBulk(ctx context.Context) error {
@@ -279,9 +281,15 @@ func (w *waiter) enqueueBulk(ctx context.Context) error {
 	if len(ws) < 2 {
 		return w.enqueue(ctx) // the caps: w's own answer, or none joined
 	}
-	msgs := make([]*batchMsg, len(ws))
+	// The records first (msgs[i] is ws[i]'s), then the checks of their
+	// cancels that their new places commit with (placeWrites).
+	msgs := make([]*batchMsg, len(ws), 2*len(ws))
 	for i, x := range ws {
-		msgs[i] = l.store.putMsg(x.wkey, streams.WaiterOf(recs[i]).AppendJSON(nil), seen[i].rev, "")
+		place := placeWrites(x.wkey, recs[i], seen[i], x.g.hash)
+		msgs[i] = l.store.msgOf(place[0])
+		for _, c := range place[1:] {
+			msgs = append(msgs, l.store.msgOf(c))
+		}
 	}
 	queued := make([]*observation, len(joins))
 	if _, err := l.store.batch(ctx, "enqueue", msgs); err != nil {
@@ -303,7 +311,7 @@ func (w *waiter) enqueueBulk(ctx context.Context) error {
 		queued[i-1] = &o
 	}
 	l.sems.joins.settleQueued(joins, queued)
-	return w.newPlace(ctx)
+	return nil
 }
 
 // joinedRecords returns the waiters to queue in one batch (w first, then

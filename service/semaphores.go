@@ -284,7 +284,7 @@ func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID
 	}
 	granted, seq := tomb.granted, tomb.seq
 	if granted {
-		if err := l.handover.proveCancel(ctx, g.hash, streams.WaitKey(queue, g.hash), owner); err != nil {
+		if err := l.store.cancelMark(ctx, g.hash); err != nil {
 			return nil, err
 		}
 	}

@@ -988,7 +988,7 @@ func (l *setOps) cancelSet(ctx context.Context, resources []string, requestID, o
 	}
 	if anyDup {
 		// A set's waiter looks for the tombstone of its first resource.
-		if err := l.handover.proveCancel(ctx, r.hashes[0], streams.WaitKey(resources[0], r.hashes[0]), owner); err != nil {
+		if err := l.store.cancelMark(ctx, r.hashes[0]); err != nil {
 			return nil, err
 		}
 	}

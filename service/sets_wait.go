@@ -104,6 +104,9 @@ func (w *setWaiter) checkPlaces(ctx context.Context) error {
 	if !lost {
 		return nil
 	}
+	// Only a tombstone found proves a cancel (see store.exists); after
+	// none, the set queues again, and its new places commit only if none
+	// stands (decidePlaces).
 	if gone, err := w.l.store.exists(ctx, cancelKey(w.r.hashes[0])); err != nil {
 		return err
 	} else if gone {
@@ -115,11 +118,13 @@ func (w *setWaiter) checkPlaces(ctx context.Context) error {
 }
 
 // setPlaces is what a set waiter's enqueue decides on: the records at its
-// waiter keys, and the revisions of its places (none when isNew).
+// waiter keys, the revisions of its places (none when isNew), and, for new
+// places on a fresh read, whether the request's cancel tombstone stands.
 type setPlaces struct {
-	obs    []observation
-	places []uint64
-	isNew  bool
+	obs       []observation
+	places    []uint64
+	isNew     bool
+	cancelled bool
 }
 
 // enqueue takes the set's places on every key in one atomic batch (a
@@ -130,7 +135,11 @@ func (w *setWaiter) enqueue(ctx context.Context) error {
 	gone, err := commitLoop(ctx, w.l.engineDeps, "", false, engineSteps[setPlaces, struct{}, bool]{
 		read: func(ctx context.Context, fresh bool) (setPlaces, bool, error) {
 			obs, err := w.l.readAll(ctx, w.wkeys, fresh)
-			return setPlaces{obs: obs, places: w.places, isNew: !w.queued()}, false, err
+			s := setPlaces{obs: obs, places: w.places, isNew: !w.queued()}
+			if err == nil && fresh && s.isNew {
+				s.cancelled, err = w.l.store.exists(ctx, cancelKey(w.r.hashes[0]))
+			}
+			return s, false, err
 		},
 		decide: func(s setPlaces, fresh bool) verdict[bool, struct{}] { return decidePlaces(s, w.r, fresh) },
 		commit: w.commitPlaces,
@@ -144,8 +153,13 @@ func (w *setWaiter) enqueue(ctx context.Context) error {
 // decidePlaces is the verdict on the set r's enqueue over s: keep its
 // places, take over a retry's (r's own records), or take new ones; a
 // place gone (on a fresh read) answers gone, and a place held by another
-// request lease_lost.
+// request lease_lost. New places commit only while the request has no
+// cancel tombstone (commitPlaces); when a fresh read finds one (after
+// such a commit was refused), the request was cancelled: lease_lost.
 func decidePlaces(s setPlaces, r *setReq, fresh bool) verdict[bool, struct{}] {
+	if s.isNew && s.cancelled {
+		return answer[bool, struct{}](false, newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled"))
+	}
 	for i, o := range s.obs {
 		switch {
 		case !s.isNew && o.held() && o.rev == s.places[i]:
@@ -163,7 +177,9 @@ func decidePlaces(s setPlaces, r *setReq, fresh bool) verdict[bool, struct{}] {
 // commitPlaces writes the places decided on s in one atomic batch: a held
 // key (its own place, or its retry's, which the instance that queued it
 // first stops serving) keeps its ticket; a new place needs room (w.room).
-// A lost race is decided again, unreported (stale).
+// New places commit with the check that the request has no cancel
+// tombstone, as a lock's waiter's do (placeWrites). A lost race, or a
+// cancel found by the check, is decided again, unreported (stale).
 func (w *setWaiter) commitPlaces(ctx context.Context, s setPlaces, _ struct{}) (bool, outcome, error) {
 	l := w.l
 	now := l.cfg.Clock.Now()
@@ -182,6 +198,9 @@ func (w *setWaiter) commitPlaces(ctx context.Context, s setPlaces, _ struct{}) (
 		recs[i] = rec
 		msgs[i] = l.store.putMsg(w.wkeys[i], streams.WaiterOf(rec).AppendJSON(nil), o.rev, "")
 	}
+	if s.isNew {
+		msgs = append(msgs, l.store.msgOf(cancelCheck(w.r.hashes[0])))
+	}
 	if _, err := l.store.batch(ctx, "put", msgs); err != nil {
 		if !isConflict(err) {
 			for _, k := range w.wkeys {
@@ -190,7 +209,8 @@ func (w *setWaiter) commitPlaces(ctx context.Context, s setPlaces, _ struct{}) (
 		}
 		return quiet(settled(false, err))
 	}
-	return false, committed, w.placed(ctx, recs, msgs, s.isNew)
+	w.placed(recs, msgs)
+	return false, committed, nil
 }
 
 // placeRecord is the waiter record of this set's acquire, written now for
@@ -202,27 +222,12 @@ func (w *setWaiter) placeRecord(now time.Time, window time.Duration) *streams.Re
 		Session: r.session, Set: r.set, SetSize: len(r.keys)}
 }
 
-// placed records the places just written (recs as msgs); new places are
-// removed again if the acquire was cancelled meanwhile.
-func (w *setWaiter) placed(ctx context.Context, recs []*streams.Record, msgs []*batchMsg, isNew bool) error {
-	l, r := w.l, w.r
+// placed records the places just written (recs as msgs[:len(recs)]).
+func (w *setWaiter) placed(recs []*streams.Record, msgs []*batchMsg) {
 	for i, k := range w.wkeys {
-		l.tracker.observe(k, entry{rev: msgs[i].seq, rec: recs[i]})
+		w.l.tracker.observe(k, entry{rev: msgs[i].seq, rec: recs[i]})
 		w.places[i] = msgs[i].seq
 	}
-	if !isNew {
-		return nil
-	}
-	// New places: a cancel that came between this request's "locked"
-	// answer and this write found none to remove; its tombstone is the
-	// proof.
-	if gone, err := l.store.exists(ctx, cancelKey(r.hashes[0])); err != nil {
-		return err
-	} else if gone {
-		w.removePlaces(ctx)
-		return newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled")
-	}
-	return nil
 }
 
 // room reserves a new place in the queue of the set's i-th resource, or

@@ -34,7 +34,7 @@ import (
 // invariants are checked after every step: no write replaces a live
 // lease, and a grant or a retry answered held holds its keys then (1); a
 // request is granted at most once, and never once its cancel was
-// answered (6); a set is held whole, and answered held only while its
+// answered, nor takes a place in a queue then (6); a set is held whole, and answered held only while its
 // session lives (9); a name is one kind and one limit at a time (10); all
 // across instances (12). A failure prints its seed and the command that
 // replays it.
@@ -60,9 +60,18 @@ type simRules struct {
 	// handoverID: a hand-over grants the waiter with its request's grant
 	// message id, which its cancel's tombstone takes first.
 	handoverID bool
+	// cancelCheck: a waiter record takes a new place only in a commit
+	// that checks that its request has no cancel tombstone.
+	cancelCheck bool
 }
 
-var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true, order: true, handoverID: true}
+var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true, order: true, handoverID: true, cancelCheck: true}
+
+// but returns r with one rule taken out by off.
+func (r simRules) but(off func(*simRules)) simRules {
+	off(&r)
+	return r
+}
 
 // simBucket is the model of the bucket: the last write of every key (its
 // entry, whose rev is the write's revision) and every write in commit
@@ -81,10 +90,12 @@ type simBucket struct {
 	grants map[string]int
 	twice  string
 	// cancelled are the requests whose cancel was answered; afterCancel
-	// is the first granted after it.
-	cancelled   map[string]bool
-	afterCancel string
-	debug       func(ws []write, grant string, over bool, ok, dup bool)
+	// is the first granted after it, queuedAfterCancel the first whose
+	// waiter record took a new place after it.
+	cancelled         map[string]bool
+	afterCancel       string
+	queuedAfterCancel string
+	debug             func(ws []write, grant string, over bool, ok, dup bool)
 }
 
 type simWrite struct {
@@ -127,6 +138,9 @@ func (b *simBucket) apply(ws []write, grant string, over bool) (ok, dup bool) {
 		}
 		if w.check {
 			continue
+		}
+		if w.e.held() && w.e.rec.Wake != "" && !b.last[w.key].held() && b.cancelled[w.e.rec.RequestID] && b.queuedAfterCancel == "" {
+			b.queuedAfterCancel = w.e.rec.RequestID
 		}
 		if last := b.last[w.key]; !(over && i == 0) && (last.held() && !w.e.held() && w.e.sem != 0 || last.held() && w.e.held() && last.rec.RequestID != w.e.rec.RequestID) {
 			// No lease expires in the model: one is ended only by a
@@ -360,15 +374,20 @@ func (s *sim) start() {
 	s.ops = append(s.ops, op)
 }
 
-// waiting returns a waiting acquire in flight, the first one started
-// (nil: none).
+// waiting returns a waiting acquire in flight, one of those started (nil:
+// none): queued, or not yet (a client may cancel while its request is
+// between its "locked" answer and the write of its record).
 func (s *sim) waiting() *simOp {
+	var in []*simOp
 	for _, op := range s.ops {
-		if op.kind == "wait" && op.waitRev != 0 {
-			return op
+		if op.kind == "wait" {
+			in = append(in, op)
 		}
 	}
-	return nil
+	if len(in) == 0 {
+		return nil
+	}
+	return in[s.rnd.IntN(len(in))]
 }
 
 // step advances op by one step: it commits its plan, or decides. It
@@ -557,6 +576,9 @@ func (s *sim) check() {
 	if s.b.afterCancel != "" {
 		s.fail("request %s granted after its cancel was answered", s.b.afterCancel)
 	}
+	if s.b.queuedAfterCancel != "" {
+		s.fail("request %s took a place in a queue after its cancel was answered", s.b.queuedAfterCancel)
+	}
 	s.checkSets()
 }
 
@@ -661,12 +683,13 @@ func TestEngineSimulation(t *testing.T) {
 // each within a few seeds' runs.
 func TestEngineSimulationFindsTheRacesWithoutTheirRules(t *testing.T) {
 	for name, rules := range map[string]simRules{
-		"a request granted twice (no message id, no end mark)":                       {nameRecord: true, limit: true, retryProof: true, order: true, handoverID: true},
-		"a lock and a semaphore at once (no name record)":                            {once: true, limit: true, retryProof: true, order: true, handoverID: true},
-		"one semaphore under two limits (no limit rule)":                             {once: true, nameRecord: true, retryProof: true, order: true, handoverID: true},
-		"a set retry held after its session's close (no proof)":                      {once: true, nameRecord: true, limit: true, order: true, handoverID: true},
-		"a grant to a session answered after its session's end (no order rule)":      {once: true, nameRecord: true, limit: true, retryProof: true, handoverID: true},
-		"a waiter handed the lock after its cancel (no message id in the hand-over)": {once: true, nameRecord: true, limit: true, retryProof: true, order: true},
+		"a request granted twice (no message id, no end mark)":                       allRules.but(func(r *simRules) { r.once = false }),
+		"a lock and a semaphore at once (no name record)":                            allRules.but(func(r *simRules) { r.nameRecord = false }),
+		"one semaphore under two limits (no limit rule)":                             allRules.but(func(r *simRules) { r.limit = false }),
+		"a set retry held after its session's close (no proof)":                      allRules.but(func(r *simRules) { r.retryProof = false }),
+		"a grant to a session answered after its session's end (no order rule)":      allRules.but(func(r *simRules) { r.order = false }),
+		"a waiter handed the lock after its cancel (no message id in the hand-over)": allRules.but(func(r *simRules) { r.handoverID = false }),
+		"a cancelled request queued (no check of its cancel in the place's commit)":  allRules.but(func(r *simRules) { r.cancelCheck = false }),
 	} {
 		found := ""
 		for seed := uint64(1); seed <= 20 && found == ""; seed++ {

@@ -22,7 +22,9 @@ import (
 // request was granted meanwhile and removes its record, as
 // handoverOps.cancel does. Checked beside the other invariants: a request
 // is never granted once a cancel of it was answered, nor holds anything
-// then; a waiter answered granted holds its key.
+// then, nor takes a place in a queue (its record's new place checks that
+// no tombstone stands: placeWrites); a waiter answered granted holds its
+// key.
 
 // simWaiter is a waiter record the simulation has written: its key, its
 // request's hash and id.
@@ -150,8 +152,11 @@ func (s *sim) lockGrant(op *simOp, g *grantReq) (*streams.LeaseResponse, error) 
 }
 
 // enqueue writes op's waiter record, as waiter.enqueue decides it
-// (decideEnqueue): a record gone since (removed as its instance's) is
-// written again unless the request was cancelled.
+// (decideEnqueue) and writes it (placeWrites: a new place checks that the
+// request has no cancel tombstone). Without the cancel rule it writes the
+// record alone and looks for the tombstone afterwards, as the service did
+// before: a cancel answered before the write then finds its request in
+// the queue.
 func (s *sim) enqueue(op *simOp, g *grantReq) error {
 	key := streams.WaitKey(g.resource, g.hash)
 	_, err := commitLoop(context.Background(), simRaces{op}, "", false, engineSteps[waitSnap, enqueuePlan, struct{}]{
@@ -159,24 +164,34 @@ func (s *sim) enqueue(op *simOp, g *grantReq) error {
 			if !op.await() {
 				return waitSnap{}, false, errSimDead
 			}
-			return waitSnap{o: observation{entry: s.readAt(op.inst, key, fresh)}, mine: op.waitRev}, false, nil
+			sn := waitSnap{o: observation{entry: s.readAt(op.inst, key, fresh)}, mine: op.waitRev}
+			sn.cancelled = fresh && s.rules.cancelCheck && s.b.last[cancelKey(g.hash)].held()
+			return sn, false, nil
 		},
 		decide: func(sn waitSnap, fresh bool) verdict[struct{}, enqueuePlan] { return decideEnqueue(sn, op.id, fresh) },
 		commit: func(_ context.Context, sn waitSnap, p enqueuePlan) (struct{}, outcome, error) {
-			if p == enqueueAgain && s.b.last[cancelKey(g.hash)].held() {
+			if !s.rules.cancelCheck && p == enqueueAgain && s.b.last[cancelKey(g.hash)].held() {
 				return struct{}{}, committed, leaseEnded(op.id)
 			}
 			if !op.await() {
 				return struct{}{}, committed, errSimDead
 			}
 			rec := &streams.Record{RequestID: op.id, Owner: "o", Wake: op.id}
-			if ok, _ := s.b.commit([]write{{key: key, expect: sn.o.rev, e: entry{rec: rec}}}, ""); !ok {
+			ws := placeWrites(key, rec, sn.o, g.hash)
+			if !s.rules.cancelCheck {
+				ws = ws[:1]
+			}
+			if ok, _ := s.b.commit(ws, ""); !ok {
 				return struct{}{}, stale, nil
 			}
 			if op.waitRev == 0 {
 				s.waiters[g.resource] = append(s.waiters[g.resource], simWaiter{key: key, hash: g.hash, id: op.id})
 			}
 			op.waitRev = s.b.rev
+			if !s.rules.cancelCheck && !sn.o.held() && s.b.last[cancelKey(g.hash)].held() {
+				s.deleteRecord(op) // the read after the write, as newPlace did
+				return struct{}{}, committed, leaseEnded(op.id)
+			}
 			return struct{}{}, committed, nil
 		},
 	})
@@ -205,7 +220,8 @@ func (s *sim) deleteRecord(op *simOp) {
 // the steps of by (op's own client giving up, or a cancel request): the
 // tombstone with the request's grant message id, checked against the
 // lease key as read (a duplicate: the request was granted, or cancelled,
-// before); the request's lease ended if it holds one; its record removed.
+// before, and the mark is written instead); the request's lease ended if
+// it holds one; its record removed.
 // From its answer on, the request must never be granted, nor hold.
 func (s *sim) cancel(by, op *simOp) {
 	g := op.grantOf()
@@ -215,8 +231,15 @@ func (s *sim) cancel(by, op *simOp) {
 		}
 		o := s.b.last[g.key]
 		tomb := write{key: cancelKey(g.hash), expect: s.b.last[cancelKey(g.hash)].rev, e: entry{rec: &streams.Record{RequestID: "cancel"}}, msgID: grantMsgID(g.hash)}
-		if ok, dup := s.b.commit(s.ruled([]write{tomb, {key: g.key, expect: o.rev, check: true}}), ""); !ok && !dup {
+		ok, dup := s.b.commit(s.ruled([]write{tomb, {key: g.key, expect: o.rev, check: true}}), "")
+		if !ok && !dup {
 			continue // the lease key moved on: read again
+		}
+		if dup {
+			// Granted (or cancelled) before: the mark, the tombstone
+			// without the message id (store.cancelMark).
+			tomb.msgID, tomb.expect = "", s.b.last[cancelKey(g.hash)].rev
+			s.b.commit([]write{tomb}, "")
 		}
 		if o.held() && o.rec.RequestID == op.id {
 			if ok, _ := s.b.commit(s.ends([]string{g.key}), ""); !ok {

@@ -152,7 +152,10 @@ func (s *store) read(ctx context.Context, key string) (entry, error) {
 }
 
 // exists reports whether key holds a value that was not deleted (a cancel
-// tombstone), as the stream leader has it.
+// tombstone), as the stream leader has it. Only a positive answer proves
+// anything: a leader cut off by a partition that has just healed answers
+// from old state, so a decision that rests on a negative one is made by a
+// commit that checks it (cancelCheck).
 func (s *store) exists(ctx context.Context, key string) (bool, error) {
 	m, err := s.get(ctx, s.lastOf(key))
 	return m != nil && !isDeleteOp(m.Hdrs), err
@@ -350,9 +353,12 @@ func (s *store) tombstone(ctx context.Context, hash, leaseKey string, leaseRev u
 }
 
 // cancelMark writes the cancel tombstone of request hash without the
-// grant's message id: the proof of a cancel, for a waiting acquire of that
-// hash whose grant message id another owner's grant of the same request
-// id has taken (so the tombstone proper was refused as its duplicate).
+// grant's message id, for a cancel whose tombstone proper was refused as
+// a duplicate (the request id was granted before, perhaps to another
+// owner of the tenant, or cancelled before). No grant of the request can
+// commit then; the mark keeps it out of every queue for the retry window,
+// as the tombstone would (cancelCheck), and tells a waiter that finds its
+// record gone that it was cancelled.
 func (s *store) cancelMark(ctx context.Context, hash string) error {
 	m := nats.NewMsg(s.subjPfx + cancelKey(hash))
 	m.Data = []byte(`{"cancelled":true}`)

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -157,5 +158,101 @@ func TestWokenWaiterReadsPastALaggingWatcher(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the woken waiter trusted its lagging watcher and was not granted")
+	}
+}
+
+// A request whose cancel was answered never takes a place in a queue: a
+// waiter record's new place commits only with the check that no cancel
+// tombstone of its request stands (placeWrites), so the cancel is decided
+// in that commit, not by a read after it (a leader cut off by a partition
+// that has just healed answers such a read from old state). Each request
+// here finds its tombstone written before it asks, as a cancel that came
+// between its "locked" answer and its write leaves it: it is answered
+// lease_lost and its wait keys are never written, for a lock, a permit
+// and a lock set.
+func TestACancelledRequestNeverTakesAPlace(t *testing.T) {
+	s, req := runInternal(t, DefaultConfig())
+	ctx := context.Background()
+	st := s.locks.store
+	for _, holder := range []streams.AcquireRequest{
+		{Resource: "cq-lock", RequestID: "holder"},
+		{Resource: "cq-sem", Limit: 1, RequestID: "holder"},
+		{Resources: []string{"cq-a", "cq-b"}, RequestID: "holder"},
+	} {
+		if m := req(streams.OpAcquire, holder); m.Header.Get(streams.HeaderErrorCode) != "" {
+			t.Fatalf("acquire %+v: %s", holder, m.Data)
+		}
+	}
+	for _, w := range []streams.AcquireRequest{
+		{Resource: "cq-lock", RequestID: "w", WaitMs: 5000},
+		{Resource: "cq-sem", Limit: 1, RequestID: "w", WaitMs: 5000},
+		{Resources: []string{"cq-a", "cq-b"}, RequestID: "w", WaitMs: 5000},
+	} {
+		data, _ := json.Marshal(w)
+		c, err := s.decodeCall(streams.OpAcquire, data, origin{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hash, wkeys := "", []string(nil)
+		if c.set != nil {
+			hash = c.set.hashes[0]
+			for i, res := range c.set.resources {
+				wkeys = append(wkeys, streams.WaitKey(res, c.set.hashes[i]))
+			}
+		} else {
+			hash, wkeys = c.grant.hash, []string{streams.WaitKey(c.grant.resource, c.grant.hash)}
+		}
+		if err := st.cancelMark(ctx, hash); err != nil {
+			t.Fatal(err)
+		}
+		var e streams.ErrorResponse
+		if err := json.Unmarshal(req(streams.OpAcquire, w).Data, &e); err != nil || e.Error.Code != streams.CodeLeaseLost {
+			t.Fatalf("the cancelled request %+v: %+v (%v), want lease_lost", w, e, err)
+		}
+		for _, k := range wkeys {
+			if m, err := st.get(ctx, st.lastOf(k)); err != nil || m != nil {
+				t.Fatalf("%+v: its wait key %s was written (%v): a cancelled request took a place", w, k, err)
+			}
+		}
+	}
+}
+
+// An enqueue decides a cancel only for a new place: a fresh read that
+// found the request's tombstone answers lease_lost and writes nothing,
+// while the rewrite of a record that stands keeps its place as before.
+// A new place is planned with the check of the cancel key (nothing there:
+// revision 0); a rewrite without it.
+func TestAPlaceIsDecidedWithItsCancel(t *testing.T) {
+	none := observation{}
+	own := observation{entry: entry{rev: 7, rec: &streams.Record{RequestID: "r", Wake: "w"}}}
+	for _, c := range []struct {
+		name string
+		s    waitSnap
+		kind verdictKind
+		plan enqueuePlan
+	}{
+		{"first place, cancelled", waitSnap{o: none, cancelled: true}, answerNow, 0},
+		{"place gone, cancelled", waitSnap{o: none, mine: 5, cancelled: true}, answerNow, 0},
+		{"first place", waitSnap{o: none}, writePlan, enqueueWrite},
+		{"place gone", waitSnap{o: none, mine: 5}, writePlan, enqueueAgain},
+		{"own record, cancelled", waitSnap{o: own, mine: 7, cancelled: true}, writePlan, enqueueWrite},
+	} {
+		v := decideEnqueue(c.s, "w", true)
+		if v.kind != c.kind || v.kind == writePlan && v.plan != c.plan {
+			t.Errorf("%s: verdict %+v, want kind %v plan %v", c.name, v, c.kind, c.plan)
+		}
+		if c.kind == answerNow && !isCode(v.err, streams.CodeLeaseLost) {
+			t.Errorf("%s: answered %v, want lease_lost", c.name, v.err)
+		}
+	}
+	if v := decidePlaces(setPlaces{obs: []observation{none, none}, isNew: true, cancelled: true}, &setReq{}, true); v.kind != answerNow || !isCode(v.err, streams.CodeLeaseLost) {
+		t.Errorf("a set's new places after a cancel: %+v, want lease_lost", v)
+	}
+	rec := &streams.Record{RequestID: "r", Wake: "w"}
+	if ws := placeWrites("wait.k.h", rec, none, "h"); len(ws) != 2 || !ws[1].check || ws[1].key != cancelKey("h") || ws[1].expect != 0 {
+		t.Errorf("a new place's writes: %+v, want the record and the check of cancel.h at 0", ws)
+	}
+	if ws := placeWrites("wait.k.h", rec, own, "h"); len(ws) != 1 || ws[0].expect != 7 {
+		t.Errorf("a rewrite's writes: %+v, want the record alone over revision 7", ws)
 	}
 }

@@ -87,10 +87,7 @@ func (w *waiter) step(ctx context.Context, woken bool) (resp *streams.LeaseRespo
 	}
 	defer st.unlock()
 	if queued != nil {
-		w.queued = *queued
-		if err := w.newPlace(ctx); err != nil {
-			return nil, true, err
-		}
+		w.queued = *queued // with the check of its cancel (placeWrites)
 	}
 	wasQueued := w.queued.rev != 0
 	if err := w.checkPlace(ctx); err != nil {
@@ -201,7 +198,10 @@ func (w *waiter) checkPlace(ctx context.Context) error {
 
 // cancelled reports whether the request was cancelled within the retry
 // window: its cancel tombstone exists (read from the stream leader). A
-// cancelled request answers lease_lost.
+// cancelled request answers lease_lost. Only the positive answer proves
+// anything (see store.exists): after a negative one the request queues
+// again, and its new place commits only if no tombstone stands
+// (placeWrites).
 func (w *waiter) cancelled(ctx context.Context) (bool, error) {
 	ok, err := w.l.store.exists(ctx, cancelKey(w.g.hash))
 	if err != nil {
@@ -214,10 +214,12 @@ func (w *waiter) cancelled(ctx context.Context) (bool, error) {
 }
 
 // waitSnap is what an enqueue decides on: the record at the waiter's key,
-// and the revision its own record was written at (0: none).
+// the revision its own record was written at (0: none), and, on a fresh
+// read, whether the request's cancel tombstone stands.
 type waitSnap struct {
-	o    observation
-	mine uint64
+	o         observation
+	mine      uint64
+	cancelled bool
 }
 
 // enqueuePlan is what an enqueue writes.
@@ -237,7 +239,11 @@ func (w *waiter) enqueue(ctx context.Context) error {
 	_, err := commitLoop(ctx, w.l.engineDeps, "", false, engineSteps[waitSnap, enqueuePlan, struct{}]{
 		read: func(ctx context.Context, fresh bool) (waitSnap, bool, error) {
 			o, err := w.l.current(ctx, w.wkey, fresh)
-			return waitSnap{o: o, mine: w.queued.rev}, false, err
+			s := waitSnap{o: o, mine: w.queued.rev}
+			if err == nil && fresh && !o.held() {
+				s.cancelled, err = w.l.store.exists(ctx, cancelKey(w.g.hash))
+			}
+			return s, false, err
 		},
 		decide: func(s waitSnap, fresh bool) verdict[struct{}, enqueuePlan] {
 			return decideEnqueue(s, w.wake, fresh)
@@ -251,9 +257,14 @@ func (w *waiter) enqueue(ctx context.Context) error {
 // write when it has no record yet or the key holds its own (its revision,
 // or its wake subject: a retry's rewrite), else, on a fresh read, lost to
 // a retry that took the place over, or queue again if the record is gone.
+// A new place commits only while the request has no cancel tombstone
+// (placeWrites); when a fresh read finds one (after such a commit was
+// refused), the request was cancelled: lease_lost, nothing written.
 func decideEnqueue(s waitSnap, wake string, fresh bool) verdict[struct{}, enqueuePlan] {
 	o := s.o
 	switch {
+	case s.cancelled && !o.held():
+		return answer[struct{}, enqueuePlan](struct{}{}, newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled"))
 	case s.mine == 0 || o.held() && (o.rev == s.mine || o.rec.Wake == wake):
 		return verdict[struct{}, enqueuePlan]{kind: writePlan, plan: enqueueWrite}
 	case !fresh:
@@ -264,45 +275,47 @@ func decideEnqueue(s waitSnap, wake string, fresh bool) verdict[struct{}, enqueu
 	return verdict[struct{}, enqueuePlan]{kind: writePlan, plan: enqueueAgain}
 }
 
-// commitEnqueue writes the waiter's record over s (a lost race is decided
-// again, unreported: stale); a record that takes a new place looks for a
-// cancel that came meanwhile (newPlace).
+// commitEnqueue writes the waiter's record over s (a lost race, or a
+// cancel found by the check of a new place, is decided again on fresh
+// reads, unreported: stale).
 func (w *waiter) commitEnqueue(ctx context.Context, s waitSnap, p enqueuePlan) (struct{}, outcome, error) {
 	if p == enqueueAgain {
-		if cancelled, err := w.cancelled(ctx); err != nil || cancelled {
-			return struct{}{}, committed, err
-		}
 		w.queued = observation{} // removed meanwhile (its instance taken for dead): queue again
 	}
 	rec, err := w.record(s.o)
 	if err != nil {
 		return struct{}{}, committed, err
 	}
-	seq, _, err := w.l.store.put(ctx, w.wkey, rec, s.o.rev, "")
+	revs, _, err := w.l.store.commitWrites(ctx, "enqueue", placeWrites(w.wkey, rec, s.o, w.g.hash))
 	if err != nil {
 		if !isConflict(err) {
 			w.l.tracker.forget(w.wkey)
 		}
 		return quiet(settled(struct{}{}, err))
 	}
-	w.queued = w.l.tracker.observe(w.wkey, entry{rev: seq, rec: rec})
-	if s.o.held() {
-		return struct{}{}, committed, nil
-	}
-	return struct{}{}, committed, w.newPlace(ctx)
+	w.queued = w.l.tracker.observe(w.wkey, entry{rev: revs[0], rec: rec})
+	return struct{}{}, committed, nil
 }
 
-// newPlace looks, once the waiter's record has taken a new place, for the
-// tombstone of a cancel that came between this request's "locked" answer
-// and that write: that cancel found no record to remove, and its
-// tombstone is the proof.
-func (w *waiter) newPlace(ctx context.Context) error {
-	cancelled, err := w.cancelled(ctx)
-	if cancelled {
-		w.removeRecord(ctx)
+// placeWrites are the writes of the waiter record rec of request hash at
+// wkey, over o, the key's entry as read. A record that takes a new place
+// (o holds none) commits only with the check that the request has no
+// cancel tombstone: a cancel that came between the request's "locked"
+// answer and this write found no record to remove, and without the check
+// the request would wait in the queue after its cancel was answered. A
+// rewrite of a record that stands keeps its place and needs no check.
+func placeWrites(wkey string, rec *streams.Record, o observation, hash string) []write {
+	ws := []write{{key: wkey, expect: o.rev, e: entry{rec: rec}}}
+	if !o.held() {
+		ws = append(ws, cancelCheck(hash))
 	}
-	return err
+	return ws
 }
+
+// cancelCheck is the condition that request hash has no cancel tombstone:
+// its key never written, or its tombstone gone with the retry window (the
+// bucket then holds nothing at the key).
+func cancelCheck(hash string) write { return write{key: cancelKey(hash), check: true} }
 
 // record returns the waiter record to write over o, the key's current
 // entry: the same ticket if o is this request's record, else a new place
@@ -462,7 +475,7 @@ func (l *handoverOps) cancel(ctx context.Context, resource, requestID, owner str
 		return nil, err
 	}
 	if dup {
-		if err := l.proveCancel(ctx, hash, wkey, owner); err != nil {
+		if err := l.store.cancelMark(ctx, hash); err != nil {
 			return nil, err
 		}
 	}
@@ -524,26 +537,15 @@ func (l *handoverOps) tombstone(ctx context.Context, key, hash string) (observat
 	return r.o, r.dup, err
 }
 
-// proveCancel leaves the proof of a cancel for a waiting acquire of
-// owner at wkey, when the cancel's tombstone was refused as a duplicate:
-// the request id was granted before (perhaps to another owner of the
-// tenant), so no grant of it can commit, but the waiter, finding its
-// record gone, looks for the tombstone to know it was cancelled rather
-// than dropped for lack of refreshes. Without such a waiter it writes
-// nothing.
-func (l *handoverOps) proveCancel(ctx context.Context, hash, wkey, owner string) error {
-	o, err := l.current(ctx, wkey, true)
-	if err != nil || !o.held() || o.rec.Owner != owner {
-		return err
-	}
-	return l.store.cancelMark(ctx, hash)
-}
-
 // dequeue removes the waiter record at wkey of owner, if there is one, and tells
 // its waiting request at once. If the resource is free, the next waiter is
-// woken. A record missed by a stale read is harmless: its request can no
-// longer be granted (the tombstone), and it finds the tombstone when it
-// next refreshes its record.
+// woken. A record missed by a stale read (a leader cut off by a partition
+// that has just healed answers from old state) stays until its wait ends,
+// or until a hand-over picks it or its waiter claims the resource: either
+// grant carries the request's message id, which the tombstone took, so it
+// is refused (the hand-over drops the record, the waiter is answered
+// lease_lost). Its request is never granted, and never queues again
+// (placeWrites).
 func (l *handoverOps) dequeue(ctx context.Context, resource, wkey, owner string) (bool, error) {
 	var wake string
 	if o, err := l.current(ctx, wkey, true); err != nil {
