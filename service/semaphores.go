@@ -283,11 +283,6 @@ func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID
 		return nil, err
 	}
 	granted, seq := tomb.granted, tomb.seq
-	if granted {
-		if err := l.store.cancelMark(ctx, g.hash); err != nil {
-			return nil, err
-		}
-	}
 	released, err := l.endCancelledPermit(ctx, g, granted, seq)
 	if err != nil {
 		return nil, err

@@ -977,18 +977,11 @@ func (l *setOps) cancelSet(ctx context.Context, resources []string, requestID, o
 		return nil, err
 	}
 	defer unlock()
+	// Every key gets its tombstone, or its mark where the tombstone is a
+	// duplicate; a set's waiter looks for its first resource's.
 	obs := make([]observation, len(r.keys))
-	anyDup := false
 	for i, k := range r.keys {
-		var dup bool
-		if obs[i], dup, err = l.handover.tombstone(ctx, k, r.hashes[i]); err != nil {
-			return nil, err
-		}
-		anyDup = anyDup || dup
-	}
-	if anyDup {
-		// A set's waiter looks for the tombstone of its first resource.
-		if err := l.store.cancelMark(ctx, r.hashes[0]); err != nil {
+		if obs[i], err = l.handover.tombstone(ctx, k, r.hashes[i]); err != nil {
 			return nil, err
 		}
 	}

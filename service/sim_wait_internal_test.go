@@ -237,9 +237,12 @@ func (s *sim) cancel(by, op *simOp) {
 		}
 		if dup {
 			// Granted (or cancelled) before: the mark, the tombstone
-			// without the message id (store.cancelMark).
+			// without the message id, on the same condition
+			// (store.tombstone).
 			tomb.msgID, tomb.expect = "", s.b.last[cancelKey(g.hash)].rev
-			s.b.commit([]write{tomb}, "")
+			if ok, _ := s.b.commit([]write{tomb, {key: g.key, expect: o.rev, check: true}}, ""); !ok {
+				continue
+			}
 		}
 		if o.held() && o.rec.RequestID == op.id {
 			if ok, _ := s.b.commit(s.ends([]string{g.key}), ""); !ok {

@@ -340,31 +340,34 @@ func (s *store) confirm(ctx context.Context, key string, rev uint64) error {
 // grant of the request arriving later within the duplicate window is
 // answered as a duplicate and never written. It commits only if the
 // request's lease key is still at leaseRev, which proves the read the
-// cancel decided on. When a write with msgID already exists it answers
-// dup=true and that write's sequence.
+// cancel decided on. When a write with that message id exists already
+// (the request was granted before, perhaps to another owner of the
+// tenant, or cancelled before), it answers dup=true and that write's
+// sequence, and writes the mark instead: the tombstone without the
+// message id, on the same condition. No grant of the request can commit
+// then; the mark proves the read as the tombstone would, keeps the
+// request out of every queue for the retry window (cancelCheck), and
+// tells a waiter that finds its record gone that it was cancelled.
 func (s *store) tombstone(ctx context.Context, hash, leaseKey string, leaseRev uint64) (seq uint64, dup bool, err error) {
+	seq, dup, err = s.publish(ctx, "tombstone", s.cancelMsg(hash, leaseKey, leaseRev, grantMsgID(hash)))
+	if err == nil && dup {
+		_, _, err = s.publish(ctx, "tombstone", s.cancelMsg(hash, leaseKey, leaseRev, ""))
+	}
+	return seq, dup, err
+}
+
+// cancelMsg is the tombstone of request hash, with message id msgID
+// unless empty, written only if leaseKey is still at leaseRev.
+func (s *store) cancelMsg(hash, leaseKey string, leaseRev uint64, msgID string) *nats.Msg {
 	m := nats.NewMsg(s.subjPfx + cancelKey(hash))
 	m.Data = []byte(`{"cancelled":true}`)
-	m.Header.Set(jetstream.MsgIDHeader, grantMsgID(hash))
+	if msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
 	m.Header.Set(jetstream.MsgTTLHeader, s.ttlHeader)
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(leaseRev, 10))
 	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subjPfx+leaseKey)
-	return s.publish(ctx, "tombstone", m)
-}
-
-// cancelMark writes the cancel tombstone of request hash without the
-// grant's message id, for a cancel whose tombstone proper was refused as
-// a duplicate (the request id was granted before, perhaps to another
-// owner of the tenant, or cancelled before). No grant of the request can
-// commit then; the mark keeps it out of every queue for the retry window,
-// as the tombstone would (cancelCheck), and tells a waiter that finds its
-// record gone that it was cancelled.
-func (s *store) cancelMark(ctx context.Context, hash string) error {
-	m := nats.NewMsg(s.subjPfx + cancelKey(hash))
-	m.Data = []byte(`{"cancelled":true}`)
-	m.Header.Set(jetstream.MsgTTLHeader, s.ttlHeader)
-	_, _, err := s.publish(ctx, "tombstone", m)
-	return err
+	return m
 }
 
 // handOver writes, in one atomic batch (one commit), the grant rec of a

@@ -193,16 +193,20 @@ func TestACancelledRequestNeverTakesAPlace(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hash, wkeys := "", []string(nil)
+		hash, key, wkeys := "", "", []string(nil)
 		if c.set != nil {
-			hash = c.set.hashes[0]
+			hash, key = c.set.hashes[0], c.set.keys[0]
 			for i, res := range c.set.resources {
 				wkeys = append(wkeys, streams.WaitKey(res, c.set.hashes[i]))
 			}
 		} else {
-			hash, wkeys = c.grant.hash, []string{streams.WaitKey(c.grant.resource, c.grant.hash)}
+			hash, key, wkeys = c.grant.hash, c.grant.key, []string{streams.WaitKey(c.grant.resource, c.grant.hash)}
 		}
-		if err := st.cancelMark(ctx, hash); err != nil {
+		held, err := st.read(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := st.tombstone(ctx, hash, key, held.rev); err != nil {
 			t.Fatal(err)
 		}
 		var e streams.ErrorResponse

@@ -470,14 +470,9 @@ func (l *handoverOps) cancel(ctx context.Context, resource, requestID, owner str
 		return nil, err
 	}
 	defer st.unlock()
-	o, dup, err := l.tombstone(ctx, key, hash)
+	o, err := l.tombstone(ctx, key, hash)
 	if err != nil {
 		return nil, err
-	}
-	if dup {
-		if err := l.store.cancelMark(ctx, hash); err != nil {
-			return nil, err
-		}
 	}
 	var released bool
 	mine := func(rec *streams.Record) bool {
@@ -516,25 +511,17 @@ func (l *handoverOps) otherWaiter(ctx context.Context, wkey, owner string) (bool
 // tombstone writes the cancel tombstone of request hash on a fresh read of
 // the lease key, conditioned on that read, and returns the read. When a
 // write with the grant's message id exists already (the request was
-// granted, or cancelled before) the tombstone is not written (dup) and the
-// read is proven by a confirming write instead.
-func (l *handoverOps) tombstone(ctx context.Context, key, hash string) (observation, bool, error) {
-	type read struct {
-		o   observation
-		dup bool
-	}
-	r, err := commitLoop(ctx, l.engineDeps, "", true, engineSteps[observation, struct{}, read]{
+// granted, or cancelled before) the mark written instead proves the read
+// (store.tombstone).
+func (l *handoverOps) tombstone(ctx context.Context, key, hash string) (observation, error) {
+	return commitLoop(ctx, l.engineDeps, "", true, engineSteps[observation, struct{}, observation]{
 		read:   l.readKey(key),
-		decide: writeAlways[read],
-		commit: func(ctx context.Context, o observation, _ struct{}) (read, outcome, error) {
-			_, dup, err := l.store.tombstone(ctx, hash, key, o.rev)
-			if err == nil && dup {
-				err = l.confirmNegative(ctx, key, o)
-			}
-			return quiet(settled(read{o, dup}, err))
+		decide: writeAlways[observation],
+		commit: func(ctx context.Context, o observation, _ struct{}) (observation, outcome, error) {
+			_, _, err := l.store.tombstone(ctx, hash, key, o.rev)
+			return quiet(settled(o, err))
 		},
 	})
-	return r.o, r.dup, err
 }
 
 // dequeue removes the waiter record at wkey of owner, if there is one, and tells
