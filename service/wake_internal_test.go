@@ -117,6 +117,13 @@ func TestWakesOfThisInstanceStayInProcess(t *testing.T) {
 	for _, want := range []string{b.subject("h1"), b.subject("marker")} {
 		select {
 		case got := <-seen:
+			if got == b.subject("probe") {
+				// A probe of the loop above, delivered late: not a wake.
+				select {
+				case got = <-seen:
+				case <-time.After(5 * time.Second):
+				}
+			}
 			if got != want {
 				t.Fatalf("a wake message on %s, want %s (local wakes must not be published)", got, want)
 			}
