@@ -349,11 +349,11 @@ func TestRestartedServerIsUpOnceCurrent(t *testing.T) {
 	c.servers[1].Shutdown()
 	c.servers[2].Shutdown()
 	// A server learns that its peers are gone when they miss their
-	// heartbeats. Its health flaps first (measured: unhealthy 2s after the
-	// peers went, its stream group "not current", healthy again from 6s,
-	// and unhealthy for good from 20s, with no meta leader): the test waits
-	// for the last, which the meta group's own health shows. CI once ran
-	// the unit's check while the health was back at 200.
+	// heartbeats. Its health flaps first (unhealthy while its stream group
+	// is not current, then healthy again for a while, and unhealthy for
+	// good only once it has no meta leader): the test waits for the last,
+	// which the meta group's own health shows. CI once ran the unit's
+	// check while the health was back at 200.
 	testenv.Eventually(t, 2*time.Minute, func() bool {
 		return c.servers[0].Healthz(&server.HealthzOptions{JSMetaOnly: true}).StatusCode != 200
 	}, "the server without peers has lost its meta leader")
