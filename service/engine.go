@@ -196,7 +196,7 @@ func settled[R any](resp R, err error) (R, outcome, error) {
 
 // writeAlways is the decide step of a loop that writes on every read (its
 // commit decides, by compare-and-set on what was read).
-func writeAlways[R any](observation, bool) verdict[R, struct{}] {
+func writeAlways[S, R any](S, bool) verdict[R, struct{}] {
 	return verdict[R, struct{}]{kind: writePlan}
 }
 

@@ -260,7 +260,8 @@ func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID
 	key := streams.LeaseKey(queue)
 	g := &grantReq{resource: queue, key: key, requestID: requestID, owner: owner, who: who, tenant: who.tenant(),
 		hash: requestHash(queue, requestID, who.tenant()), sem: sem, limit: limit}
-	if other, err := l.handover.otherWaiter(ctx, streams.WaitKey(queue, g.hash), owner); other || err != nil {
+	wkey := streams.WaitKey(queue, g.hash)
+	if other, err := l.handover.otherWaiter(ctx, wkey, owner); other || err != nil {
 		return &streams.CancelResponse{Resource: sem}, err
 	}
 	st, err := l.lock(ctx, key)
@@ -271,35 +272,20 @@ func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID
 	// The tombstone carries the grant's message id: refused as a
 	// duplicate, it proves the request was granted (or cancelled before),
 	// and the duplicate's revision names the permit that grant took.
-	tomb, err := commitLoop(ctx, l.engineDeps, "", true, engineSteps[observation, struct{}, tombstoned]{
-		read:   l.readKey(key),
-		decide: writeAlways[tombstoned],
-		commit: func(ctx context.Context, o observation, _ struct{}) (tombstoned, outcome, error) {
-			seq, dup, err := l.store.tombstone(ctx, g.hash, key, o.rev)
-			return quiet(settled(tombstoned{seq: seq, granted: dup}, err))
-		},
-	})
+	t, err := l.handover.tombstone(ctx, key, wkey, g.hash)
 	if err != nil {
 		return nil, err
 	}
-	granted, seq := tomb.granted, tomb.seq
-	released, err := l.endCancelledPermit(ctx, g, granted, seq)
+	released, err := l.endCancelledPermit(ctx, g, t.granted, t.seq)
 	if err != nil {
 		return nil, err
 	}
-	dequeued, err := l.handover.dequeue(ctx, queue, streams.WaitKey(queue, g.hash), owner)
+	dequeued, err := l.handover.dequeue(ctx, queue, wkey, owner, t.waiter)
 	if err != nil {
 		return nil, err
 	}
 	l.report.cancelled(sem, released, dequeued, who)
 	return &streams.CancelResponse{Resource: sem, Cancelled: released || dequeued}, nil
-}
-
-// tombstoned is the outcome of a cancel's tombstone: granted when a write
-// with the request's grant id existed already, at revision seq.
-type tombstoned struct {
-	seq     uint64
-	granted bool
 }
 
 // endCancelledPermit ends the permit that the cancelled request g holds,

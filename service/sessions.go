@@ -716,7 +716,7 @@ func (l *sessionOps) endSessionWait(ctx context.Context, wkey, hash string) {
 		return
 	}
 	defer st.unlock()
-	if _, err := l.handover.dequeue(ctx, decodedResource(enc), wkey, o.rec.Owner); err != nil {
+	if _, err := l.handover.dequeue(ctx, decodedResource(enc), wkey, o.rec.Owner, o); err != nil {
 		l.log.Debug("end a wait of an ended session", "key", wkey, "err", err)
 	}
 }

@@ -978,12 +978,16 @@ func (l *setOps) cancelSet(ctx context.Context, resources []string, requestID, o
 	}
 	defer unlock()
 	// Every key gets its tombstone, or its mark where the tombstone is a
-	// duplicate; a set's waiter looks for its first resource's.
+	// duplicate, the first resource's first: a set's places check that one
+	// (commitPlaces), so each later key's waiter record, as its tombstone
+	// proved it, can only be deleted after.
+	ts := make([]tombstoned, len(r.keys))
 	obs := make([]observation, len(r.keys))
 	for i, k := range r.keys {
-		if obs[i], err = l.handover.tombstone(ctx, k, r.hashes[i]); err != nil {
+		if ts[i], err = l.handover.tombstone(ctx, k, streams.WaitKey(resources[i], r.hashes[i]), r.hashes[i]); err != nil {
 			return nil, err
 		}
+		obs[i] = ts[i].lease
 	}
 	match := make([]bool, len(obs))
 	for i, o := range obs {
@@ -997,7 +1001,7 @@ func (l *setOps) cancelSet(ctx context.Context, resources []string, requestID, o
 	}
 	dequeued := false
 	for i, res := range resources {
-		d, err := l.handover.dequeue(ctx, res, streams.WaitKey(res, r.hashes[i]), owner)
+		d, err := l.handover.dequeue(ctx, res, streams.WaitKey(res, r.hashes[i]), owner, ts[i].waiter)
 		if err != nil {
 			return nil, err
 		}

@@ -118,8 +118,8 @@ func (w *setWaiter) checkPlaces(ctx context.Context) error {
 }
 
 // setPlaces is what a set waiter's enqueue decides on: the records at its
-// waiter keys, the revisions of its places (none when isNew), and, for new
-// places on a fresh read, whether the request's cancel tombstone stands.
+// waiter keys, the revisions of its places (none when isNew), and, on a
+// fresh read, whether the request's cancel tombstone stands.
 type setPlaces struct {
 	obs       []observation
 	places    []uint64
@@ -136,7 +136,7 @@ func (w *setWaiter) enqueue(ctx context.Context) error {
 		read: func(ctx context.Context, fresh bool) (setPlaces, bool, error) {
 			obs, err := w.l.readAll(ctx, w.wkeys, fresh)
 			s := setPlaces{obs: obs, places: w.places, isNew: !w.queued()}
-			if err == nil && fresh && s.isNew {
+			if err == nil && fresh {
 				s.cancelled, err = w.l.store.exists(ctx, cancelKey(w.r.hashes[0]))
 			}
 			return s, false, err
@@ -153,11 +153,11 @@ func (w *setWaiter) enqueue(ctx context.Context) error {
 // decidePlaces is the verdict on the set r's enqueue over s: keep its
 // places, take over a retry's (r's own records), or take new ones; a
 // place gone (on a fresh read) answers gone, and a place held by another
-// request lease_lost. New places commit only while the request has no
-// cancel tombstone (commitPlaces); when a fresh read finds one (after
-// such a commit was refused), the request was cancelled: lease_lost.
+// request lease_lost. Places commit only while the request has no cancel
+// tombstone (commitPlaces); when a fresh read finds one (after such a
+// commit was refused), the request was cancelled: lease_lost.
 func decidePlaces(s setPlaces, r *setReq, fresh bool) verdict[bool, struct{}] {
-	if s.isNew && s.cancelled {
+	if s.cancelled {
 		return answer[bool, struct{}](false, newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled"))
 	}
 	for i, o := range s.obs {
@@ -177,9 +177,10 @@ func decidePlaces(s setPlaces, r *setReq, fresh bool) verdict[bool, struct{}] {
 // commitPlaces writes the places decided on s in one atomic batch: a held
 // key (its own place, or its retry's, which the instance that queued it
 // first stops serving) keeps its ticket; a new place needs room (w.room).
-// New places commit with the check that the request has no cancel
-// tombstone, as a lock's waiter's do (placeWrites). A lost race, or a
-// cancel found by the check, is decided again, unreported (stale).
+// The places commit with the check that the request has no cancel
+// tombstone (of its first resource, which its cancel writes first), as a
+// lock's waiter's do (placeWrites). A lost race, or a cancel found by the
+// check, is decided again, unreported (stale).
 func (w *setWaiter) commitPlaces(ctx context.Context, s setPlaces, _ struct{}) (bool, outcome, error) {
 	l := w.l
 	now := l.cfg.Clock.Now()
@@ -198,9 +199,7 @@ func (w *setWaiter) commitPlaces(ctx context.Context, s setPlaces, _ struct{}) (
 		recs[i] = rec
 		msgs[i] = l.store.putMsg(w.wkeys[i], streams.WaiterOf(rec).AppendJSON(nil), o.rev, "")
 	}
-	if s.isNew {
-		msgs = append(msgs, l.store.msgOf(cancelCheck(w.r.hashes[0])))
-	}
+	msgs = append(msgs, l.store.msgOf(cancelCheck(w.r.hashes[0])))
 	if _, err := l.store.batch(ctx, "put", msgs); err != nil {
 		if !isConflict(err) {
 			for _, k := range w.wkeys {

@@ -60,12 +60,16 @@ type simRules struct {
 	// handoverID: a hand-over grants the waiter with its request's grant
 	// message id, which its cancel's tombstone takes first.
 	handoverID bool
-	// cancelCheck: a waiter record takes a new place only in a commit
-	// that checks that its request has no cancel tombstone.
+	// cancelCheck: a waiter record is written only in a commit that
+	// checks that its request has no cancel tombstone.
 	cancelCheck bool
+	// waiterCheck: a cancel's tombstone commits only if the request's
+	// waiter key is still as the cancel read it (from a leader that may be
+	// behind).
+	waiterCheck bool
 }
 
-var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true, order: true, handoverID: true, cancelCheck: true}
+var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true, order: true, handoverID: true, cancelCheck: true, waiterCheck: true}
 
 // but returns r with one rule taken out by off.
 func (r simRules) but(off func(*simRules)) simRules {
@@ -690,6 +694,7 @@ func TestEngineSimulationFindsTheRacesWithoutTheirRules(t *testing.T) {
 		"a grant to a session answered after its session's end (no order rule)":      allRules.but(func(r *simRules) { r.order = false }),
 		"a waiter handed the lock after its cancel (no message id in the hand-over)": allRules.but(func(r *simRules) { r.handoverID = false }),
 		"a cancelled request queued (no check of its cancel in the place's commit)":  allRules.but(func(r *simRules) { r.cancelCheck = false }),
+		"a cancelled request left in its queue (no check of its waiter key)":         allRules.but(func(r *simRules) { r.waiterCheck = false }),
 	} {
 		found := ""
 		for seed := uint64(1); seed <= 20 && found == ""; seed++ {

@@ -219,28 +219,36 @@ func (s *sim) deleteRecord(op *simOp) {
 // cancel cancels op's waiting acquire, as handoverOps.cancel does, in
 // the steps of by (op's own client giving up, or a cancel request): the
 // tombstone with the request's grant message id, checked against the
-// lease key as read (a duplicate: the request was granted, or cancelled,
-// before, and the mark is written instead); the request's lease ended if
-// it holds one; its record removed.
-// From its answer on, the request must never be granted, nor hold.
+// lease key and the waiter key as read (a duplicate: the request was
+// granted, or cancelled, before, and the mark is written instead); the
+// request's lease ended if it holds one; its record removed (dequeue).
+// The waiter key is read from the stream leader, which may be behind
+// (leaderRead): only the tombstone's check of it proves the read.
+// From its answer on, the request must never be granted, nor hold, nor
+// wait in a queue.
 func (s *sim) cancel(by, op *simOp) {
 	g := op.grantOf()
+	wkey := streams.WaitKey(op.names[0], g.hash)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if !by.await() {
 			return
 		}
-		o := s.b.last[g.key]
+		o, w := s.b.last[g.key], s.leaderRead(wkey)
 		tomb := write{key: cancelKey(g.hash), expect: s.b.last[cancelKey(g.hash)].rev, e: entry{rec: &streams.Record{RequestID: "cancel"}}, msgID: grantMsgID(g.hash)}
-		ok, dup := s.b.commit(s.ruled([]write{tomb, {key: g.key, expect: o.rev, check: true}}), "")
+		conds := []write{{key: g.key, expect: o.rev, check: true}}
+		if s.rules.waiterCheck {
+			conds = append(conds, write{key: wkey, expect: w.rev, check: true})
+		}
+		ok, dup := s.b.commit(s.ruled(append([]write{tomb}, conds...)), "")
 		if !ok && !dup {
-			continue // the lease key moved on: read again
+			continue // a key moved on: read again
 		}
 		if dup {
 			// Granted (or cancelled) before: the mark, the tombstone
-			// without the message id, on the same condition
+			// without the message id, on the same conditions
 			// (store.tombstone).
 			tomb.msgID, tomb.expect = "", s.b.last[cancelKey(g.hash)].rev
-			if ok, _ := s.b.commit([]write{tomb, {key: g.key, expect: o.rev, check: true}}, ""); !ok {
+			if ok, _ := s.b.commit(append([]write{tomb}, conds...), ""); !ok {
 				continue
 			}
 		}
@@ -249,14 +257,46 @@ func (s *sim) cancel(by, op *simOp) {
 				continue
 			}
 		}
-		s.deleteRecord(op)
+		if !s.dequeue(by, op, wkey, w) {
+			return
+		}
 		s.b.cancelled[op.id] = true
 		s.granted["cancel"]++
 		if s.holds(op) {
 			s.fail("wait %s answered cancelled, but it holds %s", op.id, g.key)
 		}
+		if e := s.b.last[wkey]; e.held() && e.rec.RequestID == op.id {
+			s.fail("request %s still waits in its queue after its cancel was answered", op.id)
+		}
 		return
 	}
+}
+
+// dequeue removes op's waiter record at wkey as handoverOps.dequeue does:
+// on w, the record as the cancel's tombstone proved it, then on leader
+// reads after a lost compare-and-set. It reports false if by died.
+func (s *sim) dequeue(by, op *simOp, wkey string, w entry) bool {
+	for attempt := 0; attempt < maxAttempts && w.held() && w.rec.RequestID == op.id; attempt++ {
+		if !by.await() {
+			return false
+		}
+		if ok, _ := s.b.commit([]write{{key: wkey, expect: w.rev}}, ""); ok {
+			return true
+		}
+		w = s.leaderRead(wkey)
+	}
+	return true
+}
+
+// leaderRead is key as a read from the stream leader finds it: as it
+// stands, or, one time in four, as a leader that is behind (cut off by a
+// partition that has just healed) answers: as it stood up to 63 writes
+// ago.
+func (s *sim) leaderRead(key string) entry {
+	if s.rnd.IntN(4) != 0 {
+		return s.b.last[key]
+	}
+	return s.b.before(key, s.b.rev+1-uint64(s.rnd.IntN(int(min(s.b.rev, 63))+1)))
 }
 
 // runCancel runs a cancel request for the waiting acquire op.target.

@@ -338,35 +338,49 @@ func (s *store) confirm(ctx context.Context, key string, rev uint64) error {
 // tombstone writes the cancel tombstone of a request (key cancelKey(hash),
 // living for the retry window) carrying its grant's message id, so that a
 // grant of the request arriving later within the duplicate window is
-// answered as a duplicate and never written. It commits only if the
-// request's lease key is still at leaseRev, which proves the read the
-// cancel decided on. When a write with that message id exists already
-// (the request was granted before, perhaps to another owner of the
-// tenant, or cancelled before), it answers dup=true and that write's
-// sequence, and writes the mark instead: the tombstone without the
-// message id, on the same condition. No grant of the request can commit
-// then; the mark proves the read as the tombstone would, keeps the
-// request out of every queue for the retry window (cancelCheck), and
+// answered as a duplicate and never written. It commits, in one atomic
+// batch, only if the request's lease key and its waiter key are still at
+// the revisions read (lease, waiter), which proves the reads the cancel
+// decided on: a stale read of either is a conflict, read again. When a
+// write with that message id exists already (the request was granted
+// before, perhaps to another owner of the tenant, or cancelled before), it
+// answers dup=true and that write's sequence (the same tombstone sent
+// alone, which the stream refuses as a duplicate, names it; 0 if the id
+// left the window meanwhile), and writes the mark instead: the tombstone
+// without the message id, on the same conditions. No grant of the request
+// can commit then; the mark proves the reads as the tombstone would, keeps
+// the request out of every queue for the retry window (cancelCheck), and
 // tells a waiter that finds its record gone that it was cancelled.
-func (s *store) tombstone(ctx context.Context, hash, leaseKey string, leaseRev uint64) (seq uint64, dup bool, err error) {
-	seq, dup, err = s.publish(ctx, "tombstone", s.cancelMsg(hash, leaseKey, leaseRev, grantMsgID(hash)))
-	if err == nil && dup {
-		_, _, err = s.publish(ctx, "tombstone", s.cancelMsg(hash, leaseKey, leaseRev, ""))
+func (s *store) tombstone(ctx context.Context, hash string, lease, waiter check) (seq uint64, dup bool, err error) {
+	msgs := func(msgID string) []*batchMsg {
+		return []*batchMsg{{Msg: s.cancelMsg(hash, lease, msgID)}, {Msg: s.checkMsg(waiter.key, waiter.rev)}}
 	}
-	return seq, dup, err
+	first := msgs(grantMsgID(hash))
+	if _, err = s.batch(ctx, "tombstone", first); !errors.Is(err, errDuplicate) {
+		return first[0].seq, false, err
+	}
+	seq, dup, err = s.publish(ctx, "tombstone", s.cancelMsg(hash, lease, grantMsgID(hash)))
+	if err != nil {
+		return 0, false, err
+	}
+	if !dup {
+		seq = 0
+	}
+	_, err = s.batch(ctx, "tombstone", msgs(""))
+	return seq, true, err
 }
 
 // cancelMsg is the tombstone of request hash, with message id msgID
-// unless empty, written only if leaseKey is still at leaseRev.
-func (s *store) cancelMsg(hash, leaseKey string, leaseRev uint64, msgID string) *nats.Msg {
+// unless empty, written only if the lease key is still at its revision.
+func (s *store) cancelMsg(hash string, lease check, msgID string) *nats.Msg {
 	m := nats.NewMsg(s.subjPfx + cancelKey(hash))
 	m.Data = []byte(`{"cancelled":true}`)
 	if msgID != "" {
 		m.Header.Set(jetstream.MsgIDHeader, msgID)
 	}
 	m.Header.Set(jetstream.MsgTTLHeader, s.ttlHeader)
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(leaseRev, 10))
-	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subjPfx+leaseKey)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(lease.rev, 10))
+	m.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, s.subjPfx+lease.key)
 	return m
 }
 

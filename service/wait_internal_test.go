@@ -206,7 +206,7 @@ func TestACancelledRequestNeverTakesAPlace(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := st.tombstone(ctx, hash, key, held.rev); err != nil {
+		if _, _, err := st.tombstone(ctx, hash, check{key, held.rev}, check{wkeys[0], 0}); err != nil {
 			t.Fatal(err)
 		}
 		var e streams.ErrorResponse
@@ -221,11 +221,11 @@ func TestACancelledRequestNeverTakesAPlace(t *testing.T) {
 	}
 }
 
-// An enqueue decides a cancel only for a new place: a fresh read that
-// found the request's tombstone answers lease_lost and writes nothing,
-// while the rewrite of a record that stands keeps its place as before.
-// A new place is planned with the check of the cancel key (nothing there:
-// revision 0); a rewrite without it.
+// An enqueue decides its request's cancel: a fresh read that found the
+// request's tombstone answers lease_lost and writes nothing, for a new
+// place as for the rewrite of a record that stands. Every record is
+// planned with the check of the cancel key (nothing there: revision 0),
+// so that once a tombstone stands only deletes reach the waiter key.
 func TestAPlaceIsDecidedWithItsCancel(t *testing.T) {
 	none := observation{}
 	own := observation{entry: entry{rev: 7, rec: &streams.Record{RequestID: "r", Wake: "w"}}}
@@ -239,7 +239,8 @@ func TestAPlaceIsDecidedWithItsCancel(t *testing.T) {
 		{"place gone, cancelled", waitSnap{o: none, mine: 5, cancelled: true}, answerNow, 0},
 		{"first place", waitSnap{o: none}, writePlan, enqueueWrite},
 		{"place gone", waitSnap{o: none, mine: 5}, writePlan, enqueueAgain},
-		{"own record, cancelled", waitSnap{o: own, mine: 7, cancelled: true}, writePlan, enqueueWrite},
+		{"own record", waitSnap{o: own, mine: 7}, writePlan, enqueueWrite},
+		{"own record, cancelled", waitSnap{o: own, mine: 7, cancelled: true}, answerNow, 0},
 	} {
 		v := decideEnqueue(c.s, "w", true)
 		if v.kind != c.kind || v.kind == writePlan && v.plan != c.plan {
@@ -249,14 +250,79 @@ func TestAPlaceIsDecidedWithItsCancel(t *testing.T) {
 			t.Errorf("%s: answered %v, want lease_lost", c.name, v.err)
 		}
 	}
-	if v := decidePlaces(setPlaces{obs: []observation{none, none}, isNew: true, cancelled: true}, &setReq{}, true); v.kind != answerNow || !isCode(v.err, streams.CodeLeaseLost) {
-		t.Errorf("a set's new places after a cancel: %+v, want lease_lost", v)
+	for _, isNew := range []bool{true, false} {
+		if v := decidePlaces(setPlaces{obs: []observation{own, own}, places: []uint64{7, 7}, isNew: isNew, cancelled: true}, &setReq{}, true); v.kind != answerNow || !isCode(v.err, streams.CodeLeaseLost) {
+			t.Errorf("a set's places (new: %v) after a cancel: %+v, want lease_lost", isNew, v)
+		}
 	}
 	rec := &streams.Record{RequestID: "r", Wake: "w"}
-	if ws := placeWrites("wait.k.h", rec, none, "h"); len(ws) != 2 || !ws[1].check || ws[1].key != cancelKey("h") || ws[1].expect != 0 {
-		t.Errorf("a new place's writes: %+v, want the record and the check of cancel.h at 0", ws)
+	for _, o := range []observation{none, own} {
+		if ws := placeWrites("wait.k.h", rec, o, "h"); len(ws) != 2 || ws[0].expect != o.rev || !ws[1].check || ws[1].key != cancelKey("h") || ws[1].expect != 0 {
+			t.Errorf("the writes of a record over revision %d: %+v, want it and the check of cancel.h at 0", o.rev, ws)
+		}
 	}
-	if ws := placeWrites("wait.k.h", rec, own, "h"); len(ws) != 1 || ws[0].expect != 7 {
-		t.Errorf("a rewrite's writes: %+v, want the record alone over revision 7", ws)
+}
+
+// A cancel's tombstone commits only with its reads: the lease key and the
+// request's waiter key as read, so a read of the waiter key from a leader
+// that is behind (here: revision 0, "no record", while one stands) is a
+// conflict and writes nothing, never a cancel answered with its request
+// left in the queue. Once the tombstone stands, the record can only be
+// deleted: its rewrite (placeWrites) is refused. A tombstone of a request
+// granted before is refused as the grant's duplicate and names its
+// revision, and the mark, written instead, checks the same keys.
+func TestATombstoneProvesTheWaiterKeyItRead(t *testing.T) {
+	s, req := runInternal(t, DefaultConfig())
+	ctx := context.Background()
+	st := s.locks.store
+	if m := req(streams.OpAcquire, streams.AcquireRequest{Resource: "tw", RequestID: "holder"}); m.Header.Get(streams.HeaderErrorCode) != "" {
+		t.Fatalf("acquire: %s", m.Data)
+	}
+	key, hash := streams.LeaseKey("tw"), requestHash("tw", "w", origin{}.tenant())
+	wkey := streams.WaitKey("tw", hash)
+	lease, err := st.read(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &streams.Record{Owner: "o", RequestID: "w", Wake: "_INBOX.w", TTLms: 60_000}
+	placed, _, err := st.put(ctx, wkey, rec, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.tombstone(ctx, hash, check{key, lease.rev}, check{wkey, 0}); !isConflict(err) {
+		t.Fatalf("a tombstone on a stale read of the waiter key: %v, want a conflict", err)
+	}
+	if ok, err := st.exists(ctx, cancelKey(hash)); err != nil || ok {
+		t.Fatalf("the refused tombstone was written (%v, %v)", ok, err)
+	}
+	if _, dup, err := st.tombstone(ctx, hash, check{key, lease.rev}, check{wkey, placed}); err != nil || dup {
+		t.Fatalf("the tombstone on current reads: dup %v, %v", dup, err)
+	}
+	if _, _, err := st.commitWrites(ctx, "enqueue", placeWrites(wkey, rec, observation{entry: entry{rev: placed, rec: rec}}, hash)); !isConflict(err) {
+		t.Fatalf("a record rewritten after its request's tombstone: %v, want a conflict", err)
+	}
+	if _, err := st.del(ctx, wkey, placed, nil); err != nil {
+		t.Fatalf("the record's delete after the tombstone: %v", err)
+	}
+
+	var granted streams.LeaseResponse
+	if err := json.Unmarshal(req(streams.OpAcquire, streams.AcquireRequest{Resource: "tw2", RequestID: "g"}).Data, &granted); err != nil || granted.Token == 0 {
+		t.Fatalf("acquire: %+v %v", granted, err)
+	}
+	key2, hash2 := streams.LeaseKey("tw2"), requestHash("tw2", "g", origin{}.tenant())
+	wkey2 := streams.WaitKey("tw2", hash2)
+	lease2, err := st.read(ctx, key2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.tombstone(ctx, hash2, check{key2, lease2.rev}, check{wkey2, 99}); !isConflict(err) {
+		t.Fatalf("a granted request's mark on a stale read of its waiter key: %v, want a conflict", err)
+	}
+	seq, dup, err := st.tombstone(ctx, hash2, check{key2, lease2.rev}, check{wkey2, 0})
+	if err != nil || !dup || seq != granted.Token {
+		t.Fatalf("the tombstone of a granted request: seq %d dup %v %v, want the grant's revision %d as a duplicate", seq, dup, err, granted.Token)
+	}
+	if ok, err := st.exists(ctx, cancelKey(hash2)); err != nil || !ok {
+		t.Fatalf("the granted request's mark was not written (%v, %v)", ok, err)
 	}
 }

@@ -240,7 +240,7 @@ func (w *waiter) enqueue(ctx context.Context) error {
 		read: func(ctx context.Context, fresh bool) (waitSnap, bool, error) {
 			o, err := w.l.current(ctx, w.wkey, fresh)
 			s := waitSnap{o: o, mine: w.queued.rev}
-			if err == nil && fresh && !o.held() {
+			if err == nil && fresh {
 				s.cancelled, err = w.l.store.exists(ctx, cancelKey(w.g.hash))
 			}
 			return s, false, err
@@ -257,13 +257,13 @@ func (w *waiter) enqueue(ctx context.Context) error {
 // write when it has no record yet or the key holds its own (its revision,
 // or its wake subject: a retry's rewrite), else, on a fresh read, lost to
 // a retry that took the place over, or queue again if the record is gone.
-// A new place commits only while the request has no cancel tombstone
+// A record commits only while the request has no cancel tombstone
 // (placeWrites); when a fresh read finds one (after such a commit was
 // refused), the request was cancelled: lease_lost, nothing written.
 func decideEnqueue(s waitSnap, wake string, fresh bool) verdict[struct{}, enqueuePlan] {
 	o := s.o
 	switch {
-	case s.cancelled && !o.held():
+	case s.cancelled:
 		return answer[struct{}, enqueuePlan](struct{}{}, newOpError(streams.CodeLeaseLost, "the waiting acquire was cancelled"))
 	case s.mine == 0 || o.held() && (o.rev == s.mine || o.rec.Wake == wake):
 		return verdict[struct{}, enqueuePlan]{kind: writePlan, plan: enqueueWrite}
@@ -298,18 +298,16 @@ func (w *waiter) commitEnqueue(ctx context.Context, s waitSnap, p enqueuePlan) (
 }
 
 // placeWrites are the writes of the waiter record rec of request hash at
-// wkey, over o, the key's entry as read. A record that takes a new place
-// (o holds none) commits only with the check that the request has no
-// cancel tombstone: a cancel that came between the request's "locked"
-// answer and this write found no record to remove, and without the check
-// the request would wait in the queue after its cancel was answered. A
-// rewrite of a record that stands keeps its place and needs no check.
+// wkey, over o, the key's entry as read: the record, and the check that
+// the request has no cancel tombstone. A cancel that came between the
+// request's "locked" answer and a new place's write found no record to
+// remove, and without the check the request would wait in the queue after
+// its cancel was answered; a rewrite of a record that stands (a retry
+// taking its place over) checks too, so that once a tombstone stands only
+// deletes reach the key, and the record the tombstone's commit proved is
+// the one its cancel removes (handoverOps.dequeue).
 func placeWrites(wkey string, rec *streams.Record, o observation, hash string) []write {
-	ws := []write{{key: wkey, expect: o.rev, e: entry{rec: rec}}}
-	if !o.held() {
-		ws = append(ws, cancelCheck(hash))
-	}
-	return ws
+	return []write{{key: wkey, expect: o.rev, e: entry{rec: rec}}, cancelCheck(hash)}
 }
 
 // cancelCheck is the condition that request hash has no cancel tombstone:
@@ -447,10 +445,11 @@ func (l *handoverOps) deleteRecord(ctx context.Context, key string) (bool, error
 // tombstone carries the grant's message id, so an acquire of the request
 // arriving later (delayed, or retried) within the retry window is a
 // duplicate and never granted; the tombstone commits only if the lease key
-// is still as read, which proves the read. So a cancel of a request the
-// service never saw costs three reads (the waiter key, to tell whose it
-// is; the lease key; the waiter key again under the lock) and that one
-// write, which leaves the bucket after the retry window.
+// and the request's waiter key are still as read, which proves both reads.
+// So a cancel of a request the service never saw costs three reads (the
+// waiter key, to tell whose it is; the lease key and the waiter key under
+// the lock) and that one commit, which leaves the bucket after the retry
+// window.
 //
 // A cancel belongs to the same caller as an acquire exactly when a
 // retried acquire would: the same tenant, owner and request id. Another
@@ -470,7 +469,7 @@ func (l *handoverOps) cancel(ctx context.Context, resource, requestID, owner str
 		return nil, err
 	}
 	defer st.unlock()
-	o, err := l.tombstone(ctx, key, hash)
+	t, err := l.tombstone(ctx, key, wkey, hash)
 	if err != nil {
 		return nil, err
 	}
@@ -478,14 +477,14 @@ func (l *handoverOps) cancel(ctx context.Context, resource, requestID, owner str
 	mine := func(rec *streams.Record) bool {
 		return rec.RequestID == requestID && rec.Tenant == tenant && rec.Owner == owner
 	}
-	if o.held() && mine(o.rec) {
+	if t.lease.held() && mine(t.lease.rec) {
 		e, err := l.endIf(ctx, resource, key, mine, endCancel, who, "")
 		if err != nil {
 			return nil, err
 		}
 		released = e != nil
 	}
-	dequeued, err := l.dequeue(ctx, resource, wkey, owner)
+	dequeued, err := l.dequeue(ctx, resource, wkey, owner, t.waiter)
 	if err != nil {
 		return nil, err
 	}
@@ -508,47 +507,83 @@ func (l *handoverOps) otherWaiter(ctx context.Context, wkey, owner string) (bool
 	return o.held() && o.rec.Owner != owner, nil
 }
 
-// tombstone writes the cancel tombstone of request hash on a fresh read of
-// the lease key, conditioned on that read, and returns the read. When a
-// write with the grant's message id exists already (the request was
-// granted, or cancelled before) the mark written instead proves the read
-// (store.tombstone).
-func (l *handoverOps) tombstone(ctx context.Context, key, hash string) (observation, error) {
-	return commitLoop(ctx, l.engineDeps, "", true, engineSteps[observation, struct{}, observation]{
-		read:   l.readKey(key),
-		decide: writeAlways[observation],
-		commit: func(ctx context.Context, o observation, _ struct{}) (observation, outcome, error) {
-			_, _, err := l.store.tombstone(ctx, hash, key, o.rev)
-			return quiet(settled(o, err))
+// cancelSnap is what a cancel's tombstone commits on: the request's lease
+// key and its waiter key, read fresh.
+type cancelSnap struct {
+	lease, waiter observation
+}
+
+// tombstoned is the outcome of a cancel's tombstone: the keys as its
+// commit proved them, and whether a write with the request's grant id
+// existed already (granted: the request was granted, or cancelled
+// before), at revision seq (0 when the duplicate did not say).
+type tombstoned struct {
+	cancelSnap
+	seq     uint64
+	granted bool
+}
+
+// tombstone writes the cancel tombstone of request hash (or its mark) on
+// fresh reads of the lease key and of the request's waiter key wkey,
+// conditioned on both (store.tombstone), and returns the reads it proved.
+// Since every write of a waiter record checks that its request has no
+// tombstone (placeWrites), the waiter key can only be deleted after it:
+// the record read is the request's last place.
+func (l *handoverOps) tombstone(ctx context.Context, key, wkey, hash string) (tombstoned, error) {
+	return commitLoop(ctx, l.engineDeps, "", true, engineSteps[cancelSnap, struct{}, tombstoned]{
+		read: func(ctx context.Context, fresh bool) (cancelSnap, bool, error) {
+			var s cancelSnap
+			var err error
+			if s.lease, err = l.current(ctx, key, fresh); err == nil {
+				s.waiter, err = l.current(ctx, wkey, fresh)
+			}
+			return s, false, err
+		},
+		decide: writeAlways[cancelSnap, tombstoned],
+		commit: func(ctx context.Context, s cancelSnap, _ struct{}) (tombstoned, outcome, error) {
+			seq, dup, err := l.store.tombstone(ctx, hash, check{key, s.lease.rev}, check{wkey, s.waiter.rev})
+			return quiet(settled(tombstoned{cancelSnap: s, seq: seq, granted: dup}, err))
 		},
 	})
 }
 
-// dequeue removes the waiter record at wkey of owner, if there is one, and tells
-// its waiting request at once. If the resource is free, the next waiter is
-// woken. A record missed by a stale read (a leader cut off by a partition
-// that has just healed answers from old state) stays until its wait ends,
-// or until a hand-over picks it or its waiter claims the resource: either
-// grant carries the request's message id, which the tombstone took, so it
-// is refused (the hand-over drops the record, the waiter is answered
-// lease_lost). Its request is never granted, and never queues again
-// (placeWrites).
-func (l *handoverOps) dequeue(ctx context.Context, resource, wkey, owner string) (bool, error) {
-	var wake string
-	if o, err := l.current(ctx, wkey, true); err != nil {
-		return false, err
-	} else if !o.held() || o.rec.Owner != owner {
-		return false, nil
-	} else {
-		wake = o.rec.Wake
-	}
-	removed, err := l.deleteRecord(ctx, wkey)
-	if err != nil || !removed {
-		return false, err
-	}
-	l.wakes.send(wake, nil) // the waiting request stops at once
-	if o, ok := l.tracker.get(streams.LeaseKey(resource)); !ok || !o.held() {
-		l.wakeHead(streams.EncodeResource(resource))
-	}
-	return true, nil
+// dequeue removes the waiter record at wkey, if it is owner's, and tells
+// its waiting request at once; if the resource is free, the next waiter is
+// woken. It decides first on w, the record as the cancel's tombstone
+// proved it (or, for an ended session's wait, as the view shows it), and
+// on fresh reads after a lost compare-and-set. After a tombstone only
+// deletes reach the key (placeWrites), so a record a fresh read misses was
+// removed by another (its hand-over, which the tombstone refuses, or the
+// end of its wait).
+func (l *handoverOps) dequeue(ctx context.Context, resource, wkey, owner string, w observation) (bool, error) {
+	return commitLoop(ctx, l.engineDeps, "", false, engineSteps[observation, struct{}, bool]{
+		read: func(ctx context.Context, fresh bool) (observation, bool, error) {
+			if !fresh {
+				return w, false, nil
+			}
+			o, err := l.current(ctx, wkey, true)
+			return o, false, err
+		},
+		decide: func(o observation, _ bool) verdict[bool, struct{}] {
+			if !o.held() || o.rec.Owner != owner {
+				return answer[bool, struct{}](false, nil)
+			}
+			return verdict[bool, struct{}]{kind: writePlan}
+		},
+		commit: func(ctx context.Context, o observation, _ struct{}) (bool, outcome, error) {
+			seq, err := l.store.del(ctx, wkey, o.rev, nil)
+			if err != nil {
+				if !isConflict(err) {
+					l.tracker.forget(wkey)
+				}
+				return quiet(settled(false, err))
+			}
+			l.tracker.observe(wkey, entry{rev: seq})
+			l.wakes.send(o.rec.Wake, nil) // the waiting request stops at once
+			if o, ok := l.tracker.get(streams.LeaseKey(resource)); !ok || !o.held() {
+				l.wakeHead(streams.EncodeResource(resource))
+			}
+			return true, committed, nil
+		},
+	})
 }
