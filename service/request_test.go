@@ -332,8 +332,9 @@ func TestASessionLeaseIsToldItsRealHold(t *testing.T) {
 
 // A cancel belongs to the same caller as an acquire only when tenant,
 // owner and request id all match: owner B, waiting with owner A's
-// request id, gives up its wait and ends only that wait; A's lease stays
-// and renews, and A's own cancel still ends it.
+// request id, is left waiting by A's cancel, gives up its wait and ends
+// only that wait; A's lease stays and renews, and A's own cancel still
+// ends it.
 func TestACancelEndsOnlyItsOwnersRequest(t *testing.T) {
 	env := testenv.Start(t)
 	env.Serve(testenv.Config())
@@ -344,7 +345,14 @@ func TestACancelEndsOnlyItsOwnersRequest(t *testing.T) {
 	}
 	wait := c.acquireAsync(streams.AcquireRequest{Resource: "job", RequestID: "R", Owner: "host:200", WaitMs: 60000})
 	waitForWaiters(t, c, "job", 1)
+	// A's cancel while B waits with the same request id: B's wait is
+	// another owner's, left alone (no tombstone, which would end it), and
+	// the cancel touches nothing.
 	var cr streams.CancelResponse
+	c.send(streams.OpCancel, streams.CancelRequest{Resource: "job", RequestID: "R", Owner: "host:100"}).decode(t, &cr)
+	if st := c.status("job"); cr.Cancelled || !st.Held || st.Token != a.Token || st.Waiters != 1 {
+		t.Fatalf("A's cancel while B waits: %+v, status %+v; want nothing cancelled, A's lease held, B waiting", cr, st)
+	}
 	c.send(streams.OpCancel, streams.CancelRequest{Resource: "job", RequestID: "R", Owner: "host:200"}).decode(t, &cr)
 	if !cr.Cancelled {
 		t.Fatal("owner B's cancel of its own wait cancelled nothing")

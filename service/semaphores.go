@@ -261,9 +261,6 @@ func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID
 	g := &grantReq{resource: queue, key: key, requestID: requestID, owner: owner, who: who, tenant: who.tenant(),
 		hash: requestHash(queue, requestID, who.tenant()), sem: sem, limit: limit}
 	wkey := streams.WaitKey(queue, g.hash)
-	if other, err := l.handover.otherWaiter(ctx, wkey, owner); other || err != nil {
-		return &streams.CancelResponse{Resource: sem}, err
-	}
 	st, err := l.lock(ctx, key)
 	if err != nil {
 		return nil, err
@@ -272,9 +269,9 @@ func (l *semOps) cancelSem(ctx context.Context, sem string, limit int, requestID
 	// The tombstone carries the grant's message id: refused as a
 	// duplicate, it proves the request was granted (or cancelled before),
 	// and the duplicate's revision names the permit that grant took.
-	t, err := l.handover.tombstone(ctx, key, wkey, g.hash)
-	if err != nil {
-		return nil, err
+	t, err := l.handover.tombstone(ctx, key, wkey, g.hash, owner)
+	if err != nil || t.other {
+		return &streams.CancelResponse{Resource: sem}, err
 	}
 	released, err := l.endCancelledPermit(ctx, g, t.granted, t.seq)
 	if err != nil {

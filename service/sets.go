@@ -984,8 +984,8 @@ func (l *setOps) cancelSet(ctx context.Context, resources []string, requestID, o
 	ts := make([]tombstoned, len(r.keys))
 	obs := make([]observation, len(r.keys))
 	for i, k := range r.keys {
-		if ts[i], err = l.handover.tombstone(ctx, k, streams.WaitKey(resources[i], r.hashes[i]), r.hashes[i]); err != nil {
-			return nil, err
+		if ts[i], err = l.handover.tombstone(ctx, k, streams.WaitKey(resources[i], r.hashes[i]), r.hashes[i], owner); err != nil || ts[i].other {
+			return &streams.SetCancelResponse{Resources: resources}, err
 		}
 		obs[i] = ts[i].lease
 	}

@@ -446,32 +446,28 @@ func (l *handoverOps) deleteRecord(ctx context.Context, key string) (bool, error
 // arriving later (delayed, or retried) within the retry window is a
 // duplicate and never granted; the tombstone commits only if the lease key
 // and the request's waiter key are still as read, which proves both reads.
-// So a cancel of a request the service never saw costs three reads (the
-// waiter key, to tell whose it is; the lease key and the waiter key under
-// the lock) and that one commit, which leaves the bucket after the retry
-// window.
+// So a cancel of a request the service never saw costs two reads (the
+// lease key and the waiter key, under the lock) and that one commit, which
+// leaves the bucket after the retry window.
 //
 // A cancel belongs to the same caller as an acquire exactly when a
 // retried acquire would: the same tenant, owner and request id. Another
 // tenant's request of the same id has another hash, so another tombstone
 // and waiter key; another owner's lease or wait of the same id is left
-// alone (see otherWaiter).
+// alone (see tombstone).
 func (l *handoverOps) cancel(ctx context.Context, resource, requestID, owner string, who origin) (*streams.CancelResponse, error) {
 	key := streams.LeaseKey(resource)
 	tenant := who.tenant()
 	hash := requestHash(resource, requestID, tenant)
 	wkey := streams.WaitKey(resource, hash)
-	if other, err := l.otherWaiter(ctx, wkey, owner); other || err != nil {
-		return &streams.CancelResponse{Resource: resource}, err
-	}
 	st, err := l.lock(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	defer st.unlock()
-	t, err := l.tombstone(ctx, key, wkey, hash)
-	if err != nil {
-		return nil, err
+	t, err := l.tombstone(ctx, key, wkey, hash, owner)
+	if err != nil || t.other {
+		return &streams.CancelResponse{Resource: resource}, err
 	}
 	var released bool
 	mine := func(rec *streams.Record) bool {
@@ -493,12 +489,9 @@ func (l *handoverOps) cancel(ctx context.Context, resource, requestID, owner str
 }
 
 // otherWaiter reports whether the waiter record at wkey (the request's:
-// its tenant and request id) is another owner's, on a fresh read. A
-// cancel of that request id by this owner then touches nothing: not even
-// a tombstone, which would end that owner's wait. A lease of that other
-// owner needs no such check: its grant's message id is the tombstone's,
-// so the tombstone is not written, and the lease is ended only when its
-// owner is the cancel's.
+// its tenant and request id) is another owner's, on a fresh read: a lock
+// set's cancel looks at every key so before it writes any (tombstone
+// decides it again, proven, at each key).
 func (l *handoverOps) otherWaiter(ctx context.Context, wkey, owner string) (bool, error) {
 	o, err := l.current(ctx, wkey, true)
 	if err != nil {
@@ -516,11 +509,14 @@ type cancelSnap struct {
 // tombstoned is the outcome of a cancel's tombstone: the keys as its
 // commit proved them, and whether a write with the request's grant id
 // existed already (granted: the request was granted, or cancelled
-// before), at revision seq (0 when the duplicate did not say).
+// before), at revision seq (0 when the duplicate did not say); or, with
+// other, that the waiter key holds another owner's record, and nothing
+// was written but the proof of that read.
 type tombstoned struct {
 	cancelSnap
 	seq     uint64
 	granted bool
+	other   bool
 }
 
 // tombstone writes the cancel tombstone of request hash (or its mark) on
@@ -529,7 +525,14 @@ type tombstoned struct {
 // Since every write of a waiter record checks that its request has no
 // tombstone (placeWrites), the waiter key can only be deleted after it:
 // the record read is the request's last place.
-func (l *handoverOps) tombstone(ctx context.Context, key, wkey, hash string) (tombstoned, error) {
+//
+// A waiter record of another owner than the cancel's (the tenant's
+// request id reused by another caller) is left alone: a tombstone would
+// end that owner's wait. The read that found it is proven by the confirm
+// write instead (other). A lease of that other owner needs no such care:
+// its grant's message id is the tombstone's, so the tombstone is not
+// written, and a lease is ended only when its owner is the cancel's.
+func (l *handoverOps) tombstone(ctx context.Context, key, wkey, hash, owner string) (tombstoned, error) {
 	return commitLoop(ctx, l.engineDeps, "", true, engineSteps[cancelSnap, struct{}, tombstoned]{
 		read: func(ctx context.Context, fresh bool) (cancelSnap, bool, error) {
 			var s cancelSnap
@@ -541,6 +544,10 @@ func (l *handoverOps) tombstone(ctx context.Context, key, wkey, hash string) (to
 		},
 		decide: writeAlways[cancelSnap, tombstoned],
 		commit: func(ctx context.Context, s cancelSnap, _ struct{}) (tombstoned, outcome, error) {
+			if s.waiter.held() && s.waiter.rec.Owner != owner {
+				err := l.store.confirm(ctx, wkey, s.waiter.rev)
+				return quiet(settled(tombstoned{cancelSnap: s, other: true}, err))
+			}
 			seq, dup, err := l.store.tombstone(ctx, hash, check{key, s.lease.rev}, check{wkey, s.waiter.rev})
 			return quiet(settled(tombstoned{cancelSnap: s, seq: seq, granted: dup}, err))
 		},
