@@ -260,9 +260,8 @@ func (l *handoverOps) remove(ctx context.Context, key string, o observation, why
 
 // handOver grants the resource whose lease is observed in o to waiter w,
 // in one atomic write with the removal of w's record, and sends w the
-// grant on its wake subject. A grant to a waiter of a session is sent only
-// once its place in the stream is confirmed (validInSession); an orphan
-// is ended at once and its waiter woken, to learn that its session ended.
+// grant on its wake subject. A grant to a waiter of a session commits only
+// with its session's record still at the revision read (sessionCheck).
 func (l *handoverOps) handOver(ctx context.Context, resource, key string, o observation, w waiterInfo) error {
 	now := l.cfg.Clock.Now()
 	ttl := w.leaseTTL
@@ -273,7 +272,6 @@ func (l *handoverOps) handOver(ctx context.Context, resource, key string, o obse
 	// resource soon then, and the holder's first renewal extends it.
 	rec := newLease(now, w.requestID, w.owner, w.tenant, min(ttl, l.cfg.HandoverTTL), l.holdLimit(now, w.maxHold))
 	rec.Limit, rec.Value = w.limit, w.value
-	plain := w.session == "" || l.sessions.inStreamOrder()
 	var sess check
 	if w.session != "" {
 		// A waiter of a session is granted only while its session lives,
@@ -285,32 +283,19 @@ func (l *handoverOps) handOver(ctx context.Context, resource, key string, o obse
 		sessionLease(rec, now, w.session, l.holdLimit(now, w.maxHold))
 	}
 	wkey := streams.WaitKey(queueResource(resource), w.hash)
-	if !plain {
+	if w.session != "" {
 		gate, err := l.sessions.sessionGate(ctx, w.session)
 		if err != nil {
 			return err
 		}
 		defer gate.unlock()
-	} else {
-		sess = check{} // decided by the stream's order instead
 	}
 	token, removed, err := l.store.handOver(ctx, key, rec, o.rev, grantMsgID(w.hash), wkey, w.rev, sess)
 	if err != nil {
 		return err
 	}
-	granted := l.tracker.observe(key, entry{rev: token, rec: rec})
+	l.tracker.observe(key, entry{rev: token, rec: rec})
 	l.tracker.observe(wkey, entry{rev: removed})
-	if w.session != "" {
-		if err := l.sessions.validInSession(ctx, token, w.session, "", plain); err != nil {
-			if isCode(err, streams.CodeLeaseLost) {
-				l.sessions.endOrphan(ctx, key, granted)
-			}
-			// The waiter claims on a plain wake: a retry decides its grant
-			// again, or answers that its session ended.
-			l.wakes.send(w.wake, nil)
-			return nil
-		}
-	}
 	l.report.granted(resource, token, w.owner, origin{}, "handover")
 	l.wakes.send(w.wake, l.handedOverResponse(resource, token, rec, w.session))
 	return nil

@@ -496,19 +496,13 @@ func mustRefuse(g *grantReq, s grantSnap, fresh bool) (refusal error, again bool
 // request; or locked when the retry names another owner or another
 // session (another caller reusing the request id). A lease of a session
 // is not renewed: its session is what is kept alive. It is answered only
-// once its place in the stream is confirmed (validInSession) and it is
-// proven held now (heldInSession).
+// once it is proven held now (heldInSession): its grant committed with its
+// session live, and a session live now has been live since.
 func (l *leaseOps) sameRequest(ctx context.Context, g *grantReq, o observation) (*streams.LeaseResponse, error) {
 	if o.rec.Owner != g.owner || o.rec.Session != g.session {
 		return nil, lockedError(o, g.who)
 	}
 	if g.session != "" {
-		if err := l.sessions.validInSession(ctx, o.rev, g.session, g.secret, false); err != nil {
-			if isCode(err, streams.CodeLeaseLost) {
-				l.sessions.endOrphan(ctx, g.key, o)
-			}
-			return nil, err
-		}
 		sess, err := l.heldInSession(ctx, g, []string{g.key}, []observation{o})
 		if err != nil {
 			return nil, err
@@ -550,19 +544,16 @@ func (l *leaseOps) heldInSession(ctx context.Context, g *grantReq, keys []string
 }
 
 // grant writes a new lease for g over the revision observed in o. A lease
-// of a session is one compare-and-set write answered once its place in
-// the stream is confirmed (validInSession), or, on a lone instance, commits
-// with the check that the session observed in sess has not moved on (see
-// leaseWrites).
+// of a session commits with the check that the session observed in sess
+// has not moved on (see leaseWrites), on any number of instances.
 func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess observation) (*streams.LeaseResponse, error) {
 	now := l.cfg.Clock.Now()
 	rec := newLease(now, g.requestID, g.owner, g.tenant, g.ttl, l.holdLimit(now, g.maxHold))
 	rec.Limit, rec.Value = g.limit, g.value
-	plain := g.session == "" || l.sessions.inStreamOrder()
 	if g.session != "" {
 		sessionLease(rec, now, g.session, l.holdLimit(now, g.maxHold))
 	}
-	seq, nameSeq, dup, err := l.writeGrant(ctx, g, rec, o.rev, sess, plain)
+	seq, nameSeq, dup, err := l.writeGrant(ctx, g, rec, o.rev, sess)
 	if err != nil {
 		if !errors.Is(err, errConflict) {
 			l.tracker.forget(g.key)
@@ -572,7 +563,7 @@ func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess o
 	if dup {
 		return l.earlierGrant(ctx, g, seq)
 	}
-	granted := l.tracker.observe(g.key, entry{rev: seq, rec: rec})
+	l.tracker.observe(g.key, entry{rev: seq, rec: rec})
 	if nameSeq != 0 {
 		l.tracker.observe(streams.LeaseKey(g.sem), entry{rev: nameSeq, sem: g.limit})
 	}
@@ -580,26 +571,19 @@ func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess o
 		l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
 		return leaseResponse(g.resource, seq, rec), nil
 	}
-	if err := l.sessions.validInSession(ctx, seq, g.session, g.secret, plain); err != nil {
-		if isCode(err, streams.CodeLeaseLost) {
-			l.sessions.endOrphan(ctx, g.key, granted)
-		}
-		return nil, err
-	}
 	l.report.granted(g.resource, seq, g.owner, g.who, "acquire")
 	return sessionLeaseResponse(g.resource, seq, rec, sess.rec), nil
 }
 
 // writeGrant writes the lease rec for g over revision expect
-// (grantWrites): when not plain, with the check of the session observed in
-// sess, through the session's gate (a lease of a session, on a lone
-// instance). It returns the grant's revision and, for a permit, its name
+// (grantWrites): in a session, with the check of the session observed in
+// sess, through the session's gate. It returns the grant's revision and, for a permit, its name
 // record's (nameSeq), or dup when an earlier write of the request (or its
 // cancel) was found.
-func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation, plain bool) (seq, nameSeq uint64, dup bool, err error) {
+func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation) (seq, nameSeq uint64, dup bool, err error) {
 	var session check
 	var gate *keyLock
-	if !plain {
+	if g.session != "" {
 		if gate, err = l.sessions.sessionGate(ctx, g.session); err != nil {
 			return 0, 0, false, err
 		}
@@ -610,7 +594,7 @@ func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Rec
 		gate.unlock()
 	}
 	switch {
-	case err != nil && isConflict(err) && !plain:
+	case err != nil && isConflict(err) && g.session != "":
 		l.conflictPause(ctx) // perhaps another instance's write to the session
 	case err != nil || dup:
 	case g.limit != 0:
@@ -845,15 +829,15 @@ func (l *leaseOps) release(ctx context.Context, resource, leaseID string, who or
 
 // releaseCounts reports whether a release that ended a lease of session
 // hash ("" for none), its end now key's last write, counts: only if the
-// session had not ended before it in the stream, as for a grant to a
-// session (validInSession), when the instance follows the bucket; its view
-// of the session may lag. If it had, the lease had ended with it.
+// session had not ended before it in the stream (liveInStream), when the
+// instance follows the bucket; its view of the session may lag. If it
+// had, the lease had ended with it.
 func (l *leaseOps) releaseCounts(ctx context.Context, key, hash string) (bool, error) {
 	if hash == "" || !l.sessions.inStreamOrder() {
 		return true, nil
 	}
 	o, _ := l.tracker.get(key)
-	if err := l.sessions.validInSession(ctx, o.rev, hash, "", true); isCode(err, streams.CodeLeaseLost) {
+	if err := l.sessions.liveInStream(ctx, o.rev, hash); isCode(err, streams.CodeLeaseLost) {
 		return false, nil
 	} else if err != nil {
 		return false, err

@@ -14,8 +14,8 @@ import (
 )
 
 // twoFollowing starts a cluster and two instances that follow the bucket
-// (each hears the other), so that grants to sessions commit in stream
-// order.
+// (each hears the other), so that releases in sessions are judged in
+// stream order.
 func twoFollowing(t *testing.T) (a, b *Service, cl *devcluster.Cluster) {
 	t.Helper()
 	cl = startCluster(t)
@@ -27,7 +27,7 @@ func twoFollowing(t *testing.T) (a, b *Service, cl *devcluster.Cluster) {
 }
 
 // following starts an instance that follows the bucket throughout (alone,
-// it lingers for ten minutes), once its grants to sessions commit in
+// it lingers for ten minutes), once it judges releases in sessions in
 // stream order.
 func following(t *testing.T, cl *devcluster.Cluster) *Service {
 	t.Helper()
@@ -118,15 +118,17 @@ func lastWrite(t *testing.T, cl *devcluster.Cluster, key string) (uint64, *strea
 	return m.Sequence, streams.DecodeEndMark(m.Data)
 }
 
-// A grant to a session whose write lands after the session's end in the
-// stream is an orphan: the instance that wrote it never answers it (the
-// requester is told lease_lost) and ends it at once. The race is played
+// A grant to a session is never written after the session's end, on
+// instances that follow the bucket as on a lone one: its commit checks the
+// session's record at the revision read. The race is played
 // deterministically: the grant is decided on a view of the session taken
 // before its close, and written after it, as when an acquire and a close
-// of the same session are served by two instances at once. A grant
-// decided and written before the end counts, and the close ends it.
-func TestAGrantAfterItsSessionEndedIsNeverAnswered(t *testing.T) {
-	a, b, cl := twoFollowing(t)
+// of the same session are served by two instances at once. The write is
+// refused (a conflict; the decision on fresh reads then answers
+// lease_lost) and the key is never written. A grant decided and written
+// before the end counts, and the close ends it.
+func TestAGrantAfterItsSessionEndedIsNeverWritten(t *testing.T) {
+	a, b, _ := twoFollowing(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -138,35 +140,27 @@ func TestAGrantAfterItsSessionEndedIsNeverAnswered(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool { o, _ := b.locks.current(ctx, before.key, true); return !o.held() },
 		"the grant made before the close is ended by it")
 
-	orphan := openIn(t, a, "orphaned", "order/after")
-	sess, err := a.locks.sessions.session(ctx, orphan, true) // the session as the acquire saw it: live
+	late := openIn(t, a, "late", "order/after")
+	sess, err := a.locks.sessions.session(ctx, late, true) // the session as the acquire saw it: live
 	if err != nil {
 		t.Fatal(err)
 	}
-	free, err := a.locks.current(ctx, orphan.key, true)
+	free, err := a.locks.current(ctx, late.key, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed, err := b.locks.sessions.closeSession(ctx, orphan.session+orphan.secret, origin{})
+	closed, err := b.locks.sessions.closeSession(ctx, late.session+late.secret, origin{})
 	if err != nil || !closed.Closed {
 		t.Fatalf("close: %+v %v", closed, err)
 	}
-	resp, err := a.locks.leases.grant(ctx, orphan, free, sess)
-	if !isCode(err, streams.CodeLeaseLost) || resp != nil {
-		t.Fatalf("a grant written after its session's close answered %+v, %v; want lease_lost and no lease", resp, err)
+	if resp, err := a.locks.leases.grant(ctx, late, free, sess); !isConflict(err) || resp != nil {
+		t.Fatalf("a grant written after its session's close answered %+v, %v; want a conflict", resp, err)
 	}
-	// The grant was written (no check refused it) and then ended: the
-	// key's last write is an end naming the request, after the session's.
-	sessEnd, _ := b.locks.tracker.get(streams.SessionKey(orphan.session))
-	rev, mark := lastWrite(t, cl, orphan.key)
-	if mark == nil || mark.RequestID != orphan.requestID || rev <= sessEnd.rev+1 {
-		t.Fatalf("last write at %s: revision %d, end mark %+v; want the end of request %s's grant, after the session's end at %d and the grant",
-			orphan.key, rev, mark, orphan.requestID, sessEnd.rev)
+	if e, err := a.locks.store.read(ctx, late.key); err != nil || e.rev != 0 {
+		t.Fatalf("the grant refused by its session's check wrote %s at %d (%v)", late.key, e.rev, err)
 	}
-	for _, s := range []*Service{a, b} {
-		if o, _ := s.locks.current(ctx, orphan.key, true); o.held() {
-			t.Errorf("the orphan is still held: %+v", o.rec)
-		}
+	if resp, err := a.locks.leases.acquire(ctx, late); !isCode(err, streams.CodeLeaseLost) || resp != nil {
+		t.Fatalf("the acquire decided again: %+v, %v; want lease_lost", resp, err)
 	}
 }
 
@@ -343,9 +337,8 @@ func TestADueKeyOfAnOrphanSetEndsTheSetWhole(t *testing.T) {
 // was told it held the lease the close had ended, on an instance that
 // read it from old state. Played here by ending the session and its
 // lease behind the instance's back and setting its view back: on a lone
-// instance (which answered on its own view), and on one that follows the
-// bucket (which judges the grant by its session's life at the grant's
-// revision: live then, so only the proof of now refuses it).
+// instance and on one that follows the bucket (the grant committed while
+// its session lived: only the proof of now refuses it).
 func TestARetryAfterItsSessionClosedIsNotHeld(t *testing.T) {
 	cl := startCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -382,50 +375,53 @@ func TestARetryAfterItsSessionClosedIsNotHeld(t *testing.T) {
 	retry("ordered", ordered)
 }
 
-// A grant to a session that the watcher's deliveries do not show live (the
-// soak found a live session missing there, its grant ended as an orphan,
-// its waiter told lease_lost) counts once a fresh, proven read of the
-// session's record shows it live; and a grant whose session ended after
-// it in the stream counts too (it was live at the grant's revision), the
-// session's end then ending it.
-func TestAGrantIsJudgedAtItsOwnRevision(t *testing.T) {
+// A release of a lease of a session, on an instance that follows the
+// bucket, counts only if the session had not ended before it in the
+// stream, judged at the release's own revision (liveInStream): a session
+// that the watcher's deliveries do not show live (the soak found a live
+// session missing there) is live once a fresh, proven read of its record
+// shows it so; a session that ended after the revision was live there,
+// and one that ended before it was not, decided on the deliveries alone
+// when they show that end.
+func TestAReleaseIsJudgedAtItsOwnRevision(t *testing.T) {
 	a, b, cl := twoFollowing(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
 	missed := openIn(t, a, "missed", "order/missed")
+	opened, _ := lastWrite(t, cl, streams.SessionKey(missed.session))
+	waitFor(t, 10*time.Second, func() bool { return a.locks.delivered() >= opened }, "the watcher delivered the session's open")
 	a.follow.deliveries.mu.Lock()
 	delete(a.follow.deliveries.sessions, missed.session)
 	a.follow.deliveries.mu.Unlock()
-	if lease, _ := grantIn(ctx, t, a, missed); lease.Token == 0 {
-		t.Fatal("no lease")
+	if err := a.locks.sessions.liveInStream(ctx, opened, missed.session); err != nil {
+		t.Fatalf("a live session missing from the deliveries: %v; want it live", err)
 	}
 
 	later := openIn(t, a, "ended-later", "order/ended-later")
-	rec := newLease(time.Now(), later.requestID, later.owner, "", time.Hour, time.Time{})
-	sessionLease(rec, time.Now(), later.session, time.Time{})
-	seq, _, err := a.locks.store.put(ctx, later.key, rec, 0, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	live, _ := lastWrite(t, cl, streams.SessionKey(later.session))
 	if _, err := b.locks.sessions.closeSession(ctx, later.session+later.secret, origin{}); err != nil {
 		t.Fatal(err)
 	}
 	end, _ := lastWrite(t, cl, streams.SessionKey(later.session))
-	waitFor(t, 10*time.Second, func() bool { return a.locks.delivered() >= end }, "the watcher delivered the session's end")
-	if err := a.locks.sessions.validInSession(ctx, seq, later.session, later.secret, true); err != nil {
-		t.Fatalf("a grant at %d of a session ended at %d: %v; want it counted", seq, end, err)
+	after, _, err := a.locks.store.put(ctx, streams.LeaseKey("order/after-the-end"), newLease(time.Now(), "x", "o", "", time.Minute, time.Time{}), 0, "")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := a.locks.sessions.validInSession(ctx, end+1, later.session, later.secret, true); !isCode(err, streams.CodeLeaseLost) {
-		t.Fatalf("a grant after its session's end at %d: %v; want lease_lost", end, err)
+	waitFor(t, 10*time.Second, func() bool { return a.locks.delivered() >= after }, "the watcher delivered the session's end and a write after it")
+	if err := a.locks.sessions.liveInStream(ctx, live, later.session); err != nil {
+		t.Fatalf("at %d, a session ended at %d: %v; want it live there", live, end, err)
+	}
+	if err := a.locks.sessions.liveInStream(ctx, after, later.session); !isCode(err, streams.CodeLeaseLost) {
+		t.Fatalf("at %d, after its session's end at %d: %v; want lease_lost", after, end, err)
 	}
 	// Decided on the watcher's deliveries alone, with no read (a stream
 	// leader cut off by a partition could answer one from old state): so
 	// even a request whose context has ended gets its answer.
 	gone, stop := context.WithCancel(ctx)
 	stop()
-	if err := a.locks.sessions.validInSession(gone, end+1, later.session, later.secret, true); !isCode(err, streams.CodeLeaseLost) {
-		t.Fatalf("a grant after its session's delivered end at %d, judged without a read: %v; want lease_lost", end, err)
+	if err := a.locks.sessions.liveInStream(gone, after, later.session); !isCode(err, streams.CodeLeaseLost) {
+		t.Fatalf("after its session's delivered end at %d, judged without a read: %v; want lease_lost", end, err)
 	}
 }
 

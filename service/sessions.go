@@ -26,21 +26,21 @@ import (
 // while its session is: it counts only if no end of its session precedes
 // it in the stream.
 //
-//   - While the instance follows the bucket, a grant to a session (a lease,
-//     a permit, a set, a hand-over to a waiter of a session) is the same
-//     compare-and-set write as any grant: no check of the session record,
-//     which keepalives rewrite, so grants and keepalives never conflict.
-//     Its place in the stream decides it: the instance answers it only once
-//     its watcher has delivered the stream up to the grant's revision with
-//     the session's record still live (see validInSession). A grant that
-//     landed after its session's end is an orphan: the instance ends it at
-//     once and its requester is told lease_lost; should the instance die
-//     first, every other instance sees a lease of an ended session
-//     (tracker.expired) and ends it.
-//   - A lone instance follows no watcher: it commits a grant to a session
-//     in one atomic batch with a check that the session record is still at
-//     the revision read (leaseWrites), so no grant of its follows the
-//     session's end in the stream.
+//   - A grant to a session (a lease, a permit, a set, a hand-over to a
+//     waiter of a session) commits in one atomic batch with a check that
+//     the session record is still at the revision read (leaseWrites), on
+//     any number of instances: no grant follows its session's end in the
+//     stream, and a lease of a session found in the bucket was granted while
+//     its session lived. A keepalive that lands between the read and the
+//     grant (on another instance; this one's are gated, sessionGate) fails
+//     the grant's check: it is decided again on fresh reads. A retry is
+//     answered from its earlier grant once the lease and the session are
+//     proven current (heldInSession): a session live now was live at the
+//     grant.
+//   - A release of a lease of a session counts only if the session had not
+//     ended before it: an instance that follows the bucket judges where the
+//     release landed in the stream (liveInStream), a lone instance by its
+//     view, which holds every end of a session (its own).
 //   - Ending a session is one compare-and-set delete of its record (so a
 //     keepalive that landed first wins), after which its leases count as
 //     ended everywhere (tracker.expired): anyone may take them over by
@@ -70,9 +70,8 @@ const (
 
 // sessionGate serialises, within this instance, the writes that commit
 // with a check of session hash's record or rewrite it: its keepalives, its
-// end, the proofs of a negative answer about it, and a lone instance's
-// grants to it (an instance that follows the bucket grants without a
-// check, see above). JetStream refuses a second write whose check names a
+// end, the proofs of a negative answer about it, and the grants to it.
+// JetStream refuses a second write whose check names a
 // key while one is being proposed (it answers a conflict), so without the
 // gate the concurrent writes of one session would fail each other. Between instances such conflicts remain; they
 // are retried after a pause (conflictPause). The gate is always the last
@@ -438,48 +437,38 @@ func (l *sessionOps) waitDelivered(ctx context.Context, seq uint64) bool {
 	return l.delivered() >= seq
 }
 
-// inStreamOrder reports whether a grant to a session commits now as a
-// plain compare-and-set write, its validity decided by its place in the
-// stream (see validInSession): while the instance follows the bucket and
-// its watcher has delivered every record once.
+// inStreamOrder reports whether the stream's order decides whether a
+// release of a lease of a session counts (see liveInStream): while the
+// instance follows the bucket and its watcher has delivered every record
+// once. A lone instance's view holds every end of a session: its own.
 func (l *sessionOps) inStreamOrder() bool {
 	return l.delivered != nil && l.synced != nil && l.synced.Load() && l.following()
 }
 
-// validInSession decides whether a grant at revision rev to session hash
-// counts. plain says it was written without a check of the session record
-// (inStreamOrder); a lease read back on a retry is decided the same way
-// whenever the instance follows the bucket, since any instance may have
-// written it. Once the watcher has delivered rev, it has delivered every
-// write before it (deliveries, which only the watcher feeds: no read of a
-// stale stream leader enters it): a session record still live there
-// (holding secret, the caller's, when given: an ended session never lives
-// again) was not ended before the grant, and whoever ends it later finds
-// the lease (endSession waits for its own end's delivery). Otherwise the
-// session has ended and validInSession answers lease_lost: the caller
-// ends the grant (an orphan, when the end came first) and never tells its
-// requester it holds it.
-// When the watcher has not delivered rev within OpTimeout the answer is
-// unavailable and the grant stays: a retry of the same request decides
-// it again.
-func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secret string, plain bool) error {
-	if !plain && !l.inStreamOrder() {
-		return nil // committed with a check of the session record, or a lone instance's view
-	}
+// liveInStream reports whether session hash was live at revision rev of
+// the stream (nil), or had ended before it (lease_lost): where a release
+// of one of its leases landed, whose answer must not say it released a
+// lease that had ended with its session. Once the watcher has delivered
+// rev, it has delivered every write before it (deliveries, which only the
+// watcher feeds: no read of a stale stream leader enters it): a session
+// record still live there (an ended session never lives again) was not
+// ended before rev. When the watcher has not delivered rev within
+// OpTimeout the answer is unavailable.
+func (l *sessionOps) liveInStream(ctx context.Context, rev uint64, hash string) error {
 	if l.seen != nil {
 		give := time.NewTimer(l.cfg.OpTimeout)
 		defer give.Stop()
 		for {
-			if live, known := l.seen.liveAt(hash, secret, rev); known && live {
+			if live, known := l.seen.liveAt(hash, "", rev); known && live {
 				return nil
-			} else if known && l.seen.endedEarlier(hash, secret, rev) {
-				// The watcher delivered the session's end before the
-				// grant: committed, so no read decides it again (a
-				// stream leader cut off by a partition that has just
-				// healed could still show the session live).
+			} else if known && l.seen.endedEarlier(hash, "", rev) {
+				// The watcher delivered the session's end before rev:
+				// committed, so no read decides it again (a stream leader
+				// cut off by a partition that has just healed could still
+				// show the session live).
 				return errNoSession()
 			} else if known {
-				return l.notLiveAt(ctx, hash, secret, rev)
+				return l.notLiveAt(ctx, hash, rev)
 			}
 			select {
 			case <-ctx.Done():
@@ -490,45 +479,32 @@ func (l *sessionOps) validInSession(ctx context.Context, rev uint64, hash, secre
 			break
 		}
 	}
-	return newOpError(streams.CodeUnavailable, "the grant was written but its session's order in the stream is not confirmed yet: retry with the same request_id")
+	return newOpError(streams.CodeUnavailable, "the release was written but its session's order in the stream is not confirmed yet: retry")
 }
 
-// notLiveAt decides a grant at rev to session hash that the watcher's
-// deliveries do not show live there, nor ended before it (a session whose
-// records the watcher skipped), before it is ended as an orphan: on
-// the stream leader, the session's record read fresh and proven current
-// (confirmSession). Holding secret (any, when secret is empty: a
-// hand-over to a waiter of the session), it was never ended, so it was
-// live at every revision since it was opened, before any grant asked for
-// in it: the grant counts. Otherwise the grant is an orphan (lease_lost).
-// A negative answer is proven as every other is (see confirmNegative):
+// notLiveAt decides a release at rev of a lease of session hash that the
+// watcher's deliveries do not show live there, nor ended before it (a
+// session whose records the watcher skipped): on the stream leader, the
+// session's record read fresh and proven current (confirmSession). Live
+// now, it was never ended, so it was live at every revision since it was
+// opened: the release counts. Otherwise it had ended (lease_lost). A
+// negative answer is proven as every other is (see confirmNegative):
 // deliveries is a fast path that does not show a session whose records
 // its watcher skipped (one opened and kept alive while the watcher's
-// consumer was made again, see deliveries), whose grant it would end.
-func (l *sessionOps) notLiveAt(ctx context.Context, hash, secret string, rev uint64) error {
+// consumer was made again, see deliveries).
+func (l *sessionOps) notLiveAt(ctx context.Context, hash string, rev uint64) error {
 	_, err := onSession(ctx, l, hash, true, recordSteps[struct{}]{
-		live: func(s recordSnap) bool {
-			return s.held() && (secret == "" || sameLease(s.rec.LeaseID, secret)) && !s.expired
-		},
+		live: func(s recordSnap) bool { return s.held() && !s.expired },
 		act: func(context.Context, observation) (struct{}, outcome, error) {
-			l.log.Debug("a session the watcher did not show live at a grant's revision is live", "session", hash, "revision", rev, "delivered", l.delivered())
+			l.log.Debug("a session the watcher did not show live at a release's revision is live", "session", hash, "revision", rev, "delivered", l.delivered())
 			return struct{}{}, committed, nil
 		},
 		negative: func(observation) (struct{}, error) {
-			l.log.Debug("a grant to a session that was not live at its place in the stream", "session", hash, "revision", rev, "delivered", l.delivered())
+			l.log.Debug("a release in a session that was not live at its place in the stream", "session", hash, "revision", rev, "delivered", l.delivered())
 			return struct{}{}, errNoSession()
 		},
 	})
 	return err
-}
-
-// endOrphan ends the lease observed in o at key, a grant to a session that
-// validInSession refused: by compare-and-set on its revision (if anyone
-// took it over meanwhile, it is already ended), waking the next waiter.
-func (l *sessionOps) endOrphan(ctx context.Context, key string, o observation) {
-	if err := l.handover.remove(ctx, key, o, endSessionExpiry, ""); err != nil {
-		l.log.Debug("end a grant to an ended session", "key", key, "err", err)
-	}
 }
 
 // endMembers ends every lease and wait of the ended session hash that the

@@ -369,14 +369,13 @@ func setLocked(r *setReq, obs []observation, expired []bool, all bool) *opError 
 
 // grantSet writes the set's lease on every key over the revisions in obs
 // and removes r's waiter records (revisions in queued), all in one atomic
-// batch. A set of a session is answered once its place in the stream is
-// confirmed (validSet), or, on a lone instance, the batch also checks r's
-// session (observed in sess).
+// batch. A set of a session commits only with its session's record still
+// at the revision read (observed in sess): a set is never granted after its
+// session's end.
 func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, queued []uint64, sess observation) (*streams.SetLeaseResponse, error) {
-	plain := r.session == "" || l.sessions.inStreamOrder()
 	rec := l.setRecord(r)
 	var session check
-	if !plain {
+	if r.session != "" {
 		session = check{key: streams.SessionKey(r.session), rev: sess.rev}
 		gate, err := l.sessions.sessionGate(ctx, r.session)
 		if err != nil {
@@ -406,48 +405,18 @@ func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, que
 			l.tracker.observe(w.key, entry{rev: revs[len(r.keys)+i]})
 		}
 	}
-	if r.session != "" {
-		if err := l.validSet(ctx, r, out, plain); err != nil {
-			return nil, err
-		}
-	}
 	for i := range r.keys {
 		l.report.granted(r.resources[i], revs[i], r.owner, r.who, "acquire")
 	}
 	return setResponse(r.resources, out, sess.rec), nil
 }
 
-// validSet decides, as validInSession does for one key, whether the set
-// lease of r's session that every key holds (observed in obs) counts, and
-// ends it whole when its session has ended. The caller holds every key's
-// lock.
-func (l *setOps) validSet(ctx context.Context, r *setReq, obs []observation, plain bool) error {
-	var rev uint64
-	for _, o := range obs {
-		rev = max(rev, o.rev)
-	}
-	err := l.sessions.validInSession(ctx, rev, r.session, r.secret, plain)
-	if isCode(err, streams.CodeLeaseLost) {
-		match := make([]bool, len(obs))
-		for i := range match {
-			match[i] = true
-		}
-		if _, eerr := l.endSetKeys(ctx, r.keys, obs, match, endSessionExpiry, origin{}, ""); eerr != nil {
-			l.log.Debug("end a set granted to an ended session", "lease_id", obs[0].rec.LeaseID, "err", eerr)
-		}
-	}
-	return err
-}
-
 // setHeldInSession answers a retry of set r of a session whose keys,
-// observed in obs, all hold r's lease: once the grant's place in the
-// stream is confirmed (validSet) and every key and the session are proven
-// current (heldInSession), the set's lease; lease_lost when the session
-// has ended. On errConflict the caller decides again on fresh reads.
+// observed in obs, all hold r's lease: once every key and the session are
+// proven current (heldInSession), the set's lease; lease_lost when the
+// session has ended. On errConflict the caller decides again on fresh
+// reads.
 func (l *setOps) setHeldInSession(ctx context.Context, r *setReq, obs []observation) (*streams.SetLeaseResponse, error) {
-	if err := l.validSet(ctx, r, obs, false); err != nil {
-		return nil, err
-	}
 	sess, err := l.leases.heldInSession(ctx, r.grantReq(0), r.keys, obs)
 	if err != nil {
 		return nil, err

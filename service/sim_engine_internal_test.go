@@ -400,8 +400,8 @@ func (s *sim) grantSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 	}
 	rec := &streams.Record{LeaseID: op.id, RequestID: op.id, Owner: r.owner, Set: r.set, SetSize: len(r.keys), Session: r.session}
 	session := check{key: r.session, rev: sn.sess.rev}
-	if s.following {
-		session = check{} // a plain write: its place in the stream decides it
+	if !s.rules.sessionCheck {
+		session = check{}
 	}
 	ok, dup := s.b.commit(s.ruled(setGrantWrites(r, rec, sn.obs, nil, session)), op.id)
 	switch {
@@ -410,25 +410,10 @@ func (s *sim) grantSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 	case !ok:
 		return nil, conflicted, nil
 	}
-	granted := s.b.rev
-	op.grantedAt = 0
 	s.sets = append(s.sets, op)
 	s.setByID[op.id] = op
 	if s.rnd.IntN(20) == 0 {
 		return nil, committed, errSimLost
-	}
-	if s.following {
-		// Answered once the watcher has delivered the grant (a step), if
-		// the session was live at its place in the stream; an orphan is
-		// ended (validSet).
-		if !op.await() {
-			return nil, committed, errSimDead
-		}
-		if s.rules.order && !s.b.liveAt(r.session, op.secret, granted) {
-			s.endSet(op.id)
-			return nil, committed, errNoSession()
-		}
-		op.grantedAt = granted
 	}
 	return &streams.SetLeaseResponse{}, committed, nil
 }
@@ -441,8 +426,9 @@ func (s *sim) endSet(id string) {
 	}
 }
 
-// sweep ends, as the instances that follow the bucket do (tracker.expired),
-// every set whose session ended since its grant or was not live at it.
+// sweep ends, as the instances do once a session has ended
+// (tracker.expired, the session's end), every set whose session ended
+// since its grant or was not live at it.
 func (s *sim) sweep() {
 	for _, k := range s.leaseKeys() {
 		e := s.b.last[k]
@@ -504,22 +490,12 @@ func (s *sim) proveSet(op *simOp, r *setReq, sn setSnap) (*streams.SetLeaseRespo
 }
 
 // answeredHeld checks a set's grant, or its retry, answered held against
-// the bucket: every key holds it and its session lives (for a plain grant,
-// its session lived at its commit).
+// the bucket: every key holds it and its session lives.
 func (s *sim) answeredHeld(op *simOp) {
 	if op.kind == "retry" {
 		s.granted["retry held"]++
 	} else {
 		s.granted[op.kind]++
-	}
-	if op.grantedAt != 0 {
-		// A plain grant is answered once its place in the stream is
-		// known, which takes a step: it held at its commit if its session
-		// was live there (it may have ended since, as any lease may).
-		if !s.b.liveAt(op.session, op.secret, op.grantedAt) {
-			s.fail("set %s answered held, but its session %s was not live at its grant", op.id, op.session)
-		}
-		return
 	}
 	if sess := s.b.last[op.session]; !sess.held() || sess.rec.LeaseID != op.secret {
 		s.fail("%s %s answered held after its session %s ended", op.kind, op.id, op.session)

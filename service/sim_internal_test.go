@@ -16,10 +16,9 @@ import (
 // requests: grants of locks, elections, permits and lock sets (in
 // sessions) by three instances whose views lag and restart, committed to
 // an in-memory model of the bucket (revisions, compare-and-set, atomic
-// batches with checks, message-id duplicates). Sessions are granted to as
-// a lone instance does (a check of the session's record in the grant's
-// commit) or, on odd seeds, as instances that follow the bucket do (a
-// plain write decided by its place in the stream; sim.following). Replies
+// batches with checks, message-id duplicates). A grant to a session
+// commits with a check of the session's record, as every instance's does.
+// Replies
 // are lost (their clients retry with the same request id), sessions
 // close, a sweep ends the leases of ended sessions, and instances die
 // mid-request. Acquires of locks wait in queues: a release hands the
@@ -54,9 +53,9 @@ type simRules struct {
 	nameRecord bool // a permit's grant writes its semaphore's name record
 	limit      bool // a permit of another limit than the name record's retires it first
 	retryProof bool // a set's retry in a session is proven before it is answered held
-	// order: a plain grant to a session (instances that follow the bucket)
-	// counts only if its session was live at its place in the stream.
-	order bool
+	// sessionCheck: a grant to a session commits only with the check that
+	// its session's record is still at the revision read.
+	sessionCheck bool
 	// handoverID: a hand-over grants the waiter with its request's grant
 	// message id, which its cancel's tombstone takes first.
 	handoverID bool
@@ -69,7 +68,7 @@ type simRules struct {
 	waiterCheck bool
 }
 
-var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true, order: true, handoverID: true, cancelCheck: true, waiterCheck: true}
+var allRules = simRules{once: true, nameRecord: true, limit: true, retryProof: true, sessionCheck: true, handoverID: true, cancelCheck: true, waiterCheck: true}
 
 // but returns r with one rule taken out by off.
 func (r simRules) but(off func(*simRules)) simRules {
@@ -190,14 +189,6 @@ func (b *simBucket) before(key string, rev uint64) entry {
 	return ws[i-1]
 }
 
-// liveAt reports whether session key, holding secret, was live at
-// revision rev: the order of the stream decides a plain grant to it (as
-// validInSession does).
-func (b *simBucket) liveAt(key, secret string, rev uint64) bool {
-	e := b.sessionAt(key, rev)
-	return e.held() && e.rec.LeaseID == secret
-}
-
 // simView is an instance's view of the bucket: the bucket as it stood
 // when its watcher last started (at that revision), and the writes the
 // watcher has delivered since, a part of the log.
@@ -264,10 +255,8 @@ type simOp struct {
 	// closed: a close has committed its session's end.
 	closed bool
 	// secret is the lease id of the session a set is asked in, as its
-	// client holds it; grantedAt is the revision of a plain grant answered
-	// once its place in the stream was known.
-	secret    string
-	grantedAt uint64
+	// client holds it.
+	secret string
 	// waitRev is the revision of a waiting acquire's record (0: not
 	// queued); target is the waiting acquire a cancel cancels.
 	waitRev uint64
@@ -275,21 +264,16 @@ type simOp struct {
 }
 
 type sim struct {
-	seed uint64
-	// following: the instances follow the bucket, so a grant to a session
-	// is a plain write whose place in the stream decides it
-	// (validInSession); otherwise each commits it with a check of the
-	// session's record, as a lone instance does. Odd seeds follow.
-	following bool
-	rnd       *rand.Rand
-	rules     simRules
-	b         simBucket
-	views     []simView
-	ops       []*simOp
-	steps     int
-	nextID    int
-	sets      []*simOp // sets granted, for retries
-	keys      []string // leaseKeys
+	seed   uint64
+	rnd    *rand.Rand
+	rules  simRules
+	b      simBucket
+	views  []simView
+	ops    []*simOp
+	steps  int
+	nextID int
+	sets   []*simOp // sets granted, for retries
+	keys   []string // leaseKeys
 	// setByID are the sets granted, by request id.
 	setByID map[string]*simOp
 	// retries are the requests whose reply was lost, retried by their
@@ -309,7 +293,7 @@ const (
 )
 
 func newSim(seed uint64, rules simRules) *sim {
-	s := &sim{seed: seed, following: seed%2 == 1, granted: map[string]int{}, setByID: map[string]*simOp{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rules: rules,
+	s := &sim{seed: seed, granted: map[string]int{}, setByID: map[string]*simOp{}, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), rules: rules,
 		b:     simBucket{last: map[string]entry{}, ids: map[string]bool{}, grants: map[string]int{}, history: map[string][]entry{}, cancelled: map[string]bool{}},
 		views: make([]simView, 3), waiters: map[string][]simWaiter{}}
 	for i := range s.views {
@@ -619,7 +603,7 @@ func (s *sim) run(ops int) string {
 			// A watcher that starts again first reads every record (as
 			// follow.go's scan does), then delivers what follows.
 			s.views[s.rnd.IntN(len(s.views))].restart(&s.b)
-		case r < 40 && s.following:
+		case r < 40:
 			s.sweep()
 		case r < 41 && len(s.ops) > 0:
 			// An instance dies: its requests in flight end unanswered.
@@ -691,7 +675,7 @@ func TestEngineSimulationFindsTheRacesWithoutTheirRules(t *testing.T) {
 		"a lock and a semaphore at once (no name record)":                            allRules.but(func(r *simRules) { r.nameRecord = false }),
 		"one semaphore under two limits (no limit rule)":                             allRules.but(func(r *simRules) { r.limit = false }),
 		"a set retry held after its session's close (no proof)":                      allRules.but(func(r *simRules) { r.retryProof = false }),
-		"a grant to a session answered after its session's end (no order rule)":      allRules.but(func(r *simRules) { r.order = false }),
+		"a set answered held after its session's end (no check of the session)":      allRules.but(func(r *simRules) { r.sessionCheck = false }),
 		"a waiter handed the lock after its cancel (no message id in the hand-over)": allRules.but(func(r *simRules) { r.handoverID = false }),
 		"a cancelled request queued (no check of its cancel in the place's commit)":  allRules.but(func(r *simRules) { r.cancelCheck = false }),
 		"a cancelled request left in its queue (no check of its waiter key)":         allRules.but(func(r *simRules) { r.waiterCheck = false }),

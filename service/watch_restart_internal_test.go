@@ -8,8 +8,9 @@ import (
 
 // A watcher started again (after an alone spell, or a failed start) in a
 // quiet bucket knows, once it has delivered every record, the revision of
-// the last of them: a grant written before it started is judged at once,
-// not after OpTimeout (unavailable) for want of a later write.
+// the last of them: a write at that revision (here a grant to a session,
+// as a release's would be) is judged at once, not after OpTimeout
+// (unavailable) for want of a later write.
 func TestARestartedWatcherKnowsWhatItsInitialDeliveryCovers(t *testing.T) {
 	cl := startCluster(t)
 	s, _ := startInstance(t, cl, DefaultConfig(), 500*time.Millisecond)
@@ -41,7 +42,7 @@ func TestARestartedWatcherKnowsWhatItsInitialDeliveryCovers(t *testing.T) {
 		t.Fatalf("delivered %d once caught up; want at least the last record's %d", d, granted)
 	}
 	start := time.Now()
-	if err := s.locks.sessions.validInSession(ctx, granted, g.session, g.secret, true); err != nil {
-		t.Fatalf("the grant judged after %v: %v; want it counted", time.Since(start), err)
+	if err := s.locks.sessions.liveInStream(ctx, granted, g.session); err != nil {
+		t.Fatalf("the session at %d judged after %v: %v; want it live", granted, time.Since(start), err)
 	}
 }
