@@ -194,12 +194,6 @@ func settled[R any](resp R, err error) (R, outcome, error) {
 	return resp, committed, err
 }
 
-// writeAlways is the decide step of a loop that writes on every read (its
-// commit decides, by compare-and-set on what was read).
-func writeAlways[S, R any](S, bool) verdict[R, struct{}] {
-	return verdict[R, struct{}]{kind: writePlan}
-}
-
 // quiet makes a conflict of a write that is not counted as a lost race
 // (it is not reported, nor paused after) stale.
 func quiet[R any](resp R, out outcome, err error) (R, outcome, error) {

@@ -577,9 +577,9 @@ func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess o
 
 // writeGrant writes the lease rec for g over revision expect
 // (grantWrites): in a session, with the check of the session observed in
-// sess, through the session's gate. It returns the grant's revision and, for a permit, its name
-// record's (nameSeq), or dup when an earlier write of the request (or its
-// cancel) was found.
+// sess, through the session's gate. It returns the grant's revision and,
+// for a permit, its name record's (nameSeq), or dup when an earlier write
+// of the request (or its cancel) was found.
 func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation) (seq, nameSeq uint64, dup bool, err error) {
 	var session check
 	var gate *keyLock

@@ -71,10 +71,11 @@ const (
 // sessionGate serialises, within this instance, the writes that commit
 // with a check of session hash's record or rewrite it: its keepalives, its
 // end, the proofs of a negative answer about it, and the grants to it.
-// JetStream refuses a second write whose check names a
-// key while one is being proposed (it answers a conflict), so without the
-// gate the concurrent writes of one session would fail each other. Between instances such conflicts remain; they
-// are retried after a pause (conflictPause). The gate is always the last
+// JetStream refuses a second write whose check names a key while one is
+// being proposed (it answers a conflict), so without the gate the
+// concurrent writes of one session would fail each other. Between
+// instances such conflicts remain; they are retried after a pause
+// (conflictPause). The gate is always the last
 // lock taken (after the session's key and a lease key), so it cannot
 // deadlock.
 func (l *sessionOps) sessionGate(ctx context.Context, hash string) (*keyLock, error) {

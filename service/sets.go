@@ -949,7 +949,8 @@ func (l *setOps) cancelSet(ctx context.Context, resources []string, requestID, o
 	// Every key gets its tombstone, or its mark where the tombstone is a
 	// duplicate, the first resource's first: a set's places check that one
 	// (commitPlaces), so each later key's waiter record, as its tombstone
-	// proved it, can only be deleted after.
+	// proved it, can only be deleted after. Another owner's record found
+	// at a key (placed since the look above) stops the cancel there.
 	ts := make([]tombstoned, len(r.keys))
 	obs := make([]observation, len(r.keys))
 	for i, k := range r.keys {

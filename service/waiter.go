@@ -490,8 +490,8 @@ func (l *handoverOps) cancel(ctx context.Context, resource, requestID, owner str
 
 // otherWaiter reports whether the waiter record at wkey (the request's:
 // its tenant and request id) is another owner's, on a fresh read: a lock
-// set's cancel looks at every key so before it writes any (tombstone
-// decides it again, proven, at each key).
+// set's cancel looks at every key so before it writes any tombstone
+// (tombstone decides it again, proven, at each key).
 func (l *handoverOps) otherWaiter(ctx context.Context, wkey, owner string) (bool, error) {
 	o, err := l.current(ctx, wkey, true)
 	if err != nil {
@@ -533,7 +533,7 @@ type tombstoned struct {
 // its grant's message id is the tombstone's, so the tombstone is not
 // written, and a lease is ended only when its owner is the cancel's.
 func (l *handoverOps) tombstone(ctx context.Context, key, wkey, hash, owner string) (tombstoned, error) {
-	return commitLoop(ctx, l.engineDeps, "", true, engineSteps[cancelSnap, struct{}, tombstoned]{
+	return commitLoop(ctx, l.engineDeps, "", true, engineSteps[cancelSnap, bool, tombstoned]{
 		read: func(ctx context.Context, fresh bool) (cancelSnap, bool, error) {
 			var s cancelSnap
 			var err error
@@ -542,9 +542,12 @@ func (l *handoverOps) tombstone(ctx context.Context, key, wkey, hash, owner stri
 			}
 			return s, false, err
 		},
-		decide: writeAlways[cancelSnap, tombstoned],
-		commit: func(ctx context.Context, s cancelSnap, _ struct{}) (tombstoned, outcome, error) {
-			if s.waiter.held() && s.waiter.rec.Owner != owner {
+		decide: func(s cancelSnap, _ bool) verdict[tombstoned, bool] {
+			other := s.waiter.held() && s.waiter.rec.Owner != owner
+			return verdict[tombstoned, bool]{kind: writePlan, plan: other}
+		},
+		commit: func(ctx context.Context, s cancelSnap, other bool) (tombstoned, outcome, error) {
+			if other {
 				err := l.store.confirm(ctx, wkey, s.waiter.rev)
 				return quiet(settled(tombstoned{cancelSnap: s, other: true}, err))
 			}
