@@ -290,6 +290,33 @@ func (h *Harness) IsolateAll() {
 	h.Events.Event("every node isolated")
 }
 
+// Attach makes sure each of conns is connected to node, as the proxy it was
+// opened through prefers: a partition that restarts node (see
+// devcluster.Partition) moves the connections that reconnect while it is
+// down to another node, and a request sent through a node goes to a queue
+// subscriber of that node first. It reconnects each one that moved, and
+// fails the test unless all are on node within d.
+func (h *Harness) Attach(node int, d time.Duration, conns ...*nats.Conn) {
+	h.T.Helper()
+	want := h.C.Server(node).Name()
+	testenv.Eventually(h.T, d, func() bool {
+		on := true
+		for _, nc := range conns {
+			if name := nc.ConnectedServerName(); name != want {
+				on = false
+				if nc.IsConnected() {
+					h.T.Logf("%s on %s, not on node %d: reconnect", nc.Opts.Name, name, node)
+					_ = nc.ForceReconnect()
+				}
+			}
+		}
+		if !on {
+			time.Sleep(200 * time.Millisecond) // a reconnect's time
+		}
+		return on
+	}, "connections not back on node %d", node)
+}
+
 // Heal restores every route.
 func (h *Harness) Heal() {
 	h.Events.Event("heal routes")

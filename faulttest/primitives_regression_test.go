@@ -51,6 +51,8 @@ func TestPermitCancelByAStaleInstance(t *testing.T) {
 		sem := "stale/sem/" + itoa(round)
 		x := (h.C.StreamLeader(lockStream) + 1) % 3
 		h.Isolate(x)
+		// The cancel must reach x's instance, and it through x's node.
+		h.Attach(x, 20*time.Second, callers[x].NC, insts[x].Conn, insts[x].StoreConn)
 		holder := callers[(x+1)%3]
 		var g Op
 		testenv.Eventually(t, 20*time.Second, func() bool {
