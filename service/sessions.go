@@ -75,9 +75,8 @@ const (
 // being proposed (it answers a conflict), so without the gate the
 // concurrent writes of one session would fail each other. Between
 // instances such conflicts remain; they are retried after a pause
-// (conflictPause). The gate is always the last
-// lock taken (after the session's key and a lease key), so it cannot
-// deadlock.
+// (conflictPause). The gate is always the last lock taken (after the
+// session's key and a lease key), so it cannot deadlock.
 func (l *sessionOps) sessionGate(ctx context.Context, hash string) (*keyLock, error) {
 	return l.keys.lock(ctx, "gate."+hash)
 }
