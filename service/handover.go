@@ -259,9 +259,12 @@ func (l *handoverOps) remove(ctx context.Context, key string, o observation, why
 }
 
 // handOver grants the resource whose lease is observed in o to waiter w,
-// in one atomic write with the removal of w's record, and sends w the
-// grant on its wake subject. A grant to a waiter of a session commits only
-// with its session's record still at the revision read (sessionCheck).
+// in one atomic batch with the removal of w's record, and sends w the
+// grant on its wake subject. The grant carries the waiter's grant message
+// id, so a cancelled waiter is never granted (errDuplicate). A grant to a
+// waiter of a session commits only with its session's record still at the
+// revision read (sessionCheck, leaseWrites), together with the session's
+// other grants (commitGrant).
 func (l *handoverOps) handOver(ctx context.Context, resource, key string, o observation, w waiterInfo) error {
 	now := l.cfg.Clock.Now()
 	ttl := w.leaseTTL
@@ -283,17 +286,15 @@ func (l *handoverOps) handOver(ctx context.Context, resource, key string, o obse
 		sessionLease(rec, now, w.session, l.holdLimit(now, w.maxHold))
 	}
 	wkey := streams.WaitKey(queueResource(resource), w.hash)
-	if w.session != "" {
-		gate, err := l.sessions.sessionGate(ctx, w.session)
-		if err != nil {
-			return err
-		}
-		defer gate.unlock()
-	}
-	token, removed, err := l.store.handOver(ctx, key, rec, o.rev, grantMsgID(w.hash), wkey, w.rev, sess)
-	if err != nil {
+	ws := append(leaseWrites(key, rec, o.rev, grantMsgID(w.hash), sess), write{key: wkey, expect: w.rev})
+	revs, dup, err := l.sessions.commitGrant(ctx, "handover", w.session, ws)
+	switch {
+	case dup:
+		return errDuplicate
+	case err != nil:
 		return err
 	}
+	token, removed := revs[0], revs[len(revs)-1]
 	l.tracker.observe(key, entry{rev: token, rec: rec})
 	l.tracker.observe(wkey, entry{rev: removed})
 	l.report.granted(resource, token, w.owner, origin{}, "handover")

@@ -101,6 +101,7 @@ func newLocks(d *engineDeps) *locks {
 		names: &nameOps{engineDeps: d}}
 	l.leases.sessions, l.leases.sems, l.leases.handover, l.leases.names = l.sessions, l.sems, l.handover, l.names
 	l.sessions.sets, l.sessions.handover = l.sets, l.handover
+	l.sessions.commits = newSessionCommits(d.store, l.sessions.sessionGate, d.report)
 	l.sets.leases, l.sets.sessions, l.sets.handover, l.sets.names = l.leases, l.sessions, l.handover, l.names
 	l.sems.leases, l.sems.sessions, l.sems.handover, l.sems.names = l.leases, l.sessions, l.handover, l.names
 	l.handover.leases, l.handover.sessions, l.handover.sets, l.handover.sems, l.handover.names = l.leases, l.sessions, l.sets, l.sems, l.names
@@ -577,22 +578,16 @@ func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess o
 
 // writeGrant writes the lease rec for g over revision expect
 // (grantWrites): in a session, with the check of the session observed in
-// sess, through the session's gate. It returns the grant's revision and,
-// for a permit, its name record's (nameSeq), or dup when an earlier write
-// of the request (or its cancel) was found.
+// sess, together with the session's other grants (commitGrant). It
+// returns the grant's revision and, for a permit, its name record's
+// (nameSeq), or dup when an earlier write of the request (or its cancel)
+// was found.
 func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation) (seq, nameSeq uint64, dup bool, err error) {
 	var session check
-	var gate *keyLock
 	if g.session != "" {
-		if gate, err = l.sessions.sessionGate(ctx, g.session); err != nil {
-			return 0, 0, false, err
-		}
 		session = check{key: streams.SessionKey(g.session), rev: sess.rev}
 	}
-	revs, dup, err := l.store.commitWrites(ctx, "grant", grantWrites(g, rec, expect, session))
-	if gate != nil {
-		gate.unlock()
-	}
+	revs, dup, err := l.sessions.commitGrant(ctx, "grant", g.session, grantWrites(g, rec, expect, session))
 	switch {
 	case err != nil && isConflict(err) && g.session != "":
 		l.conflictPause(ctx) // perhaps another instance's write to the session

@@ -40,6 +40,7 @@ type metrics struct {
 	permission    *prometheus.CounterVec
 	sessionEvents *prometheus.CounterVec
 	sessionLeases prometheus.Histogram
+	sessionBatch  prometheus.Histogram
 
 	counts map[string][]atomic.Int64 // op -> index in resultCodes
 }
@@ -135,6 +136,10 @@ func (m *metrics) newInstanceMetrics() {
 		Name: "jetlock_session_leases", Help: "Leases a session held, observed at each of its keepalives.",
 		Buckets: []float64{0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000},
 	})
+	m.sessionBatch = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "jetlock_session_grants_per_commit", Help: "Grants to one session committed together in one atomic batch, observed at each batch that carried more than one and committed.",
+		Buckets: []float64{2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64},
+	})
 }
 
 // register registers every metric, plus the collectors of the gauges
@@ -142,7 +147,7 @@ func (m *metrics) newInstanceMetrics() {
 func (m *metrics) register(reg prometheus.Registerer, more ...prometheus.Collector) error {
 	for _, c := range append([]prometheus.Collector{m.requests, m.latency, m.shedCount, m.queued, m.refused, m.rateLimited,
 		m.expired, m.renewFailures, m.handovers, m.handoverTime, m.revokes, m.commitTime, m.conflicts, m.wakes, m.following,
-		m.foreign, m.leaderChanges, m.leaderless, m.ready, m.belowHW, m.permission, m.sessionEvents, m.sessionLeases}, more...) {
+		m.foreign, m.leaderChanges, m.leaderless, m.ready, m.belowHW, m.permission, m.sessionEvents, m.sessionLeases, m.sessionBatch}, more...) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

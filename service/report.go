@@ -82,6 +82,9 @@ func (r *reporter) session(event, owner string, who origin) {
 // keptAlive: a session was kept alive, holding leases leases.
 func (r *reporter) keptAlive(leases int) { r.m.sessionLeases.Observe(float64(leases)) }
 
+// sessionBatch: n grants to one session committed together in one batch.
+func (r *reporter) sessionBatch(n int) { r.m.sessionBatch.Observe(float64(n)) }
+
 // handedOver: a lease ended with its resource granted to the head waiter.
 func (r *reporter) handedOver(resource string, d time.Duration) {
 	r.m.handovers.Inc()

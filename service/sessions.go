@@ -81,10 +81,22 @@ func (l *sessionOps) sessionGate(ctx context.Context, hash string) (*keyLock, er
 	return l.keys.lock(ctx, "gate."+hash)
 }
 
+// commitGrant commits ws, the writes of a grant (a lease, a permit, a set,
+// a hand-over) to session hash, or to no session when hash is empty, as
+// store.commitWrites does: in a session through the session's gate,
+// together with the session's other grants waiting then (sessionCommits).
+func (l *sessionOps) commitGrant(ctx context.Context, op, hash string, ws []write) (revs []uint64, dup bool, err error) {
+	if hash == "" {
+		return l.store.commitWrites(ctx, op, ws)
+	}
+	return l.commits.commit(ctx, op, hash, ws)
+}
+
 // sessionOps opens, keeps alive and ends sessions, ends their members
 // with them, and decides whether a grant made in a session counts.
 type sessionOps struct {
 	*engineDeps
+	commits *sessionCommits
 	// the roles it reaches (see locks)
 	sets     *setOps
 	handover *handoverOps

@@ -377,14 +377,9 @@ func (l *setOps) grantSet(ctx context.Context, r *setReq, obs []observation, que
 	var session check
 	if r.session != "" {
 		session = check{key: streams.SessionKey(r.session), rev: sess.rev}
-		gate, err := l.sessions.sessionGate(ctx, r.session)
-		if err != nil {
-			return nil, err
-		}
-		defer gate.unlock()
 	}
 	ws := setGrantWrites(r, rec, obs, queued, session)
-	revs, dup, err := l.store.commitWrites(ctx, "grant", ws)
+	revs, dup, err := l.sessions.commitGrant(ctx, "grant", r.session, ws)
 	switch {
 	case dup:
 		return nil, errDuplicate

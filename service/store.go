@@ -384,25 +384,6 @@ func (s *store) cancelMsg(hash string, lease check, msgID string) *nats.Msg {
 	return m
 }
 
-// handOver writes, in one atomic batch (one commit), the grant rec of a
-// waiter at leaseKey over the lease revision leaseRev, and the removal of
-// the waiter's record at waitKey, revision waitRev. The grant carries
-// msgID, the waiter's grant message id, so a cancelled waiter is never
-// granted (errDuplicate). A grant to a waiter of a session also checks
-// the session (see leaseWrites). It returns the grant's revision, its
-// token, and the revision of the waiter record's removal.
-func (s *store) handOver(ctx context.Context, leaseKey string, rec *streams.Record, leaseRev uint64, msgID, waitKey string, waitRev uint64, session check) (token, removed uint64, err error) {
-	ws := append(leaseWrites(leaseKey, rec, leaseRev, msgID, session), write{key: waitKey, expect: waitRev})
-	revs, dup, err := s.commitWrites(ctx, "handover", ws)
-	switch {
-	case dup:
-		return 0, 0, errDuplicate
-	case err != nil:
-		return 0, 0, err
-	}
-	return revs[0], revs[len(revs)-1], nil
-}
-
 // commitWrites writes ws, a decision's writes (engine.go), as one atomic
 // batch, or a lone write without a check as one compare-and-set put, and
 // returns each write's revision (a check's is the batch's). dup reports

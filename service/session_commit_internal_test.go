@@ -1,0 +1,260 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/jetlock/jetlock/streams"
+)
+
+// sessionGrants is a lone instance with one session open, its grants sent
+// over the wire while the test holds the session's gate.
+type sessionGrants struct {
+	t          *testing.T
+	s          *Service
+	id, hash   string
+	gate       *keyLock
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	answers    map[string]*nats.Msg // by request id
+	batchesAt0 uint64               // batches of two or more before the test's
+}
+
+func newSessionGrants(t *testing.T) *sessionGrants {
+	s, _ := startInstance(t, startCluster(t), DefaultConfig(), 0)
+	sg := &sessionGrants{t: t, s: s, answers: map[string]*nats.Msg{}}
+	var open streams.SessionResponse
+	sg.decode(sg.request(streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: "open", Owner: "o", TTLms: 30_000}), &open)
+	sg.id = open.SessionID
+	var err error
+	if sg.hash, _, err = streams.SplitSessionID(open.SessionID); err != nil {
+		t.Fatal(err)
+	}
+	sg.batchesAt0, _ = sg.batches()
+	return sg
+}
+
+func (sg *sessionGrants) request(op string, body any) *nats.Msg {
+	sg.t.Helper()
+	data, _ := json.Marshal(body)
+	m, err := sg.s.nc.Request(streams.Subject(streams.DefaultPrefix, op), data, 30*time.Second)
+	if err != nil {
+		sg.t.Fatalf("%s: %v", op, err)
+	}
+	return m
+}
+
+func (sg *sessionGrants) decode(m *nats.Msg, v any) {
+	sg.t.Helper()
+	if code := m.Header.Get(streams.HeaderErrorCode); code != "" {
+		sg.t.Fatalf("answered %s: %s", code, m.Data)
+	}
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		sg.t.Fatal(err)
+	}
+}
+
+// holdGate takes the session's gate, as a commit of the session in
+// flight does.
+func (sg *sessionGrants) holdGate() {
+	var err error
+	if sg.gate, err = sg.s.locks.sessions.sessionGate(sg.t.Context(), sg.hash); err != nil {
+		sg.t.Fatal(err)
+	}
+}
+
+// acquire sends req in the session in the background.
+func (sg *sessionGrants) acquire(req streams.AcquireRequest) {
+	req.SessionID = sg.id
+	sg.wg.Go(func() {
+		data, _ := json.Marshal(req)
+		m, err := sg.s.nc.Request(streams.Subject(streams.DefaultPrefix, streams.OpAcquire), data, 30*time.Second)
+		if err != nil {
+			sg.t.Errorf("acquire %s: %v", req.RequestID, err)
+			return
+		}
+		sg.mu.Lock()
+		sg.answers[req.RequestID] = m
+		sg.mu.Unlock()
+	})
+}
+
+// queued returns the grants waiting to commit in the session.
+func (sg *sessionGrants) queued() int {
+	c := sg.s.locks.sessions.commits
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g := c.groups[sg.hash]; g != nil {
+		return len(g.queue)
+	}
+	return 0
+}
+
+// release lets the queued grants commit, and waits for every answer.
+func (sg *sessionGrants) release() {
+	sg.gate.unlock()
+	sg.wg.Wait()
+}
+
+// batches returns how many batches of two or more grants committed, and
+// the grants they carried.
+func (sg *sessionGrants) batches() (count uint64, grants float64) {
+	var m dto.Metric
+	if err := sg.s.metrics.sessionBatch.Write(&m); err != nil {
+		sg.t.Fatal(err)
+	}
+	return m.Histogram.GetSampleCount() - sg.batchesAt0, m.Histogram.GetSampleSum()
+}
+
+// conflicts returns the commits that lost a race so far.
+func (sg *sessionGrants) conflicts() float64 {
+	var m dto.Metric
+	if err := sg.s.metrics.conflicts.Write(&m); err != nil {
+		sg.t.Fatal(err)
+	}
+	return m.Counter.GetValue()
+}
+
+// granted returns the token of request id's answer, failing the test if
+// it was not a grant.
+func (sg *sessionGrants) granted(id string) uint64 {
+	sg.t.Helper()
+	var r struct {
+		Token  uint64                  `json:"token"`
+		Leases []streams.LeaseResponse `json:"resources"`
+	}
+	sg.decode(sg.answers[id], &r)
+	if r.Token == 0 && len(r.Leases) > 0 {
+		r.Token = r.Leases[0].Token
+	}
+	if r.Token == 0 {
+		sg.t.Fatalf("%s: no token in %s", id, sg.answers[id].Data)
+	}
+	return r.Token
+}
+
+// inBucket checks that resource's key holds a lease of the session.
+func (sg *sessionGrants) inBucket(resource string) {
+	sg.t.Helper()
+	o, err := sg.s.locks.current(sg.t.Context(), streams.LeaseKey(resource), true)
+	if err != nil {
+		sg.t.Fatal(err)
+	}
+	if !o.held() || o.rec.Session != sg.hash {
+		sg.t.Fatalf("%s: the bucket holds %+v, not a lease of the session", resource, o.entry)
+	}
+}
+
+// The grants to one session that arrive while its gate is taken commit
+// together, in one atomic batch with one check of the session: locks, a
+// permit and a lock set alike, each answered with its own revision, each
+// lease in the bucket.
+func TestGrantsToOneSessionCommitTogether(t *testing.T) {
+	sg := newSessionGrants(t)
+	sg.holdGate()
+	for i := range 5 {
+		sg.acquire(streams.AcquireRequest{Resource: fmt.Sprintf("lock-%d", i), RequestID: fmt.Sprintf("lock-%d", i), Owner: "o"})
+	}
+	sg.acquire(streams.AcquireRequest{Resource: "sem", RequestID: "permit", Owner: "o", Limit: 3})
+	sg.acquire(streams.AcquireRequest{Resources: []string{"set-a", "set-b"}, RequestID: "set", Owner: "o"})
+	waitFor(t, 20*time.Second, func() bool { return sg.queued() == 7 }, "seven grants wait for the session's commit")
+	sg.release()
+
+	if n, sum := sg.batches(); n != 1 || sum != 7 {
+		t.Fatalf("%d batches of two or more carried %v grants: want one batch of 7", n, sum)
+	}
+	tokens := map[uint64]string{}
+	for _, id := range []string{"lock-0", "lock-1", "lock-2", "lock-3", "lock-4", "permit", "set"} {
+		tok := sg.granted(id)
+		if other, ok := tokens[tok]; ok {
+			t.Fatalf("%s and %s were answered the same token %d", id, other, tok)
+		}
+		tokens[tok] = id
+	}
+	for _, res := range []string{"lock-0", "lock-4", "set-a", "set-b"} {
+		sg.inBucket(res)
+	}
+	var closed streams.SessionCloseResponse
+	sg.decode(sg.request(streams.OpSessionClose, streams.SessionCloseRequest{SessionID: sg.id}), &closed)
+	if !closed.Closed {
+		t.Fatalf("close: %+v", closed)
+	}
+	for _, res := range []string{"lock-0", "lock-4", "set-a", "set-b"} {
+		if o, err := sg.s.locks.current(t.Context(), streams.LeaseKey(res), true); err != nil || o.held() {
+			t.Fatalf("%s after the session's close: %+v %v", res, o.entry, err)
+		}
+	}
+}
+
+// A batch that fails on one member's compare-and-set writes nothing, and
+// each member is then committed alone: the others are granted as they
+// would have been alone, and the one whose key moved is decided again.
+func TestAGroupedGrantThatLostItsKeyFailsAlone(t *testing.T) {
+	sg := newSessionGrants(t)
+	sg.holdGate()
+	for i := range 4 {
+		sg.acquire(streams.AcquireRequest{Resource: fmt.Sprintf("r-%d", i), RequestID: fmt.Sprintf("r-%d", i), Owner: "o"})
+	}
+	waitFor(t, 20*time.Second, func() bool { return sg.queued() == 4 }, "four grants wait for the session's commit")
+	conflicts := sg.conflicts()
+	// Another holder takes r-2 behind the instance's back, after its grant
+	// was decided.
+	now := time.Now()
+	rival := newLease(now, "rival", "rival", "", time.Minute, now.Add(time.Hour))
+	if _, _, err := sg.s.store.put(t.Context(), streams.LeaseKey("r-2"), rival, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	sg.release()
+
+	for _, id := range []string{"r-0", "r-1", "r-3"} {
+		sg.granted(id)
+		sg.inBucket(id)
+	}
+	if code := sg.answers["r-2"].Header.Get(streams.HeaderErrorCode); code == "" {
+		t.Fatalf("r-2 answered %s, though another holder took it first", sg.answers["r-2"].Data)
+	}
+	if o, _ := sg.s.locks.current(t.Context(), streams.LeaseKey("r-2"), true); !o.held() || o.rec.Owner != "rival" {
+		t.Fatalf("r-2 holds %+v: want the rival's lease", o.entry)
+	}
+	if n := sg.conflicts() - conflicts; n != 1 {
+		t.Fatalf("%v grants lost a race: want only r-2's, the others committed alone after the batch failed", n)
+	}
+}
+
+// A keepalive that lands while a session's grants wait fails their
+// batch's check of the session: nothing of it is written, and each grant
+// is decided again on the session's new revision and granted.
+func TestGroupedGrantsAfterAKeepaliveAreDecidedAgain(t *testing.T) {
+	sg := newSessionGrants(t)
+	sg.holdGate()
+	for i := range 4 {
+		sg.acquire(streams.AcquireRequest{Resource: fmt.Sprintf("k-%d", i), RequestID: fmt.Sprintf("k-%d", i), Owner: "o"})
+	}
+	waitFor(t, 20*time.Second, func() bool { return sg.queued() == 4 }, "four grants wait for the session's commit")
+	// A keepalive from another instance: the session's record rewritten
+	// by compare-and-set, past this instance's gate.
+	key := streams.SessionKey(sg.hash)
+	o, err := sg.s.locks.current(t.Context(), key, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if _, err := sg.s.locks.sessions.extend(ctx, "", key, o, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	sg.release()
+
+	for i := range 4 {
+		id := fmt.Sprintf("k-%d", i)
+		sg.granted(id)
+		sg.inBucket(id)
+	}
+}
