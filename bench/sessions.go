@@ -91,14 +91,14 @@ type SessionFigures struct {
 	// StreamMsgsPerSec counts the stream's messages (phase.CommitsPerSec).
 	StreamMsgsPerSec float64 `json:"stream_msgs_per_s"`
 	StreamMsgs       int64   `json:"stream_msgs"`
-	// CheckMsgs is, in session mode, the number of atomic batches of a
-	// lease and a check message (on the bucket's "confirm" key) that the
+	// CheckMsgs is, in session mode, the number of atomic batches of
+	// leases and a check message (on the bucket's "confirm" key) that the
 	// service committed to grant to sessions: its commits of kind "grant"
 	// in the phase, from its metrics (jetlock_store_commit_duration_seconds).
-	// A lone instance grants to a session so; a service of two or more
-	// instances, which follow the bucket, grants with one plain
-	// compare-and-set write and no check message. Without the service's
-	// metrics (--service none) none are counted. WritesPerSec is the
+	// Every grant to a session commits so, on any number of instances; the
+	// grants to one session that commit together share one batch and its
+	// check message. Without the service's metrics (--service none) none
+	// are counted. WritesPerSec is the
 	// stream's messages a second less these: each single write and each
 	// atomic batch once.
 	CheckMsgs    int64   `json:"check_msgs"`
@@ -364,8 +364,8 @@ func checksText(r *SessionsResult) string {
 			"the service's metrics were not read, so its checked batches are unknown and none is counted"
 	}
 	return fmt.Sprintf("writes: stream messages less the %d check messages of session grants (each write or atomic batch once), "+
-		"counted from the service's batch commits: a lone instance grants to a session in a batch with a check message, "+
-		"two or more instances with one plain write", r.Session.CheckMsgs)
+		"counted from the service's batch commits: every grant to a session commits in an atomic batch with one check message, "+
+		"shared by the grants to one session that commit together", r.Session.CheckMsgs)
 }
 
 // cpuRatiosText renders session mode's CPU per operation against

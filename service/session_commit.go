@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -35,9 +36,14 @@ import (
 // groupMaxMembers and groupMaxWrites bound one combined batch: well under
 // JetStream's largest atomic batch (1,000 messages), so that one batch is
 // one short commit, and the alone commits after a failed batch are few.
+// groupMaxQueued bounds the grants of one session that wait on one
+// instance, so that one session's flood holds a bounded number of the
+// in-flight places (as MaxPerKey bounds one key's): beyond, a grant is
+// answered unavailable at once.
 const (
 	groupMaxMembers = 64
 	groupMaxWrites  = 256
+	groupMaxQueued  = 4 * groupMaxMembers
 )
 
 // sessionCommits groups the commits of each session's grants. The commit
@@ -100,10 +106,14 @@ func (c *sessionCommits) commit(ctx context.Context, op, hash string, ws []write
 	m.deadline, _ = ctx.Deadline()
 	c.mu.Lock()
 	g := c.groups[hash]
-	if g == nil {
+	switch {
+	case g == nil:
 		g = &commitGroup{}
 		c.groups[hash] = g
 		m.lead = true
+	case len(g.queue) >= groupMaxQueued:
+		c.mu.Unlock()
+		return nil, false, fmt.Errorf("%w: %w: %d grants to the session already wait for its commit; retry with backoff", errUnavailable, errBusy, groupMaxQueued)
 	}
 	g.queue = append(g.queue, m)
 	lead := m.lead

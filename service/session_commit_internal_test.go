@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -256,5 +257,28 @@ func TestGroupedGrantsAfterAKeepaliveAreDecidedAgain(t *testing.T) {
 		id := fmt.Sprintf("k-%d", i)
 		sg.granted(id)
 		sg.inBucket(id)
+	}
+}
+
+// One session's grants waiting on an instance are bounded: beyond
+// groupMaxQueued, a grant is answered unavailable at once, and the
+// waiting ones are all granted.
+func TestASessionsWaitingGrantsAreBounded(t *testing.T) {
+	sg := newSessionGrants(t)
+	sg.holdGate()
+	for i := range groupMaxQueued {
+		sg.acquire(streams.AcquireRequest{Resource: fmt.Sprintf("q-%d", i), RequestID: fmt.Sprintf("q-%d", i), Owner: "o"})
+	}
+	waitFor(t, 20*time.Second, func() bool { return sg.queued() == groupMaxQueued }, "the session's grants wait for its commit")
+	m := sg.request(streams.OpAcquire, streams.AcquireRequest{Resource: "one-more", RequestID: "one-more", Owner: "o", SessionID: sg.id})
+	if code := m.Header.Get(streams.HeaderErrorCode); code != strconv.Itoa(streams.StatusCode(streams.CodeUnavailable)) {
+		t.Fatalf("a grant beyond the bound answered %q %s: want unavailable", code, m.Data)
+	}
+	sg.release()
+	for i := range groupMaxQueued {
+		sg.granted(fmt.Sprintf("q-%d", i))
+	}
+	if o, _ := sg.s.locks.current(t.Context(), streams.LeaseKey("one-more"), true); o.rev != 0 {
+		t.Fatalf("the refused grant wrote %+v", o.entry)
 	}
 }
