@@ -141,8 +141,9 @@ func (sg *sessionGrants) granted(id string) uint64 {
 	return r.Token
 }
 
-// inBucket checks that resource's key holds a lease of the session.
-func (sg *sessionGrants) inBucket(resource string) {
+// inBucket checks that resource's key holds a lease of the session, and
+// returns what it holds.
+func (sg *sessionGrants) inBucket(resource string) observation {
 	sg.t.Helper()
 	o, err := sg.s.locks.current(sg.t.Context(), streams.LeaseKey(resource), true)
 	if err != nil {
@@ -151,6 +152,7 @@ func (sg *sessionGrants) inBucket(resource string) {
 	if !o.held() || o.rec.Session != sg.hash {
 		sg.t.Fatalf("%s: the bucket holds %+v, not a lease of the session", resource, o.entry)
 	}
+	return o
 }
 
 // The grants to one session that arrive while its gate is taken commit
@@ -179,8 +181,18 @@ func TestGrantsToOneSessionCommitTogether(t *testing.T) {
 		}
 		tokens[tok] = id
 	}
-	for _, res := range []string{"lock-0", "lock-4", "set-a", "set-b"} {
-		sg.inBucket(res)
+	for i := range 5 {
+		id := fmt.Sprintf("lock-%d", i)
+		if o := sg.inBucket(id); o.rev != sg.granted(id) {
+			t.Fatalf("%s was answered token %d, and its lease is at revision %d", id, sg.granted(id), o.rev)
+		}
+	}
+	var set streams.SetLeaseResponse
+	sg.decode(sg.answers["set"], &set)
+	for _, l := range set.Resources {
+		if o := sg.inBucket(l.Resource); o.rev != l.Token {
+			t.Fatalf("%s of the set was answered token %d, and its lease is at revision %d", l.Resource, l.Token, o.rev)
+		}
 	}
 	var closed streams.SessionCloseResponse
 	sg.decode(sg.request(streams.OpSessionClose, streams.SessionCloseRequest{SessionID: sg.id}), &closed)

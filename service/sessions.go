@@ -70,7 +70,8 @@ const (
 
 // sessionGate serialises, within this instance, the writes that commit
 // with a check of session hash's record or rewrite it: its keepalives, its
-// end, the proofs of a negative answer about it, and the grants to it.
+// end, the proofs of a negative answer about it, and the grants to it (a
+// batch of them at a time, sessionCommits).
 // JetStream refuses a second write whose check names a key while one is
 // being proposed (it answers a conflict), so without the gate the
 // concurrent writes of one session would fail each other. Between
