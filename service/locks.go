@@ -583,11 +583,13 @@ func (l *leaseOps) grant(ctx context.Context, g *grantReq, o observation, sess o
 // (nameSeq), or dup when an earlier write of the request (or its cancel)
 // was found.
 func (l *leaseOps) writeGrant(ctx context.Context, g *grantReq, rec *streams.Record, expect uint64, sess observation) (seq, nameSeq uint64, dup bool, err error) {
-	var session check
-	if g.session != "" {
-		session = check{key: streams.SessionKey(g.session), rev: sess.rev}
+	var revs []uint64
+	if g.session == "" {
+		revs, dup, err = l.store.commitWrites(ctx, "grant", grantWrites(g, rec, expect, check{}))
+	} else {
+		session := check{key: streams.SessionKey(g.session), rev: sess.rev}
+		revs, dup, err = l.sessions.commitGrant(ctx, "grant", g.session, grantWrites(g, rec, expect, session))
 	}
-	revs, dup, err := l.sessions.commitGrant(ctx, "grant", g.session, grantWrites(g, rec, expect, session))
 	switch {
 	case err != nil && isConflict(err) && g.session != "":
 		l.conflictPause(ctx) // perhaps another instance's write to the session
