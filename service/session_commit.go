@@ -247,7 +247,10 @@ func takenAny(taken map[string]bool, keys []string) bool {
 // would, several in one atomic batch with a single check of the session.
 // If that batch fails on a conflict (not one with a write still in
 // flight, which each would meet alone too) or on a message id seen
-// before, nothing was written, and each member is committed alone.
+// before, nothing was written, and each member is committed alone;
+// unless a fresh read finds that the session's record has moved on (a
+// keepalive elsewhere), when every member's check would fail alone too:
+// each is answered the conflict, and decides again.
 func (c *sessionCommits) commitBatch(ctx context.Context, batch []*groupMember) {
 	if len(batch) == 1 {
 		m := batch[0]
@@ -265,7 +268,7 @@ func (c *sessionCommits) commitBatch(ctx context.Context, batch []*groupMember) 
 	head := batch[0]
 	ws = append(ws, head.ws[head.check])
 	revs, dup, err := c.store.commitWrites(ctx, head.op, ws)
-	if dup || (isConflict(err) && !errors.Is(err, errInFlight)) {
+	if dup || (isConflict(err) && !errors.Is(err, errInFlight) && !c.moved(ctx, head.ws[head.check])) {
 		for _, m := range batch {
 			m.revs, m.dup, m.err = c.store.commitWrites(ctx, m.op, m.ws)
 		}
@@ -290,4 +293,12 @@ func (c *sessionCommits) commitBatch(ctx context.Context, batch []*groupMember) 
 			at++
 		}
 	}
+}
+
+// moved reports whether a fresh read finds the key of check w at another
+// revision than w's. A revision once left never comes back, so a check of
+// it can no longer commit.
+func (c *sessionCommits) moved(ctx context.Context, w write) bool {
+	e, err := c.store.read(ctx, w.key)
+	return err == nil && e.rev != w.expect
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/jetlock/jetlock/streams"
@@ -121,6 +122,19 @@ func (sg *sessionGrants) conflicts() float64 {
 		sg.t.Fatal(err)
 	}
 	return m.Counter.GetValue()
+}
+
+// grantCommits returns the commits of grants so far, failed ones too.
+func (sg *sessionGrants) grantCommits() uint64 {
+	var m dto.Metric
+	h, err := sg.s.metrics.commitTime.GetMetricWithLabelValues("grant")
+	if err != nil {
+		sg.t.Fatal(err)
+	}
+	if err := h.(prometheus.Histogram).Write(&m); err != nil {
+		sg.t.Fatal(err)
+	}
+	return m.Histogram.GetSampleCount()
 }
 
 // granted returns the token of request id's answer, failing the test if
@@ -243,7 +257,8 @@ func TestAGroupedGrantThatLostItsKeyFailsAlone(t *testing.T) {
 
 // A keepalive that lands while a session's grants wait fails their
 // batch's check of the session: nothing of it is written, and each grant
-// is decided again on the session's new revision and granted.
+// is decided again on the session's new revision and granted, without
+// first failing alone (a fresh read shows the session moved on).
 func TestGroupedGrantsAfterAKeepaliveAreDecidedAgain(t *testing.T) {
 	sg := newSessionGrants(t)
 	sg.holdGate()
@@ -263,12 +278,18 @@ func TestGroupedGrantsAfterAKeepaliveAreDecidedAgain(t *testing.T) {
 	if _, err := sg.s.locks.sessions.extend(ctx, "", key, o, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	commits := sg.grantCommits()
 	sg.release()
 
 	for i := range 4 {
 		id := fmt.Sprintf("k-%d", i)
 		sg.granted(id)
 		sg.inBucket(id)
+	}
+	// The failed batch, then one to four batches of the grants decided
+	// again; committed alone first, the four would have failed four more.
+	if n := sg.grantCommits() - commits; n < 2 || n > 5 {
+		t.Fatalf("%d commits of grants: want the failed batch and at most four more", n)
 	}
 }
 
