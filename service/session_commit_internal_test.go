@@ -88,6 +88,25 @@ func (sg *sessionGrants) acquire(req streams.AcquireRequest) {
 	})
 }
 
+// queueLocks holds the session's gate and sends n acquires of locks
+// named prefix-0 to prefix-(n-1) (each its own request id), then waits
+// until they all wait for the session's commit.
+func (sg *sessionGrants) queueLocks(prefix string, n int) {
+	sg.t.Helper()
+	sg.holdGate()
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", prefix, i)
+		sg.acquire(streams.AcquireRequest{Resource: name, RequestID: name, Owner: "o"})
+	}
+	sg.waitQueued(n)
+}
+
+// waitQueued waits until n grants wait for the session's commit.
+func (sg *sessionGrants) waitQueued(n int) {
+	sg.t.Helper()
+	waitFor(sg.t, 20*time.Second, func() bool { return sg.queued() == n }, fmt.Sprintf("%d grants wait for the session's commit", n))
+}
+
 // queued returns the grants waiting to commit in the session.
 func (sg *sessionGrants) queued() int {
 	c := sg.s.locks.sessions.commits
@@ -181,7 +200,7 @@ func TestGrantsToOneSessionCommitTogether(t *testing.T) {
 	}
 	sg.acquire(streams.AcquireRequest{Resource: "sem", RequestID: "permit", Owner: "o", Limit: 3})
 	sg.acquire(streams.AcquireRequest{Resources: []string{"set-a", "set-b"}, RequestID: "set", Owner: "o"})
-	waitFor(t, 20*time.Second, func() bool { return sg.queued() == 7 }, "seven grants wait for the session's commit")
+	sg.waitQueued(7)
 	sg.release()
 
 	if n, sum := sg.batches(); n != 1 || sum != 7 {
@@ -225,11 +244,7 @@ func TestGrantsToOneSessionCommitTogether(t *testing.T) {
 // would have been alone, and the one whose key moved is decided again.
 func TestAGroupedGrantThatLostItsKeyFailsAlone(t *testing.T) {
 	sg := newSessionGrants(t)
-	sg.holdGate()
-	for i := range 4 {
-		sg.acquire(streams.AcquireRequest{Resource: fmt.Sprintf("r-%d", i), RequestID: fmt.Sprintf("r-%d", i), Owner: "o"})
-	}
-	waitFor(t, 20*time.Second, func() bool { return sg.queued() == 4 }, "four grants wait for the session's commit")
+	sg.queueLocks("r", 4)
 	conflicts := sg.conflicts()
 	// Another holder takes r-2 behind the instance's back, after its grant
 	// was decided.
@@ -261,11 +276,7 @@ func TestAGroupedGrantThatLostItsKeyFailsAlone(t *testing.T) {
 // first failing alone (a fresh read shows the session moved on).
 func TestGroupedGrantsAfterAKeepaliveAreDecidedAgain(t *testing.T) {
 	sg := newSessionGrants(t)
-	sg.holdGate()
-	for i := range 4 {
-		sg.acquire(streams.AcquireRequest{Resource: fmt.Sprintf("k-%d", i), RequestID: fmt.Sprintf("k-%d", i), Owner: "o"})
-	}
-	waitFor(t, 20*time.Second, func() bool { return sg.queued() == 4 }, "four grants wait for the session's commit")
+	sg.queueLocks("k", 4)
 	// A keepalive from another instance: the session's record rewritten
 	// by compare-and-set, past this instance's gate.
 	key := streams.SessionKey(sg.hash)
@@ -298,11 +309,7 @@ func TestGroupedGrantsAfterAKeepaliveAreDecidedAgain(t *testing.T) {
 // waiting ones are all granted.
 func TestASessionsWaitingGrantsAreBounded(t *testing.T) {
 	sg := newSessionGrants(t)
-	sg.holdGate()
-	for i := range groupMaxQueued {
-		sg.acquire(streams.AcquireRequest{Resource: fmt.Sprintf("q-%d", i), RequestID: fmt.Sprintf("q-%d", i), Owner: "o"})
-	}
-	waitFor(t, 20*time.Second, func() bool { return sg.queued() == groupMaxQueued }, "the session's grants wait for its commit")
+	sg.queueLocks("q", groupMaxQueued)
 	m := sg.request(streams.OpAcquire, streams.AcquireRequest{Resource: "one-more", RequestID: "one-more", Owner: "o", SessionID: sg.id})
 	if code := m.Header.Get(streams.HeaderErrorCode); code != strconv.Itoa(streams.StatusCode(streams.CodeUnavailable)) {
 		t.Fatalf("a grant beyond the bound answered %q %s: want unavailable", code, m.Data)
