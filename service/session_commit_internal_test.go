@@ -322,3 +322,97 @@ func TestASessionsWaitingGrantsAreBounded(t *testing.T) {
 		t.Fatalf("the refused grant wrote %+v", o.entry)
 	}
 }
+
+// Many grants to two sessions at once, some racing for the same keys and
+// some whose callers give up within milliseconds: every call returns, the
+// groups empty, and every answer is the bucket's: a grant answered
+// committed holds its key at the revision it was given, at most one per
+// key, and a grant answered a conflict or a duplicate wrote nothing.
+func TestGroupedCommitsUnderRacingAndImpatientCallers(t *testing.T) {
+	sg := newSessionGrants(t)
+	s := sg.s
+	var hashes []string
+	for i := range 2 {
+		var open streams.SessionResponse
+		sg.decode(sg.request(streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: fmt.Sprintf("race-%d", i), Owner: "o", TTLms: 60_000}), &open)
+		hash, _, err := streams.SplitSessionID(open.SessionID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes = append(hashes, hash)
+	}
+	type result struct {
+		key, id string
+		revs    []uint64
+		dup     bool
+		err     error
+	}
+	const grants = 240
+	results := make([]result, grants)
+	var wg sync.WaitGroup
+	for i := range grants {
+		hash := hashes[i%2]
+		o, err := s.locks.current(t.Context(), streams.SessionKey(hash), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := streams.LeaseKey(fmt.Sprintf("race-%d", i%60)) // four grants race for each key
+		id := fmt.Sprintf("g-%d", i)
+		now := time.Now()
+		rec := newLease(now, id, "o", "", time.Minute, now.Add(time.Hour))
+		sessionLease(rec, now, hash, now.Add(time.Hour))
+		ws := leaseWrites(key, rec, 0, grantMsgID(requestHash(key, id, "")), check{key: streams.SessionKey(hash), rev: o.rev})
+		wait := time.Duration(i%7) * 3 * time.Millisecond // 0 to 18 ms; 0: no deadline but the test's
+		wg.Go(func() {
+			ctx := t.Context()
+			if wait > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, wait)
+				defer cancel()
+			}
+			revs, dup, err := s.locks.sessions.commits.commit(ctx, "grant", hash, ws)
+			results[i] = result{key: key, id: id, revs: revs, dup: dup, err: err}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("grouped commits did not all return in 60s")
+	}
+	c := s.locks.sessions.commits
+	c.mu.Lock()
+	left := len(c.groups)
+	c.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d groups left after every commit returned", left)
+	}
+	won := map[string]result{}
+	for _, r := range results {
+		o, err := s.locks.current(t.Context(), r.key, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holds := o.held() && o.rec.RequestID == r.id
+		switch {
+		case r.err == nil && !r.dup:
+			if w, ok := won[r.key]; ok {
+				t.Fatalf("%s and %s were both answered committed at %s", w.id, r.id, r.key)
+			}
+			won[r.key] = r
+			if !holds || o.rev != r.revs[0] {
+				t.Fatalf("%s was answered committed at revision %d of %s, which holds %+v", r.id, r.revs[0], r.key, o.entry)
+			}
+		case holds && (r.dup || isConflict(r.err)):
+			t.Fatalf("%s was answered %v (dup %v), and %s holds its lease", r.id, r.err, r.dup, r.key)
+		}
+		// A grant answered unavailable (its caller gave up) may have
+		// committed: its outcome is unknown, as any write's whose reply
+		// came too late, and its retry finds it by its message id.
+	}
+	if len(won) == 0 {
+		t.Fatal("no grant committed")
+	}
+	t.Logf("%d of %d keys granted; batches of two or more: %v", len(won), 60, func() uint64 { n, _ := sg.batches(); return n }())
+}
