@@ -101,7 +101,7 @@ func newLocks(d *engineDeps) *locks {
 		names: &nameOps{engineDeps: d}}
 	l.leases.sessions, l.leases.sems, l.leases.handover, l.leases.names = l.sessions, l.sems, l.handover, l.names
 	l.sessions.sets, l.sessions.handover = l.sets, l.handover
-	l.sessions.commits = newSessionCommits(d.store, l.sessions.sessionGate, d.report)
+	l.sessions.commits = newSessionCommits(d.cfg.MaxPerKey, d.store, l.sessions.sessionGate, d.report)
 	l.sets.leases, l.sets.sessions, l.sets.handover, l.sets.names = l.leases, l.sessions, l.handover, l.names
 	l.sems.leases, l.sems.sessions, l.sems.handover, l.sems.names = l.leases, l.sessions, l.handover, l.names
 	l.handover.leases, l.handover.sessions, l.handover.sets, l.handover.sems, l.handover.names = l.leases, l.sessions, l.sets, l.sems, l.names

@@ -36,23 +36,25 @@ import (
 // groupMaxMembers and groupMaxWrites bound one combined batch: well under
 // JetStream's largest atomic batch (1,000 messages), so that one batch is
 // one short commit, and the alone commits after a failed batch are few.
-// groupMaxQueued bounds the grants of one session that wait on one
-// instance, so that one session's flood holds a bounded number of the
-// in-flight places (as MaxPerKey bounds one key's): beyond, a grant is
-// answered unavailable at once.
 const (
 	groupMaxMembers = 64
 	groupMaxWrites  = 256
-	groupMaxQueued  = 4 * groupMaxMembers
 )
 
 // sessionCommits groups the commits of each session's grants. The commit
 // of a group runs through the session's gate (sessionGate), so that a
 // keepalive or an end of the session waits at most for one batch.
+//
+// At most maxQueued grants of one session wait on the instance, so that
+// one session's flood holds a bounded number of the in-flight places:
+// four times MaxPerKey, the bound of one key's, since a session's grants
+// leave its queue a batch at a time. Beyond, a grant is answered
+// unavailable at once.
 type sessionCommits struct {
-	store  *store
-	gate   func(ctx context.Context, hash string) (*keyLock, error)
-	report *reporter
+	maxQueued int
+	store     *store
+	gate      func(ctx context.Context, hash string) (*keyLock, error)
+	report    *reporter
 
 	mu     sync.Mutex
 	groups map[string]*commitGroup // by session hash, while one commits
@@ -83,8 +85,8 @@ type groupMember struct {
 	err  error
 }
 
-func newSessionCommits(s *store, gate func(context.Context, string) (*keyLock, error), report *reporter) *sessionCommits {
-	return &sessionCommits{store: s, gate: gate, report: report, groups: map[string]*commitGroup{}}
+func newSessionCommits(maxPerKey int, s *store, gate func(context.Context, string) (*keyLock, error), report *reporter) *sessionCommits {
+	return &sessionCommits{maxQueued: 4 * maxPerKey, store: s, gate: gate, report: report, groups: map[string]*commitGroup{}}
 }
 
 // commit commits ws, a grant's writes that include one check of session
@@ -111,9 +113,9 @@ func (c *sessionCommits) commit(ctx context.Context, op, hash string, ws []write
 		g = &commitGroup{}
 		c.groups[hash] = g
 		m.lead = true
-	case len(g.queue) >= groupMaxQueued:
+	case len(g.queue) >= c.maxQueued:
 		c.mu.Unlock()
-		return nil, false, fmt.Errorf("%w: %w: %d grants to the session already wait for its commit; retry with backoff", errUnavailable, errBusy, groupMaxQueued)
+		return nil, false, fmt.Errorf("%w: %w: %d grants to the session already wait for its commit; retry with backoff", errUnavailable, errBusy, c.maxQueued)
 	}
 	g.queue = append(g.queue, m)
 	lead := m.lead

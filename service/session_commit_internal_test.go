@@ -30,7 +30,11 @@ type sessionGrants struct {
 }
 
 func newSessionGrants(t *testing.T) *sessionGrants {
-	s, _ := startInstance(t, startCluster(t), DefaultConfig(), 0)
+	return newSessionGrantsWith(t, DefaultConfig())
+}
+
+func newSessionGrantsWith(t *testing.T, cfg Config) *sessionGrants {
+	s, _ := startInstance(t, startCluster(t), cfg, 0)
 	sg := &sessionGrants{t: t, s: s, answers: map[string]*nats.Msg{}}
 	var open streams.SessionResponse
 	sg.decode(sg.request(streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: "open", Owner: "o", TTLms: 30_000}), &open)
@@ -305,17 +309,20 @@ func TestGroupedGrantsAfterAKeepaliveAreDecidedAgain(t *testing.T) {
 }
 
 // One session's grants waiting on an instance are bounded: beyond
-// groupMaxQueued, a grant is answered unavailable at once, and the
+// four times MaxPerKey, a grant is answered unavailable at once, and the
 // waiting ones are all granted.
 func TestASessionsWaitingGrantsAreBounded(t *testing.T) {
-	sg := newSessionGrants(t)
-	sg.queueLocks("q", groupMaxQueued)
+	cfg := DefaultConfig()
+	cfg.MaxPerKey = 10
+	sg := newSessionGrantsWith(t, cfg)
+	const bound = 40
+	sg.queueLocks("q", bound)
 	m := sg.request(streams.OpAcquire, streams.AcquireRequest{Resource: "one-more", RequestID: "one-more", Owner: "o", SessionID: sg.id})
 	if code := m.Header.Get(streams.HeaderErrorCode); code != strconv.Itoa(streams.StatusCode(streams.CodeUnavailable)) {
 		t.Fatalf("a grant beyond the bound answered %q %s: want unavailable", code, m.Data)
 	}
 	sg.release()
-	for i := range groupMaxQueued {
+	for i := range bound {
 		sg.granted(fmt.Sprintf("q-%d", i))
 	}
 	if o, _ := sg.s.locks.current(t.Context(), streams.LeaseKey("one-more"), true); o.rev != 0 {
