@@ -21,6 +21,7 @@ import (
 type sessionGrants struct {
 	t          *testing.T
 	s          *Service
+	request    func(op string, body any) *nats.Msg // one request, as runInternal sends it
 	id, hash   string
 	gate       *keyLock
 	wg         sync.WaitGroup
@@ -34,8 +35,8 @@ func newSessionGrants(t *testing.T) *sessionGrants {
 }
 
 func newSessionGrantsWith(t *testing.T, cfg Config) *sessionGrants {
-	s, _ := startInstance(t, startCluster(t), cfg, 0)
-	sg := &sessionGrants{t: t, s: s, answers: map[string]*nats.Msg{}}
+	s, request := runInternal(t, cfg)
+	sg := &sessionGrants{t: t, s: s, request: request, answers: map[string]*nats.Msg{}}
 	var open streams.SessionResponse
 	sg.decode(sg.request(streams.OpSessionOpen, streams.SessionOpenRequest{RequestID: "open", Owner: "o", TTLms: 30_000}), &open)
 	sg.id = open.SessionID
@@ -45,16 +46,6 @@ func newSessionGrantsWith(t *testing.T, cfg Config) *sessionGrants {
 	}
 	sg.batchesAt0, _ = sg.batches()
 	return sg
-}
-
-func (sg *sessionGrants) request(op string, body any) *nats.Msg {
-	sg.t.Helper()
-	data, _ := json.Marshal(body)
-	m, err := sg.s.nc.Request(streams.Subject(streams.DefaultPrefix, op), data, 30*time.Second)
-	if err != nil {
-		sg.t.Fatalf("%s: %v", op, err)
-	}
-	return m
 }
 
 func (sg *sessionGrants) decode(m *nats.Msg, v any) {
